@@ -1,0 +1,32 @@
+"""chaoslib-infer: chaos and disaster-recovery drills for LLM inference services.
+
+Chaos Toolkit extension: experiments reference the actions and probes in
+``chaoslib_infer.activities`` and the load control in ``chaoslib_infer.controls.load``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "discover"]
+
+
+def discover(discover_system: bool = True) -> dict[str, Any]:
+    """Describe this extension for ``chaos discover chaoslib-infer --no-install``.
+
+    Args:
+        discover_system: accepted for Chaos Toolkit compatibility; the lab has no system to probe.
+
+    Returns:
+        A Chaos Toolkit discovery mapping (``extension``, ``activities``, ``system``).
+    """
+    from chaoslib.discovery.discover import discover_activities, initialize_discovery_result
+
+    discovery: dict[str, Any] = initialize_discovery_result("chaoslib-infer", __version__, "infer")
+    for module in (
+        "chaoslib_infer.activities.lab",
+        "chaoslib_infer.activities.slo",
+    ):
+        discovery["activities"].extend(discover_activities(module, "action"))
+    return discovery
