@@ -9,7 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "discover"]
+__all__ = ["ACTION_MODULES", "PROBE_MODULES", "__version__", "discover"]
+
+#: Modules whose ``__all__`` lists Chaos Toolkit actions.
+ACTION_MODULES = ("chaoslib_infer.activities.lab",)
+#: Modules whose ``__all__`` lists Chaos Toolkit probes.
+PROBE_MODULES = ("chaoslib_infer.activities.slo", "chaoslib_infer.activities.lab_probes")
 
 
 def discover(discover_system: bool = True) -> dict[str, Any]:
@@ -21,12 +26,15 @@ def discover(discover_system: bool = True) -> dict[str, Any]:
     Returns:
         A Chaos Toolkit discovery mapping (``extension``, ``activities``, ``system``).
     """
-    from chaoslib.discovery.discover import discover_activities, initialize_discovery_result
+    from chaoslib.discovery.discover import (
+        discover_actions,
+        discover_probes,
+        initialize_discovery_result,
+    )
 
     discovery: dict[str, Any] = initialize_discovery_result("chaoslib-infer", __version__, "infer")
-    for module in (
-        "chaoslib_infer.activities.lab",
-        "chaoslib_infer.activities.slo",
-    ):
-        discovery["activities"].extend(discover_activities(module, "action"))
+    for module in ACTION_MODULES:
+        discovery["activities"].extend(discover_actions(module))
+    for module in PROBE_MODULES:
+        discovery["activities"].extend(discover_probes(module))
     return discovery

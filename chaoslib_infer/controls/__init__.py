@@ -1,0 +1,1 @@
+"""Chaos Toolkit controls of chaoslib-infer (``controls:`` entries of an experiment)."""

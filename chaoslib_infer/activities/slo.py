@@ -1,0 +1,159 @@
+"""Probes over the records of the background load (the client's view: what users feel).
+
+Every probe reads the per-attempt records that the load control streams to
+``<infer_run_dir>/records.jsonl`` and looks at the attempts *sent* in the last ``window_s`` seconds
+that have completed. Definitions follow ``shared/measurement.md``: availability, error rate and timeout
+rate are over attempted requests; latency percentiles are over successful requests, with the failed
+(censored) fraction reported beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from chaoslib_infer import settings
+from chaoslib_infer.load.records import read_records
+from chaoslib_infer.measure.metrics import window_stats
+from chaoslib_infer.measure.slo import Thresholds, evaluate
+
+__all__ = [
+    "availability",
+    "error_rate",
+    "latency_percentile",
+    "slo_check",
+    "window_summary",
+]
+
+_LATENCY_KEYS = {
+    ("e2e", 50): "p50_e2e_s",
+    ("e2e", 95): "p95_e2e_s",
+    ("e2e", 99): "p99_e2e_s",
+    ("e2e", 99.9): "p999_e2e_s",
+    ("ttft", 50): "p50_ttft_s",
+    ("ttft", 99): "p99_ttft_s",
+    ("itl", 50): "p50_itl_s",
+    ("itl", 99): "p99_itl_s",
+}
+
+
+def thresholds_from(overrides: dict[str, float]) -> Thresholds:
+    """Return the default :class:`Thresholds` with ``overrides`` applied.
+
+    Raises:
+        ValueError: an override names no threshold field.
+    """
+    known = {f.name for f in dataclasses.fields(Thresholds)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown SLO threshold(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return dataclasses.replace(Thresholds(), **overrides)
+
+
+def _stats(window_s: float, configuration: dict[str, Any] | None) -> dict[str, Any]:
+    path = settings.records_path(configuration)
+    records = read_records(path) if path.exists() else []
+    now = time.time()
+    return window_stats(records, start=now - float(window_s), end=now)
+
+
+def window_summary(window_s: float = 10.0, configuration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return every client-side figure over the last ``window_s`` seconds of the background load.
+
+    Args:
+        window_s: length of the look-back window in seconds (attempts sent in it and completed).
+        configuration: Chaos Toolkit configuration (``infer_run_dir`` locates the records).
+
+    Returns:
+        The mapping of :func:`chaoslib_infer.measure.metrics.window_stats`: ``requests``,
+        ``availability`` (0..1), ``error_rate``, ``timeout_rate``, ``p50_e2e_s`` ... ``p99_ttft_s``
+        (seconds, ``None`` without data), ``censored_fraction``, ``errors_by_class``.
+    """
+    return _stats(window_s, configuration)
+
+
+def availability(window_s: float = 10.0, configuration: dict[str, Any] | None = None) -> float:
+    """Return availability over the last ``window_s`` seconds: successful / attempted requests (0..1).
+
+    Timeouts, HTTP 5xx and 429, error objects in a 200 stream, empty, garbled and truncated replies
+    all count as failures (``shared/domain.md``). Returns 0.0 when no request was attempted, so a
+    silent target never passes.
+    """
+    stats = _stats(window_s, configuration)
+    return float(stats.get("availability") or 0.0) if stats.get("requests") else 0.0
+
+
+def error_rate(window_s: float = 10.0, configuration: dict[str, Any] | None = None) -> float:
+    """Return the failed share of attempted requests over the last ``window_s`` seconds (0..1).
+
+    Returns 1.0 when no request was attempted (no evidence of health is not health).
+    """
+    stats = _stats(window_s, configuration)
+    return float(stats.get("error_rate") or 0.0) if stats.get("requests") else 1.0
+
+
+def latency_percentile(
+    metric: str = "e2e",
+    percentile: float = 99.0,
+    window_s: float = 10.0,
+    configuration: dict[str, Any] | None = None,
+) -> float:
+    """Return a latency percentile in seconds over successful requests of the last ``window_s`` s.
+
+    Args:
+        metric: ``"e2e"`` (send to end of stream), ``"ttft"`` (send to first output-bearing chunk,
+            the role-only chat chunk excluded, as AIPerf/SGLang define it) or ``"itl"`` (raw gaps
+            between output chunks).
+        percentile: one of 50, 95, 99, 99.9 for e2e; 50 or 99 for ttft and itl.
+        window_s: look-back window in seconds.
+        configuration: Chaos Toolkit configuration.
+
+    Returns:
+        Seconds; ``float("inf")`` when there is no successful request in the window.
+
+    Raises:
+        ValueError: unknown metric/percentile pair.
+    """
+    key = _LATENCY_KEYS.get((metric, float(percentile) if percentile == 99.9 else int(percentile)))
+    if key is None:
+        raise ValueError(f"unsupported latency percentile: {metric} P{percentile}")
+    value = _stats(window_s, configuration).get(key)
+    return float(value) if value is not None else float("inf")
+
+
+def slo_check(
+    metric: str,
+    window_s: float = 10.0,
+    configuration: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Check one acceptance metric of ``shared/domain.md`` over the last ``window_s`` seconds.
+
+    Thresholds default to the acceptance table (P50 E2E <= 2 s, P95 <= 3x P50, P99 <= 10 s,
+    timeout rate < 0.5%, error rate < 0.1%, availability >= 99.9%) and are overridden by
+    ``slo_<metric>`` configuration keys (e.g. ``--var slo_p99_e2e_s=0.5``).
+
+    Args:
+        metric: one of ``availability``, ``error_rate``, ``timeout_rate``, ``p50_e2e_s``,
+            ``p95_e2e_s``, ``p99_e2e_s``.
+        window_s: look-back window in seconds.
+        configuration: Chaos Toolkit configuration.
+
+    Returns:
+        ``{"metric", "value", "op", "threshold", "passed", "requests", "censored_fraction"}``; use the
+        tolerance ``{"type": "jsonpath", "path": "$.passed", "expect": true}``.
+
+    Raises:
+        ValueError: unknown metric name.
+    """
+    stats = _stats(window_s, configuration)
+    thresholds = thresholds_from(settings.slo_overrides(configuration))
+    rows = {row["metric"]: row for row in evaluate(stats, thresholds)}
+    if metric not in rows:
+        raise ValueError(f"unknown SLO metric {metric!r}; known: {', '.join(sorted(rows))}")
+    row = dict(rows[metric])
+    row["requests"] = stats.get("requests", 0)
+    row["censored_fraction"] = stats.get("censored_fraction")
+    if not stats.get("requests"):
+        row["passed"] = False
+    return row

@@ -1,0 +1,210 @@
+"""``chaos-infer``: the command line of chaoslib-infer (thin: parse, call the library, print, exit).
+
+Exit codes everywhere: 0 success / every hypothesis held, 1 a drill deviated, 2 bad input or
+unreachable target (one clear line on stderr, no traceback), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+import click
+
+from chaoslib_infer import __version__
+from chaoslib_infer.errors import ConfigError, InferChaosError
+
+DEFAULT_LAB_DIR = Path(".chaos-infer/lab")
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    click.echo(f"chaos-infer: error: {msg}", err=True)
+    sys.exit(code)
+
+
+def _parse_slo(values: tuple[str, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in values:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--slo {item!r}: expected METRIC=VALUE, e.g. p99_e2e_s=0.5")
+        try:
+            out[key.strip()] = float(val)
+        except ValueError as exc:
+            raise ConfigError(f"--slo {item!r}: {val!r} is not a number") from exc
+    from chaoslib_infer.activities.slo import thresholds_from
+
+    try:
+        thresholds_from(out)
+    except ValueError as exc:
+        raise ConfigError(f"--slo: {exc}") from exc
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="chaos-infer")
+def main() -> None:
+    """Chaos and disaster-recovery drills for LLM inference services.
+
+    \b
+    Start here:
+      chaos-infer gameday --out gameday-out     bring up the local lab, run the default
+                                                game day (drills/gameday.yaml), take it down
+      chaos-infer lab up --replicas 3           keep a lab running to drive it by hand or
+      chaos --no-version-check run experiments/oom-kill.yaml    with the Chaos Toolkit CLI
+      chaos-infer capacity --peak-qps 200 --latency-s 1 --concurrency 20 --redundancy 0.7
+
+    Evidence (summary.json, index.html, per-drill evidence.md/.html with a timeline plot, the
+    Chaos Toolkit journal and one record per request) lands in the --out folder.
+    """
+
+
+@main.command()
+@click.argument("plan", required=False, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("gameday-out"),
+              show_default=True, help="Folder for the evidence bundle.")
+@click.option("--target", "target_url", default=None, metavar="URL",
+              help="Run against this OpenAI-compatible URL instead of bringing up the lab "
+                   "(drills that need lab access then fail).")
+@click.option("--replicas", type=click.IntRange(1, 16), default=None, help="Lab replicas (default: from the plan).")
+@click.option("--engine", type=click.Choice(["sim", "llama-cpp"]), default=None,
+              help="Lab engine: simulated vLLM-shaped server, or a real llama.cpp server on a tiny model.")
+@click.option("--slo", multiple=True, metavar="METRIC=VALUE",
+              help="Override an acceptance threshold, e.g. --slo p99_e2e_s=0.5 (repeatable). "
+                   "Metrics: availability, error_rate, timeout_rate, p50_e2e_s, p95_ratio, p99_e2e_s.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (drills, faults, rollbacks) and touch nothing.")
+def gameday(plan: Path | None, out_dir: Path, target_url: str | None, replicas: int | None,
+            engine: str | None, slo: tuple[str, ...], dry_run: bool) -> None:
+    """Run a game day: every drill of PLAN (default drills/gameday.yaml), with evidence.
+
+    Exit code 0 when every steady-state hypothesis held, 1 when a drill deviated or failed,
+    2 on bad input or an unreachable target, 130 when interrupted (rollbacks still played).
+    """
+    from chaoslib_infer.gameday import default_plan_path, run_gameday
+    from chaoslib_infer.plan import load_plan
+
+    try:
+        the_plan = load_plan(plan or default_plan_path())
+        overrides = _parse_slo(slo)
+    except InferChaosError as exc:
+        _fail(str(exc))
+        return
+    if dry_run:
+        click.echo(f"plan {the_plan.name} ({the_plan.path})")
+        if target_url:
+            click.echo(f"target: {target_url}")
+        else:
+            lab = the_plan.lab
+            click.echo(f"target: local lab, {replicas or lab.replicas} x {engine or lab.engine} replicas, "
+                       f"{lab.memory_limit_mb} MiB memory cgroup each, behind HAProxy")
+        import yaml
+
+        for d in the_plan.drills:
+            exp = yaml.safe_load(d.experiment.read_text(encoding="utf-8"))
+            click.echo(f"- drill {d.name}: {exp.get('title', '')}")
+            for act in exp.get("method", []):
+                click.echo(f"    {act.get('type')}: {act.get('name')}")
+            for rb in exp.get("rollbacks", []):
+                click.echo(f"    rollback: {rb.get('name')}")
+        click.echo("dry run: nothing was started or changed")
+        return
+    code = run_gameday(the_plan, out_dir, base_url=target_url, replicas=replicas, engine=engine,
+                       slo_overrides=overrides, progress=lambda m: click.echo(m, err=False))
+    sys.exit(code)
+
+
+@main.group()
+def lab() -> None:
+    """Bring the local lab up, inspect it, take it down.
+
+    The lab is N simulated vLLM-compatible engine replicas (or llama.cpp servers), each a real process
+    supervised by supervisord in its own memory cgroup, behind HAProxy on loopback.
+    """
+
+
+@lab.command("up")
+@click.option("--replicas", type=click.IntRange(1, 16), default=3, show_default=True)
+@click.option("--engine", type=click.Choice(["sim", "llama-cpp"]), default="sim", show_default=True)
+@click.option("--memory-limit-mb", type=click.IntRange(64, 65536), default=512, show_default=True,
+              help="Memory cgroup limit of each replica.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8800, show_default=True,
+              help="HAProxy frontend port on 127.0.0.1 (0: any free port).")
+@click.option("--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True)
+def lab_up(replicas: int, engine: str, memory_limit_mb: int, port: int, state_dir: Path) -> None:
+    """Start the lab and wait until every replica is ready."""
+    from chaoslib_infer.lab.fleet import Lab, LabError
+
+    try:
+        the_lab = Lab.up(state_dir, replicas=replicas, engine=engine, port=port, memory_limit_mb=memory_limit_mb)
+    except (LabError, InferChaosError) as exc:
+        _fail(str(exc))
+        return
+    click.echo(f"lab up: {the_lab.url} ({replicas} x {engine}); state in {state_dir}")
+    click.echo(f"try: curl -s {the_lab.url}/v1/models ; chaos-infer lab status ; chaos-infer lab down")
+
+
+@lab.command("status")
+@click.option("--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (replicas and active faults).")
+def lab_status(state_dir: Path, as_json: bool) -> None:
+    """Show replicas (pid, health, memory, OOM kills, restarts) and active faults."""
+    from chaoslib_infer.lab.fleet import Lab, LabError
+
+    try:
+        status = Lab.attach(state_dir).status()
+    except LabError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+        return
+    click.echo(f"lab {status.get('url')} engine={status.get('engine')}")
+    for r in status.get("replicas", []):
+        mem = r.get("memory_bytes") or 0
+        lim = r.get("memory_limit_bytes") or 0
+        click.echo(f"  {r.get('name'):4} pid={r.get('pid')} state={r.get('state')} healthy={r.get('healthy')} "
+                   f"mem={mem / 2**20:.0f}/{lim / 2**20:.0f} MiB oom_kills={r.get('oom_kills')} "
+                   f"restarts={r.get('restarts')}")
+    faults = status.get("active_faults") or []
+    click.echo(f"active faults: {len(faults)}")
+    for f in faults:
+        click.echo(f"  {f}")
+
+
+@lab.command("down")
+@click.option("--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True)
+def lab_down(state_dir: Path) -> None:
+    """Stop every lab process and remove its cgroups (idempotent)."""
+    from chaoslib_infer.lab.fleet import Lab, LabError
+
+    try:
+        Lab.attach(state_dir).down()
+    except LabError as exc:
+        _fail(str(exc))
+        return
+    click.echo("lab down")
+
+
+@main.command()
+@click.option("--peak-qps", type=float, required=True, help="Peak requests/s of the busiest 10 minutes.")
+@click.option("--latency-s", type=float, required=True, help="Expected latency per request (s).")
+@click.option("--concurrency", type=float, required=True, help="Max concurrent requests one instance serves.")
+@click.option("--redundancy", type=float, default=0.7, show_default=True,
+              help="Redundancy factor (target utilisation, 0..1).")
+def capacity(peak_qps: float, latency_s: float, concurrency: float, redundancy: float) -> None:
+    """Instances needed: ceil(peak_QPS x latency_s / concurrency / redundancy) (shared/domain.md).
+
+    The seed's example: 200 QPS x 1 s / 20 / 0.7 = 14.28, so 15 instances.
+    """
+    if min(peak_qps, latency_s, concurrency) <= 0 or not 0 < redundancy <= 1:
+        _fail("--peak-qps, --latency-s and --concurrency must be > 0 and --redundancy in (0, 1]")
+    raw = peak_qps * latency_s / concurrency / redundancy
+    n = math.ceil(raw - 1e-9)
+    click.echo(f"{peak_qps:g} QPS x {latency_s:g} s / {concurrency:g} / {redundancy:g} = {raw:.2f} -> {n} instances")
+    click.echo(f"autoscaler minimum ~60%: {math.ceil(n * 0.6)}; acceptance load 1.5x peak: {peak_qps * 1.5:g} QPS")
+    click.echo(str(n))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Chaos Toolkit control that runs the background load around a whole experiment.
+
+Declare it in an experiment::
+
+    controls:
+      - name: background-load
+        provider:
+          type: python
+          module: chaoslib_infer.controls.load
+          arguments: {rate_rps: 8, warmup_s: 6, max_duration_s: 240}
+
+Before the experiment (before the first steady-state hypothesis) it starts the open-loop streaming
+load generator (``python -m chaoslib_infer.load``) as a separate process writing per-attempt records
+to ``<infer_run_dir>/records.jsonl``, waits ``warmup_s`` seconds, and interrupts the experiment if no
+request succeeded (target unreachable). After the experiment (after the rollbacks) it stops the load.
+The load is bounded: it stops by itself after ``max_duration_s`` even if nobody stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chaoslib.exceptions import InterruptExecution
+
+from chaoslib_infer import settings
+
+__all__ = ["after_experiment_control", "before_experiment_control", "start_load", "stop_load"]
+
+_RUNNING: dict[str, subprocess.Popen[bytes]] = {}
+
+
+def _target_url(configuration: dict[str, Any] | None) -> str:
+    url = settings.base_url(configuration)
+    if url:
+        return url
+    lab_json = settings.lab_dir(configuration) / "lab.json"
+    try:
+        return str(json.loads(lab_json.read_text(encoding="utf-8"))["url"]).rstrip("/")
+    except (OSError, ValueError, KeyError) as exc:
+        raise InterruptExecution(
+            f"no target: set infer_base_url or bring the lab up ({lab_json} unreadable: {exc})"
+        ) from exc
+
+
+def _count_ok(path: Path) -> int:
+    if not path.exists():
+        return 0
+    ok = 0
+    with path.open("rb") as fh:
+        for line in fh:
+            if b'"ok": true' in line or b'"ok":true' in line:
+                ok += 1
+    return ok
+
+
+def start_load(
+    rate_rps: float = 8.0,
+    warmup_s: float = 6.0,
+    max_duration_s: float = 300.0,
+    max_concurrency: int = 64,
+    max_tokens: int = 24,
+    timeout_s: float = 15.0,
+    api: str = "chat",
+    seed: int | None = None,
+    configuration: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Start the background load process and wait for its warm-up.
+
+    Args:
+        rate_rps: mean open-loop arrival rate (requests/s, Poisson arrivals).
+        warmup_s: seconds to let the load run before the first steady-state hypothesis.
+        max_duration_s: hard bound of the load in seconds; it stops by itself after it.
+        max_concurrency: cap on requests in flight.
+        max_tokens: output tokens asked per request.
+        timeout_s: client total timeout per request (seconds).
+        api: ``"chat"`` or ``"completions"``.
+        seed: arrival schedule seed (``None``: random).
+        configuration: Chaos Toolkit configuration (target URL, run directory).
+
+    Returns:
+        ``{"pid", "records", "url", "rate_rps"}``.
+
+    Raises:
+        InterruptExecution: no target, the load process died, or no request succeeded in warm-up.
+    """
+    url = _target_url(configuration)
+    run_dir = settings.run_dir(configuration)
+    records = settings.records_path(configuration)
+    cmd = [
+        sys.executable,
+        "-m",
+        "chaoslib_infer.load",
+        "--url",
+        url,
+        "--rate",
+        str(rate_rps),
+        "--duration-s",
+        str(max_duration_s),
+        "--out",
+        str(records),
+        "--max-concurrency",
+        str(max_concurrency),
+        "--max-tokens",
+        str(max_tokens),
+        "--timeout-s",
+        str(timeout_s),
+        "--api",
+        api,
+    ]
+    if seed is not None:
+        cmd += ["--seed", str(seed)]
+    log = (run_dir / "load.log").open("ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    _RUNNING[str(run_dir)] = proc
+    (run_dir / "load.pid").write_text(str(proc.pid), encoding="utf-8")
+    deadline = time.monotonic() + float(warmup_s)
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise InterruptExecution(
+                f"the load generator exited with code {proc.returncode}; see {run_dir / 'load.log'}"
+            )
+        time.sleep(0.2)
+    if _count_ok(records) == 0:
+        stop_load(configuration)
+        raise InterruptExecution(f"no request to {url} succeeded during the {warmup_s:.0f} s warm-up")
+    return {"pid": proc.pid, "records": str(records), "url": url, "rate_rps": rate_rps}
+
+
+def stop_load(configuration: dict[str, Any] | None = None, grace_s: float = 20.0) -> int | None:
+    """Stop the background load of this run (SIGTERM, then SIGKILL after ``grace_s`` seconds).
+
+    Returns:
+        The load process's exit code, or ``None`` when no load was running.
+    """
+    run_dir = settings.run_dir(configuration)
+    proc = _RUNNING.pop(str(run_dir), None)
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+    (run_dir / "load.pid").unlink(missing_ok=True)
+    return proc.returncode
+
+
+def before_experiment_control(
+    context: dict[str, Any],
+    configuration: dict[str, Any] | None = None,
+    **arguments: Any,
+) -> None:
+    """Chaos Toolkit hook: start the load before the experiment (arguments of :func:`start_load`)."""
+    allowed = {
+        "rate_rps",
+        "warmup_s",
+        "max_duration_s",
+        "max_concurrency",
+        "max_tokens",
+        "timeout_s",
+        "api",
+        "seed",
+    }
+    kwargs = {k: v for k, v in arguments.items() if k in allowed}
+    start_load(configuration=configuration, **kwargs)
+
+
+def after_experiment_control(
+    context: dict[str, Any],
+    state: Any = None,
+    configuration: dict[str, Any] | None = None,
+    **arguments: Any,
+) -> None:
+    """Chaos Toolkit hook: stop the load after the experiment and its rollbacks."""
+    stop_load(configuration)

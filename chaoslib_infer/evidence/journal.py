@@ -1,0 +1,68 @@
+"""Judge a Chaos Toolkit journal: never trust ``chaos run``'s exit code.
+
+``chaos run`` exits 0 when the steady-state hypothesis fails *before* the method (the method is
+skipped) and when an action raises. The verdict of a drill is read from the journal instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["drill_status", "hypothesis_results", "failed_activities"]
+
+
+def hypothesis_results(journal: dict[str, Any]) -> dict[str, bool | None]:
+    """Return ``{"before": bool|None, "after": bool|None}``: whether each hypothesis held.
+
+    ``None`` means that hypothesis did not run (e.g. the run was interrupted before it).
+    """
+    states = journal.get("steady_states") or {}
+    out: dict[str, bool | None] = {}
+    for phase in ("before", "after"):
+        entry = states.get(phase)
+        out[phase] = None if not entry else bool(entry.get("steady_state_met"))
+    return out
+
+
+def failed_activities(journal: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return ``[{"name", "status", "exception"}]`` for method and rollback activities that did not
+    succeed (failed, or cut off by a signal: such entries have no ``status``)."""
+    out = []
+    for section in ("run", "rollbacks"):
+        for run in journal.get(section) or []:
+            status = run.get("status")
+            if status != "succeeded":
+                activity = run.get("activity") or {}
+                exc = run.get("exception")
+                if isinstance(exc, list):
+                    exc = "".join(exc).strip().splitlines()[-1] if exc else None
+                out.append(
+                    {
+                        "section": section,
+                        "name": activity.get("name"),
+                        "status": status or "cut-off",
+                        "exception": exc,
+                    }
+                )
+    return out
+
+
+def drill_status(journal: dict[str, Any]) -> str:
+    """Return the drill verdict: ``passed``, ``deviated``, ``aborted`` or ``error``.
+
+    - ``aborted``: the run was interrupted (Ctrl-C, SIGTERM, a control such as the load warm-up).
+    - ``deviated``: a steady-state hypothesis (before or after) did not hold.
+    - ``error``: an action or probe of the method failed (the drill could not do what it planned).
+    - ``passed``: both hypotheses held and every method activity succeeded.
+    """
+    status = journal.get("status")
+    if status in ("interrupted", "aborted"):
+        return "aborted"
+    hyp = hypothesis_results(journal)
+    if hyp["before"] is False or hyp["after"] is False or journal.get("deviated"):
+        return "deviated"
+    if any(a["section"] == "run" for a in failed_activities(journal)):
+        return "error"
+    if hyp["before"] is None or hyp["after"] is None:
+        return "error"
+    return "passed"

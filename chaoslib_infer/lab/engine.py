@@ -1,0 +1,936 @@
+"""Simulated OpenAI-compatible inference engine for the lab, shaped like vLLM.
+
+A single-process Starlette app served by uvicorn (uvloop + httptools) that imitates what
+chaos drills observe on a real vLLM replica:
+
+* ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming SSE and non-streaming),
+  ``GET /v1/models``, ``GET /health`` (503 while "loading weights") and ``GET /metrics``
+  (prometheus_client, vLLM metric names, private registry, ``model_name`` label).
+* Timing model: weight-load delay, a decaying warm-up penalty on the first requests, prefill time
+  proportional to prompt tokens, and a fixed inter-token latency paced to absolute deadlines (no
+  drift). Continuous batching: at most ``max_num_seqs`` sequences run; the rest wait in a bounded
+  FIFO queue; when it is full the request is refused at once (429 or 503).
+* Memory: each running sequence holds real, touched bytes for its KV cache
+  (``kv_bytes_per_token`` per prompt + generated token, allocated in 16-token blocks like paged
+  attention), freed when the sequence ends or the client disconnects, so a cgroup memory limit
+  produces a real kernel OOM kill under long contexts.
+* Ledger: one JSON line per generation started (ground truth for served requests / duplicates).
+
+Prompt tokens are approximated as ``max(1, ceil(len(text) / 4))`` characters-per-token over the
+concatenated message contents (chat) or the prompt string (completions); a prompt given as a list
+of token ids counts one token per id.
+
+Run: ``python -m chaoslib_infer.lab.engine --port 8000 --replica-id r0`` (see ``--help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import socket
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Tokens per KV-cache block (memory is allocated block by block, like vLLM's paged attention).
+KV_BLOCK_TOKENS = 16
+
+_CHARS_PER_TOKEN = 4
+
+# Output vocabulary: English words (1-byte UTF-8), CJK (3-byte), accented Latin (2-byte) and an
+# emoji (4-byte), so clients that split characters across network reads get exercised.
+_WORDS: tuple[str, ...] = (
+    " the", " model", " token", " cache", " drill", " chaos", " latency", " replica", " stream",
+    " batch", " queue", " memory", " kernel", " signal", " request", " server", " fleet",
+    " recovery", " warm", " load", " prefill", " decode", " a", " of", " and", " to", " is",
+    " café", " naïve", ",", ".",
+)  # fmt: skip
+_CJK: tuple[str, ...] = (
+    "中", "文", "模", "型", "推", "理", "缓", "存", "延", "迟", "你好", "世界", "服务", "请求",
+)  # fmt: skip
+_EMOJI: tuple[str, ...] = ("🙂", "🚀")
+
+
+@dataclass
+class EngineConfig:
+    """Configuration of one simulated engine replica (mirrors the CLI flags).
+
+    Times are seconds, sizes bytes / tokens.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    replica_id: str = "r0"
+    ledger: Path | None = None
+    model: str = "chaos-sim"
+    load_delay_s: float = 1.0
+    warmup_requests: int = 3
+    warmup_penalty_s: float = 0.5
+    prefill_s_per_token: float = 0.0002
+    itl_s: float = 0.02
+    max_num_seqs: int = 16
+    max_waiting: int = 64
+    queue_full_status: int = 429
+    kv_bytes_per_token: int = 16384
+    kv_cache_tokens: int = 65536
+    zero_latency: bool = False
+    output_tokens: int = 32
+    graceful_shutdown_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        """Validate values.
+
+        Raises:
+            ValueError: on a value the engine cannot run with.
+        """
+        if self.queue_full_status not in (429, 503):
+            raise ValueError("queue_full_status must be 429 or 503")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_waiting < 0 or self.warmup_requests < 0 or self.output_tokens < 1:
+            raise ValueError("max_waiting/warmup_requests must be >= 0, output_tokens >= 1")
+        if self.kv_bytes_per_token < 0 or self.kv_cache_tokens < 1:
+            raise ValueError("kv_bytes_per_token must be >= 0 and kv_cache_tokens >= 1")
+        if min(self.load_delay_s, self.warmup_penalty_s, self.prefill_s_per_token, self.itl_s) < 0:
+            raise ValueError("delays must be >= 0")
+
+
+class RequestError(Exception):
+    """A request that must be answered with an OpenAI-style error object."""
+
+    def __init__(self, status: int, message: str) -> None:
+        """Args: status: HTTP status code; message: human-readable message."""
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    429: "RateLimitError",
+    503: "ServiceUnavailableError",
+}
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """Build an OpenAI/vLLM-style error object.
+
+    Args:
+        status: HTTP status code (also used as ``code``).
+        message: human-readable message.
+
+    Returns:
+        ``{"error": {"message", "type", "param", "code"}}``.
+    """
+    etype = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    return {"error": {"message": message, "type": etype, "param": None, "code": status}}
+
+
+def _error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status)
+
+
+def count_text_tokens(text: str) -> int:
+    """Approximate a text's token count as ``ceil(len(text) / 4)`` (at least 1).
+
+    Args:
+        text: the text.
+
+    Returns:
+        Approximate number of tokens (>= 1).
+    """
+    return max(1, math.ceil(len(text) / _CHARS_PER_TOKEN))
+
+
+def generate_tokens(request_id: str, n: int) -> list[str]:
+    """Deterministic output tokens for a request, one token per stream chunk.
+
+    Every token at index ``k % 4 == 1`` is CJK, so any output of two or more tokens contains a
+    CJK character; others mix English words, accented Latin and emoji. No token is empty, and
+    tokens are whole characters (never a split code point).
+
+    Args:
+        request_id: seeds the generator (same id, same text).
+        n: number of tokens.
+
+    Returns:
+        ``n`` non-empty strings.
+    """
+    seed = int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big")
+    rng = random.Random(seed)
+    out: list[str] = []
+    for k in range(n):
+        if k % 4 == 1:
+            out.append(rng.choice(_CJK))
+        elif rng.random() < 0.03:
+            out.append(rng.choice(_EMOJI))
+        else:
+            out.append(rng.choice(_WORDS))
+    return out
+
+
+class _Metrics:
+    """vLLM-named Prometheus metrics in a private registry."""
+
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        self.running = Gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            labels, registry=r,
+            buckets=[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0],
+        )  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+            labels, registry=r,
+            buckets=[0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                     0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0],
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+            labels, registry=r,
+            buckets=[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0],
+        )  # fmt: skip
+        # prometheus_client appends "_total" to counter names on exposition.
+        self.success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.",
+            ["model_name", "finished_reason"], registry=r,
+        )  # fmt: skip
+        self.preemptions = Counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=r
+        )
+        self.model = model
+        self.preemptions.labels(model).inc(0)
+        self.prompt_tokens.labels(model).inc(0)
+        self.generation_tokens.labels(model).inc(0)
+        for reason in ("stop", "length", "abort"):
+            self.success.labels(model, reason).inc(0)
+
+
+@dataclass
+class _Ticket:
+    """A request's place in the scheduler: granted a running slot, or waiting on ``fut``."""
+
+    fut: asyncio.Future[None] | None = None
+    granted: bool = False
+
+
+class _Scheduler:
+    """Continuous-batching admission: ``max_running`` slots plus a bounded FIFO wait queue."""
+
+    def __init__(self, max_running: int, max_waiting: int) -> None:
+        self.max_running = max_running
+        self.max_waiting = max_waiting
+        self.running = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_admit(self) -> _Ticket | None:
+        """Take a slot or a queue place at once; ``None`` when the queue is full."""
+        if self.running < self.max_running and not self.waiters:
+            self.running += 1
+            return _Ticket(granted=True)
+        if len(self.waiters) >= self.max_waiting:
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        return _Ticket(fut=fut)
+
+    async def wait(self, ticket: _Ticket) -> None:
+        """Wait until ``ticket`` holds a running slot (cancellable)."""
+        if ticket.granted or ticket.fut is None:
+            return
+        try:
+            await ticket.fut
+        except asyncio.CancelledError:
+            if ticket.fut.done() and not ticket.fut.cancelled():
+                ticket.granted = True  # granted just before the cancel: caller releases it
+            raise
+        ticket.granted = True
+
+    def release(self, ticket: _Ticket) -> None:
+        """Give back the ticket's slot (or queue place) and start the next waiter."""
+        if ticket.granted:
+            ticket.granted = False
+            self.running -= 1
+        elif ticket.fut is not None and not ticket.fut.done():
+            with contextlib.suppress(ValueError):
+                self.waiters.remove(ticket.fut)
+            ticket.fut.cancel()
+        ticket.fut = None
+        while self.waiters and self.running < self.max_running:
+            fut = self.waiters.popleft()
+            if fut.done():
+                continue
+            self.running += 1
+            fut.set_result(None)
+
+
+class _KvHold:
+    """Real, touched bytes standing for one sequence's KV cache, grown block by block."""
+
+    def __init__(self, engine: _Engine) -> None:
+        self._engine = engine
+        self._block_bytes = engine.config.kv_bytes_per_token * KV_BLOCK_TOKENS
+        self._blocks: list[bytes] = []
+        self._capacity = 0  # tokens the allocated blocks can hold
+        self.tokens = 0
+
+    def grow(self, tokens: int) -> None:
+        """Hold ``tokens`` more tokens; allocates (and writes) whole blocks as needed."""
+        self.tokens += tokens
+        self._engine.kv_tokens += tokens
+        if self._block_bytes == 0 or self.tokens <= self._capacity:
+            return
+        blocks = -(-(self.tokens - self._capacity) // KV_BLOCK_TOKENS)
+        self._blocks.append(b"\x01" * (self._block_bytes * blocks))  # bytes * n writes every page
+        self._capacity += blocks * KV_BLOCK_TOKENS
+
+    def release(self) -> None:
+        """Free every held byte."""
+        self._engine.kv_tokens -= self.tokens
+        self.tokens = 0
+        self._capacity = 0
+        self._blocks.clear()
+
+
+@dataclass
+class _Job:
+    """One parsed completion request."""
+
+    request_id: str
+    chat: bool
+    stream: bool
+    include_usage: bool
+    prompt_tokens: int
+    max_tokens: int
+    finish_reason: str
+    arrival: float  # perf_counter seconds
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class _Engine:
+    """Shared state of one replica: config, scheduler, KV accounting, metrics, ledger."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.t_start = time.monotonic()
+        self.scheduler = _Scheduler(config.max_num_seqs, config.max_waiting)
+        self.kv_tokens = 0
+        self.generations_started = 0
+        self.metrics = _Metrics(config.model)
+        m = config.model
+        self.metrics.running.labels(m).set_function(lambda: self.scheduler.running)
+        self.metrics.waiting.labels(m).set_function(lambda: len(self.scheduler.waiters))
+        self.metrics.kv_usage.labels(m).set_function(
+            lambda: self.kv_tokens / self.config.kv_cache_tokens
+        )
+        self._ledger_fd: int | None = None
+        if config.ledger is not None:
+            config.ledger.parent.mkdir(parents=True, exist_ok=True)
+            self._ledger_fd = os.open(config.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def ready(self) -> bool:
+        """True once the simulated weight load is over."""
+        return time.monotonic() - self.t_start >= self.config.load_delay_s
+
+    def record_generation(self, request_id: str) -> float:
+        """Append the ledger line for a generation that starts now; returns the warm-up penalty (s)."""
+        if self._ledger_fd is not None:
+            line = json.dumps(
+                {
+                    "t": time.time(),
+                    "event": "generation",
+                    "replica": self.config.replica_id,
+                    "request_id": request_id,
+                    "pid": os.getpid(),
+                }
+            )
+            os.write(self._ledger_fd, (line + "\n").encode())
+        i = self.generations_started
+        self.generations_started += 1
+        n = self.config.warmup_requests
+        if self.config.zero_latency or i >= n:
+            return 0.0
+        return self.config.warmup_penalty_s * (n - i) / n  # linear decay: full, ..., 1/n
+
+    def close(self) -> None:
+        """Close the ledger file."""
+        if self._ledger_fd is not None:
+            os.close(self._ledger_fd)
+            self._ledger_fd = None
+
+
+def _chunk_templates(job: _Job, model: str) -> tuple[str, str, str]:
+    """(prefix, suffix, id) so a content chunk is ``prefix + json.dumps(token) + suffix``."""
+    if job.chat:
+        cid = f"chatcmpl-{job.request_id}"
+        head = (
+            f'{{"id":{json.dumps(cid)},"object":"chat.completion.chunk","created":{job.created},'
+            f'"model":{json.dumps(model)},"choices":[{{"index":0,'
+        )
+        return head + '"delta":{"content":', '},"logprobs":null,"finish_reason":null}]}', cid
+    cid = f"cmpl-{job.request_id}"
+    head = (
+        f'{{"id":{json.dumps(cid)},"object":"text_completion","created":{job.created},'
+        f'"model":{json.dumps(model)},"choices":[{{"index":0,'
+    )
+    return head + '"text":', ',"logprobs":null,"finish_reason":null,"stop_reason":null}]}', cid
+
+
+def _usage(job: _Job, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": job.prompt_tokens + completion_tokens,
+    }
+
+
+class _GenerationResponse:
+    """ASGI response that queues, generates and streams (or returns) one completion.
+
+    A watcher task listens for ``http.disconnect``; on disconnect the generation is cancelled and
+    the KV bytes and the scheduler slot are freed.
+    """
+
+    def __init__(self, engine: _Engine, job: _Job, ticket: _Ticket) -> None:
+        self.engine = engine
+        self.job = job
+        self.ticket = ticket
+        self.disconnected = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def watch() -> None:
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    self.disconnected = True
+                    task.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch())
+        try:
+            if self.job.stream:
+                await self._stream(send)
+            else:
+                await self._whole(send)
+        except asyncio.CancelledError:
+            if not self.disconnected:
+                raise
+            task.uncancel()
+        finally:
+            watcher.cancel()
+            self.engine.scheduler.release(self.ticket)
+
+    async def _generate(self, emit: Callable[[str], Awaitable[None]] | None) -> list[str]:
+        """Wait for a slot, then produce the tokens on their deadlines; returns the tokens."""
+        eng, job, cfg = self.engine, self.job, self.engine.config
+        await eng.scheduler.wait(self.ticket)
+        loop = asyncio.get_running_loop()
+        penalty = eng.record_generation(job.request_id)
+        m = eng.metrics
+        m.prompt_tokens.labels(cfg.model).inc(job.prompt_tokens)
+        kv = _KvHold(eng)
+        produced: list[str] = []
+        try:
+            kv.grow(job.prompt_tokens)
+            t0 = loop.time()
+            first = t0 + penalty + job.prompt_tokens * cfg.prefill_s_per_token
+            last_t = 0.0
+            for k, tok in enumerate(generate_tokens(job.request_id, job.max_tokens)):
+                if cfg.zero_latency:
+                    await asyncio.sleep(0)
+                else:
+                    delay = first + k * cfg.itl_s - loop.time()
+                    await asyncio.sleep(delay if delay > 0 else 0)
+                kv.grow(1)
+                produced.append(tok)
+                if emit is not None:
+                    await emit(tok)
+                now = time.perf_counter()
+                if k == 0:
+                    m.ttft.labels(cfg.model).observe(now - job.arrival)
+                else:
+                    m.itl.labels(cfg.model).observe(now - last_t)
+                last_t = now
+            m.e2e.labels(cfg.model).observe(time.perf_counter() - job.arrival)
+            m.success.labels(cfg.model, job.finish_reason).inc()
+        except asyncio.CancelledError:
+            if self.disconnected:
+                m.success.labels(cfg.model, "abort").inc()
+            raise
+        finally:
+            m.generation_tokens.labels(cfg.model).inc(len(produced))
+            kv.release()
+        return produced
+
+    async def _stream(self, send: Send) -> None:
+        job, model = self.job, self.engine.config.model
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                ],
+            }
+        )
+        prefix, suffix, cid = _chunk_templates(job, model)
+        obj = "chat.completion.chunk" if job.chat else "text_completion"
+        base = {"id": cid, "object": obj, "created": job.created, "model": model}
+        if job.chat:
+            role = {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant"},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            await send(_sse(role))
+
+        async def emit(tok: str) -> None:
+            body = (
+                b"data: "
+                + (prefix + json.dumps(tok, ensure_ascii=False) + suffix).encode()
+                + b"\n\n"
+            )
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
+        tokens = await self._generate(emit)
+        if job.chat:
+            final_choice: dict[str, Any] = {
+                "index": 0,
+                "delta": {},
+                "logprobs": None,
+                "finish_reason": job.finish_reason,
+                "stop_reason": None,
+            }
+        else:
+            final_choice = {
+                "index": 0,
+                "text": "",
+                "logprobs": None,
+                "finish_reason": job.finish_reason,
+                "stop_reason": None,
+            }
+        out = _sse({**base, "choices": [final_choice]})["body"]
+        if job.include_usage:
+            out += _sse({**base, "choices": [], "usage": _usage(job, len(tokens))})["body"]
+        out += b"data: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": out, "more_body": False})
+
+    async def _whole(self, send: Send) -> None:
+        job, model = self.job, self.engine.config.model
+        tokens = await self._generate(None)
+        text = "".join(tokens)
+        choice: dict[str, Any]
+        if job.chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": job.finish_reason,
+                "stop_reason": None,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": job.finish_reason,
+                "stop_reason": None,
+            }
+        body = {
+            "id": f"chatcmpl-{job.request_id}" if job.chat else f"cmpl-{job.request_id}",
+            "object": "chat.completion" if job.chat else "text_completion",
+            "created": job.created,
+            "model": model,
+            "choices": [choice],
+            "usage": _usage(job, len(tokens)),
+        }
+        payload = json.dumps(body, ensure_ascii=False).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _sse(obj: dict[str, Any]) -> Message:
+    data = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return {"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True}
+
+
+def _content_text(content: Any) -> str:
+    """Text of a chat message ``content`` (string, or list of parts with ``text``)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, str):
+                parts.append(part)
+        return "".join(parts)
+    raise RequestError(400, "message content must be a string or a list of content parts")
+
+
+def _parse_job(body: Any, chat: bool, request_id: str, config: EngineConfig) -> _Job:
+    """Validate a completion request body into a job.
+
+    Raises:
+        RequestError: 400 on any invalid field.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(400, "request body must be a JSON object")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError(400, "'messages' is required and must be a non-empty list")
+        texts = []
+        for msg in messages:
+            if not isinstance(msg, dict) or "role" not in msg:
+                raise RequestError(400, "each message must be an object with a 'role'")
+            texts.append(_content_text(msg.get("content")))
+        prompt_tokens = count_text_tokens("".join(texts))
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompt_tokens = count_text_tokens(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+            prompt_tokens = len(prompt)
+        elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt_tokens = count_text_tokens(prompt[0])
+        else:
+            raise RequestError(
+                400, "'prompt' is required: a string, a one-element string list or token ids"
+            )
+    max_tokens: Any = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        n, finish = config.output_tokens, "stop"  # natural end of generation
+    elif isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1:
+        n, finish = max_tokens, "length"
+    else:
+        raise RequestError(400, "max_tokens must be an integer >= 1")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(400, "'stream' must be a boolean")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise RequestError(400, "'stream_options' must be an object")
+    if opts and not stream:
+        raise RequestError(400, "Stream options can only be defined when `stream=True`.")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise RequestError(400, "'ignore_eos' must be a boolean")
+    return _Job(
+        request_id=request_id,
+        chat=chat,
+        stream=stream,
+        include_usage=bool(opts.get("include_usage", False)),
+        prompt_tokens=prompt_tokens,
+        max_tokens=n,
+        finish_reason=finish,
+        arrival=time.perf_counter(),
+    )
+
+
+class _HeadersMiddleware:
+    """Adds ``X-Replica-Id`` and echoes/creates ``X-Request-Id`` on every HTTP response."""
+
+    def __init__(self, app: ASGIApp, replica_id: str) -> None:
+        self.app = app
+        self.replica = replica_id.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = ""
+        for k, v in scope["headers"]:
+            if k == b"x-request-id":
+                rid = v.decode("latin-1")
+                break
+        if not rid:
+            rid = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+        extra = [(b"x-replica-id", self.replica), (b"x-request-id", rid.encode("latin-1"))]
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
+
+
+def build_app(config: EngineConfig) -> Starlette:
+    """Build the engine's ASGI app.
+
+    The simulated weight load starts when this is called (``load_delay_s`` from now).
+
+    Args:
+        config: engine configuration.
+
+    Returns:
+        A Starlette app; ``app.state.engine`` holds the engine state.
+
+    Raises:
+        OSError: when the ledger file cannot be opened.
+    """
+    engine = _Engine(config)
+
+    async def completions(request: Request, chat: bool) -> Any:
+        if not engine.ready():
+            return _error_response(503, "model is loading")
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _error_response(400, f"invalid JSON body: {exc}")
+        try:
+            job = _parse_job(body, chat, request.state.request_id, config)
+        except RequestError as exc:
+            return _error_response(exc.status, exc.message)
+        ticket = engine.scheduler.try_admit()
+        if ticket is None:
+            return _error_response(config.queue_full_status, "waiting queue is full")
+        return _GenerationResponse(engine, job, ticket)
+
+    async def chat_completions(request: Request) -> Any:
+        return await completions(request, chat=True)
+
+    async def text_completions(request: Request) -> Any:
+        return await completions(request, chat=False)
+
+    async def health(request: Request) -> Response:
+        if engine.ready():
+            return Response(status_code=200)
+        return _error_response(503, "model is loading")
+
+    async def models(request: Request) -> Response:
+        if not engine.ready():
+            return _error_response(503, "model is loading")
+        card = {
+            "id": config.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": config.model,
+            "parent": None,
+            "max_model_len": config.kv_cache_tokens,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def metrics(request: Request) -> Response:
+        data = generate_latest(engine.metrics.registry)
+        return Response(data, media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        engine.close()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", text_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.engine = engine
+    app.add_middleware(_HeadersMiddleware, replica_id=config.replica_id)  # type: ignore[arg-type]
+    return app
+
+
+def _tune_malloc() -> None:
+    """Fix glibc's mmap threshold so freed KV blocks go back to the OS (Linux/glibc only)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD; also disables the dynamic threshold
+
+
+def parse_args(argv: list[str] | None = None) -> EngineConfig:
+    """Parse CLI flags into an :class:`EngineConfig`.
+
+    Args:
+        argv: arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        The configuration.
+
+    Raises:
+        SystemExit: on invalid flags (argparse).
+    """
+    d = EngineConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m chaoslib_infer.lab.engine",
+        description="Simulated vLLM-like OpenAI-compatible inference server for the chaos lab.",
+    )
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port, help="0 picks a free port (logged)")
+    p.add_argument("--replica-id", default=d.replica_id)
+    p.add_argument("--ledger", type=Path, default=None, help="generation ledger (JSON lines)")
+    p.add_argument("--model", default=d.model)
+    p.add_argument("--load-delay-s", type=float, default=d.load_delay_s)
+    p.add_argument("--warmup-requests", type=int, default=d.warmup_requests)
+    p.add_argument("--warmup-penalty-s", type=float, default=d.warmup_penalty_s)
+    p.add_argument("--prefill-s-per-token", type=float, default=d.prefill_s_per_token)
+    p.add_argument("--itl-s", type=float, default=d.itl_s)
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    p.add_argument("--max-waiting", type=int, default=d.max_waiting)
+    p.add_argument("--queue-full-status", type=int, choices=(429, 503), default=d.queue_full_status)
+    p.add_argument("--kv-bytes-per-token", type=int, default=d.kv_bytes_per_token)
+    p.add_argument("--kv-cache-tokens", type=int, default=d.kv_cache_tokens)
+    p.add_argument("--zero-latency", action="store_true", help="no delays at all")
+    p.add_argument("--output-tokens", type=int, default=d.output_tokens)
+    p.add_argument("--graceful-shutdown-s", type=float, default=d.graceful_shutdown_s)
+    a = p.parse_args(argv)
+    try:
+        return EngineConfig(
+            host=a.host,
+            port=a.port,
+            replica_id=a.replica_id,
+            ledger=a.ledger,
+            model=a.model,
+            load_delay_s=a.load_delay_s,
+            warmup_requests=a.warmup_requests,
+            warmup_penalty_s=a.warmup_penalty_s,
+            prefill_s_per_token=a.prefill_s_per_token,
+            itl_s=a.itl_s,
+            max_num_seqs=a.max_num_seqs,
+            max_waiting=a.max_waiting,
+            queue_full_status=a.queue_full_status,
+            kv_bytes_per_token=a.kv_bytes_per_token,
+            kv_cache_tokens=a.kv_cache_tokens,
+            zero_latency=a.zero_latency,
+            output_tokens=a.output_tokens,
+            graceful_shutdown_s=a.graceful_shutdown_s,
+        )
+    except ValueError as exc:
+        p.error(str(exc))
+        raise  # unreachable: p.error exits
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the engine until SIGTERM/SIGINT.
+
+    Logs one line to stderr once the socket is bound:
+    ``lab-engine listening replica=R pid=P host=H port=N model=M load_delay_s=S``.
+
+    Args:
+        argv: CLI arguments (default ``sys.argv[1:]``).
+
+    Raises:
+        SystemExit: on invalid flags; OSError when the port cannot be bound.
+    """
+    import uvicorn
+
+    config = parse_args(argv)
+    _tune_malloc()
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    sock.set_inheritable(True)
+    port = sock.getsockname()[1]
+    app = build_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=math.ceil(config.graceful_shutdown_s),
+        )
+    )
+    print(
+        f"lab-engine listening replica={config.replica_id} pid={os.getpid()} "
+        f"host={config.host} port={port} model={config.model} "
+        f"load_delay_s={config.load_delay_s}",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Memory hog that makes the *kernel* OOM-kill a replica inside its memory cgroup.
+
+Run as ``python -m chaoslib_infer.lab.hog --cgroup PATH --version 1|2``. It
+
+1. joins the replica's cgroup (pid written to ``cgroup.procs`` before allocating anything),
+2. sets its own ``oom_score_adj`` to -1000 so the kernel never picks it,
+3. allocates touched memory in steps (``b"\\x01" * step``), and before each step checks that
+   the ``oom_kill`` counter has not risen and that another process is still in the cgroup (it
+   never fills a cgroup it is alone in: an unkillable process alone at the limit would hang),
+4. once the counter rose, frees everything and exits 0,
+5. exits anyway after ``--ttl-s`` (dead-man switch; exit status 3).
+
+It prints one line ``armed <pid> <oom_kills>`` on stdout once it is in the cgroup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from chaoslib_infer.lab.cgroups import CgroupError, MemoryCgroup
+
+__all__ = ["main", "run_hog"]
+
+HOG_MODULE = "chaoslib_infer.lab.hog"
+EXIT_DONE = 0
+EXIT_TTL = 3
+EXIT_SETUP = 2
+
+
+def run_hog(
+    cgroup: MemoryCgroup,
+    step_bytes: int = 16 << 20,
+    interval_s: float = 0.02,
+    ttl_s: float = 30.0,
+) -> int:
+    """Join ``cgroup`` and allocate until the cgroup's OOM-kill counter rises or the TTL ends."""
+    import os
+
+    me = os.getpid()
+    try:
+        cgroup.add_pid(me)
+    except CgroupError as exc:
+        print(f"hog: {exc}", file=sys.stderr, flush=True)
+        return EXIT_SETUP
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("-1000")
+    except OSError as exc:
+        print(f"hog: cannot set oom_score_adj: {exc}", file=sys.stderr, flush=True)
+        return EXIT_SETUP
+    baseline = cgroup.oom_kills()
+    print(f"armed {me} {baseline}", flush=True)
+    deadline = time.monotonic() + ttl_s
+    hoard: list[bytes] = []
+    try:
+        while time.monotonic() < deadline:
+            if cgroup.oom_kills() > baseline:
+                return EXIT_DONE
+            others = [p for p in cgroup.pids() if p != me]
+            if others:
+                hoard.append(b"\x01" * step_bytes)
+            time.sleep(interval_s)
+        return EXIT_TTL
+    finally:
+        hoard.clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(prog=f"python -m {HOG_MODULE}")
+    parser.add_argument("--cgroup", required=True, type=Path)
+    parser.add_argument("--version", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--step-mb", type=int, default=16)
+    parser.add_argument("--interval-s", type=float, default=0.02)
+    parser.add_argument("--ttl-s", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    return run_hog(
+        MemoryCgroup(args.cgroup, args.version),
+        step_bytes=args.step_mb << 20,
+        interval_s=args.interval_s,
+        ttl_s=args.ttl_s,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Ground-truth recorder: a supervisord event listener that writes ``state_dir/events.jsonl``.
+
+Run by supervisord as ``[eventlistener:recorder]`` subscribed to ``PROCESS_STATE``:
+
+- ``PROCESS_STATE_RUNNING`` of a replica   -> ``{"t", "event": "start", "replica", "pid"}``
+- first HTTP 200 on ``/health`` after that -> ``{"t", "event": "ready", "replica"}`` (a thread polls
+  every replica awaiting readiness every 50 ms)
+- ``PROCESS_STATE_EXITED`` / ``STOPPED``   -> ``{"t", "event": "exit", "replica", "pid", "cause",
+  "oom_kills", "status", "expected"}``
+
+``cause`` is ``"oom"`` when the replica cgroup's ``oom_kill`` counter rose since the last check,
+else the wait status: ``"signal:SIGKILL"`` / ``"exit:N"``. Supervisord's event payload has no exit
+status, so it is read from supervisord's own log line (``exited: r0 (terminated by SIGKILL; not
+expected)``), which supervisord writes before it delivers the event; ``"killed"`` if not found.
+``status`` always holds the raw wait status, so an OOM kill shows ``cause="oom"`` together with
+``status="signal:SIGKILL"``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from chaoslib_infer.lab.cgroups import MemoryCgroup
+
+__all__ = ["Recorder", "append_event", "main", "read_events"]
+
+EVENTS_FILE = "events.jsonl"
+SUPERVISORD_LOG = "supervisord.log"
+POLL_INTERVAL_S = 0.05
+
+_LOG_LINE = re.compile(r"\b(exited|stopped): (\S+) \((.*)\)\s*$")
+
+
+def append_event(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line atomically (single write with O_APPEND)."""
+    data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Read events.jsonl (a torn last line is skipped)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def wait_status(message: str) -> str:
+    """Map supervisord's ``terminated by SIGKILL`` / ``exit status 1`` text to our status form."""
+    msg = message.split(";")[0].replace("(core dumped)", "").strip()
+    m = re.match(r"terminated by (SIG\w+|\d+)", msg)
+    if m:
+        return f"signal:{m.group(1)}"
+    m = re.match(r"exit status (-?\d+)", msg)
+    if m:
+        return f"exit:{m.group(1)}"
+    return "killed"
+
+
+class Recorder:
+    """State machine behind the event listener; usable without supervisord (tests call it)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        lab = json.loads((state_dir / "lab.json").read_text())
+        self.events_path = state_dir / EVENTS_FILE
+        self.log_path = state_dir / SUPERVISORD_LOG
+        self.ports: dict[str, int] = {}
+        self.cgroups: dict[str, MemoryCgroup] = {}
+        for rep in lab["replicas"]:
+            self.ports[rep["name"]] = int(rep["port"])
+            self.cgroups[rep["name"]] = MemoryCgroup(Path(rep["cgroup"]), int(lab["cgroup_version"]))
+        self.last_oom = {name: cg.oom_kills() for name, cg in self.cgroups.items()}
+        self.awaiting_ready: dict[str, bool] = dict.fromkeys(self.ports, False)
+        self.log_offset = 0
+        self.log_statuses: dict[str, list[str]] = {name: [] for name in self.ports}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    # -- events ---------------------------------------------------------------------------
+    def emit(self, record: dict[str, Any]) -> None:
+        """Append a ground-truth record."""
+        append_event(self.events_path, record)
+
+    def _scan_log(self) -> None:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self.log_offset)
+                data = fh.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n")
+        if end < 0:
+            return
+        self.log_offset += end + 1
+        for line in data[: end + 1].decode(errors="replace").splitlines():
+            m = _LOG_LINE.search(line)
+            if m and m.group(2) in self.log_statuses:
+                self.log_statuses[m.group(2)].append(wait_status(m.group(3)))
+
+    def _exit_status(self, name: str) -> str:
+        deadline = time.monotonic() + 0.5
+        while True:
+            self._scan_log()
+            if self.log_statuses[name]:
+                return self.log_statuses[name].pop(0)
+            if time.monotonic() > deadline:
+                return "killed"
+            time.sleep(0.01)
+
+    def handle(self, eventname: str, payload: str) -> None:
+        """Handle one PROCESS_STATE_* notification."""
+        fields = dict(
+            kv.split(":", 1) for kv in payload.split("\n", 1)[0].split() if ":" in kv
+        )
+        name = fields.get("processname", "")
+        if name not in self.ports:
+            return
+        now = time.time()
+        state = eventname.removeprefix("PROCESS_STATE_")
+        if state == "RUNNING":
+            with self.lock:
+                self.awaiting_ready[name] = True
+            self.emit({"t": now, "event": "start", "replica": name, "pid": int(fields["pid"])})
+        elif state in ("EXITED", "STOPPED"):
+            with self.lock:
+                self.awaiting_ready[name] = False
+            oom_now = self.cgroups[name].oom_kills()
+            rose = oom_now > self.last_oom[name]
+            self.last_oom[name] = oom_now
+            status = self._exit_status(name)
+            record: dict[str, Any] = {
+                "t": now,
+                "event": "exit",
+                "replica": name,
+                "pid": int(fields.get("pid", 0) or 0),
+                "cause": "oom" if rose else status,
+                "oom_kills": oom_now,
+                "status": status,
+                "expected": state == "STOPPED" or fields.get("expected") == "1",
+            }
+            self.emit(record)
+
+    # -- readiness ------------------------------------------------------------------------
+    def _healthy(self, port: int) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=0.25)
+        try:
+            conn.request("GET", "/health")
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
+
+    def poll_once(self) -> None:
+        """Check every replica awaiting readiness once; emit ``ready`` on the first 200."""
+        with self.lock:
+            waiting = [n for n, w in self.awaiting_ready.items() if w]
+        for name in waiting:
+            if self._healthy(self.ports[name]):
+                with self.lock:
+                    if not self.awaiting_ready[name]:
+                        continue
+                    self.awaiting_ready[name] = False
+                self.emit({"t": time.time(), "event": "ready", "replica": name})
+
+    def poll_forever(self) -> None:
+        """Readiness thread body."""
+        while not self.stop.wait(POLL_INTERVAL_S):
+            try:
+                self.poll_once()
+            except Exception as exc:  # keep polling whatever happens
+                print(f"recorder: poll failed: {exc!r}", file=sys.stderr, flush=True)
+
+
+def _serve(recorder: Recorder, stdin: BinaryIO, stdout: BinaryIO) -> None:
+    """supervisord event-listener protocol loop."""
+    while True:
+        stdout.write(b"READY\n")
+        stdout.flush()
+        header_line = stdin.readline()
+        if not header_line:
+            return
+        headers = dict(kv.split(":", 1) for kv in header_line.decode().split() if ":" in kv)
+        payload = stdin.read(int(headers.get("len", "0"))).decode(errors="replace")
+        try:
+            recorder.handle(headers.get("eventname", ""), payload)
+        except Exception as exc:  # never stall supervisord's event queue
+            print(f"recorder: event failed: {exc!r}", file=sys.stderr, flush=True)
+        stdout.write(b"RESULT 2\nOK")
+        stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m chaoslib_infer.lab.recorder --state-dir DIR``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m chaoslib_infer.lab.recorder")
+    parser.add_argument("--state-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    recorder = Recorder(args.state_dir)
+    thread = threading.Thread(target=recorder.poll_forever, name="ready-poller", daemon=True)
+    thread.start()
+    try:
+        _serve(recorder, sys.stdin.buffer, sys.stdout.buffer)
+    finally:
+        recorder.stop.set()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

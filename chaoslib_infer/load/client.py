@@ -1,0 +1,591 @@
+"""Open-loop streaming load generator for OpenAI-compatible inference services (aiohttp).
+
+Arrivals follow an absolute, precomputed schedule (``schedule.poisson_schedule`` by default): request
+*i* is due at ``start + offset[i]`` whatever happened to earlier requests. A concurrency cap
+(``LoadSpec.max_concurrency``) bounds in-flight attempts; an arrival that finds the cap full waits,
+and its record shows ``intended_at`` (schedule) vs ``sent_at`` (actual), so client-side queueing is
+visible instead of silently hiding latency (coordinated omission, ``shared/measurement.md``).
+
+Every attempt produces one record (``docs/contracts.md`` section 3), written as soon as it
+finishes. The transport never retries: ``send_attempt`` performs exactly one HTTP attempt, so a
+later retry policy can call it again with the same ``request_id`` and ``attempt + 1``.
+
+Error classes (contracts.md section 3):
+
+* ``connect``: TCP connection refused / unreachable / DNS failure.
+* ``timeout_connect``: TCP connect not done within ``connect_timeout_s``.
+* ``timeout_ttft``: no output-bearing chunk within ``ttft_timeout_s`` of ``sent_at``.
+* ``timeout_idle``: after the first token, no new output-bearing chunk for ``idle_timeout_s``.
+* ``timeout_total``: the attempt exceeded ``timeout_s`` end to end.
+* ``http_429``, ``http_4xx`` (also any other non-2xx, non-5xx status), ``http_5xx``.
+* ``reset``: the connection was closed or reset after it was established (before or during the
+  body) without a complete reply.
+* ``stream_error``, ``garbled``, ``empty``, ``truncated``: from ``sse.StreamParser.classify``.
+  An HTTP response aiohttp cannot parse at all counts as ``garbled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from .records import RecordWriter, perf_to_unix
+from .schedule import constant_schedule, poisson_schedule
+from .sse import StreamParser
+
+__all__ = [
+    "ERROR_CLASSES",
+    "TIMEOUT_CLASSES",
+    "LoadCounters",
+    "LoadSpec",
+    "build_body",
+    "endpoint_url",
+    "make_session",
+    "run_load",
+    "run_load_blocking",
+    "send_attempt",
+]
+
+log = logging.getLogger(__name__)
+
+#: Every error class an attempt record may carry (contracts.md section 3).
+ERROR_CLASSES: tuple[str, ...] = (
+    "connect",
+    "timeout_connect",
+    "timeout_ttft",
+    "timeout_idle",
+    "timeout_total",
+    "http_429",
+    "http_4xx",
+    "http_5xx",
+    "reset",
+    "stream_error",
+    "empty",
+    "garbled",
+    "truncated",
+)
+#: Classes that count in ``timeout_rate``.
+TIMEOUT_CLASSES: frozenset[str] = frozenset(c for c in ERROR_CLASSES if c.startswith("timeout_"))
+
+_WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+    "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu river stone "
+    "cloud paper engine garden window silver orange market planet signal bridge candle forest"
+).split()
+_MAX_ERROR_BODY = 64 * 1024
+_AFTER_DONE_GRACE_S = 0.5
+
+
+@dataclass
+class LoadSpec:
+    """What to send, how fast, and the client's timeouts. Times in seconds.
+
+    Attributes:
+        url: base URL of the service, e.g. ``http://127.0.0.1:8800`` (a trailing ``/v1`` is
+            accepted); the path ``/v1/chat/completions`` or ``/v1/completions`` is appended.
+        api: ``"chat"`` or ``"completions"``.
+        model: model name sent in the body.
+        rate_rps: mean arrival rate, requests per second.
+        duration_s: length of the arrival schedule; no attempt starts after it.
+        max_concurrency: cap on in-flight attempts; arrivals wait at the cap.
+        max_tokens: ``max_tokens`` in the body.
+        prompt_words: words after the nonce in each prompt.
+        timeout_s: total time limit of one attempt (``timeout_total``).
+        connect_timeout_s: TCP connect limit (``timeout_connect``).
+        ttft_timeout_s: limit from send to first output chunk (``timeout_ttft``); None = no limit.
+        idle_timeout_s: limit between output chunks (``timeout_idle``); None = no limit.
+        seed: seed of the arrival schedule and prompt words (nonces are always random).
+        headers: extra request headers (e.g. Authorization).
+        include_usage: send ``stream_options: {"include_usage": true}`` (some providers reject it).
+        arrival: ``"poisson"`` or ``"constant"`` inter-arrival gaps.
+        extra_body: extra JSON fields merged into every request body (per-target options).
+
+    Raises:
+        ValueError: from ``__post_init__`` on an invalid value (one-line message).
+    """
+
+    url: str
+    api: Literal["chat", "completions"] = "chat"
+    model: str = "sim"
+    rate_rps: float = 10.0
+    duration_s: float = 10.0
+    max_concurrency: int = 64
+    max_tokens: int = 32
+    prompt_words: int = 16
+    timeout_s: float = 30.0
+    connect_timeout_s: float = 3.0
+    ttft_timeout_s: float | None = 10.0
+    idle_timeout_s: float | None = 5.0
+    seed: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    include_usage: bool = True
+    arrival: Literal["poisson", "constant"] = "poisson"
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"url must be http(s)://host:port, got {self.url!r}")
+        if self.api not in ("chat", "completions"):
+            raise ValueError(f"api must be 'chat' or 'completions', got {self.api!r}")
+        if self.arrival not in ("poisson", "constant"):
+            raise ValueError(f"arrival must be 'poisson' or 'constant', got {self.arrival!r}")
+
+        def pos(
+            name: str, v: float | None, allow_none: bool = False, allow_zero: bool = False
+        ) -> None:
+            if v is None and allow_none:
+                return
+            ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or v is None or v < 0 or (v == 0 and not allow_zero):
+                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+
+        pos("rate_rps", self.rate_rps)
+        pos("duration_s", self.duration_s)
+        pos("timeout_s", self.timeout_s)
+        pos("connect_timeout_s", self.connect_timeout_s)
+        pos("ttft_timeout_s", self.ttft_timeout_s, allow_none=True)
+        pos("idle_timeout_s", self.idle_timeout_s, allow_none=True)
+        for name in ("max_concurrency", "max_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.prompt_words, int) or self.prompt_words < 0:
+            raise ValueError(f"prompt_words must be an integer >= 0, got {self.prompt_words!r}")
+
+    def offsets(self) -> list[float]:
+        """The arrival schedule: offsets in seconds from the start of the run."""
+        if self.arrival == "constant":
+            return constant_schedule(self.rate_rps, self.duration_s)
+        return poisson_schedule(self.rate_rps, self.duration_s, self.seed)
+
+
+@dataclass
+class LoadCounters:
+    """Live counters of a run (read by progress reporting)."""
+
+    scheduled: int = 0
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    delayed: int = 0
+    unsent: int = 0
+    cancelled: int = 0
+    max_send_lag_s: float = 0.0
+    errors_by_class: dict[str, int] = field(default_factory=dict)
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able copy of the counters."""
+        d = dict(self.__dict__)
+        d["errors_by_class"] = dict(self.errors_by_class)
+        return d
+
+
+def endpoint_url(spec: LoadSpec) -> str:
+    """Full URL of the streaming endpoint for ``spec.api`` (see ``LoadSpec.url``)."""
+    base = spec.url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    return base + ("/v1/chat/completions" if spec.api == "chat" else "/v1/completions")
+
+
+def build_body(spec: LoadSpec, rng: random.Random, nonce: str | None = None) -> dict[str, Any]:
+    """Request body for one logical request: a prompt starting with a random nonce.
+
+    Args:
+        spec: the load spec (api, model, max_tokens, prompt_words, include_usage, extra_body).
+        rng: source of the prompt words.
+        nonce: the prompt prefix; default 16 random hex characters (never seeded, so a response
+            cache cannot serve a repeated run).
+    """
+    nonce = nonce or secrets.token_hex(8)
+    words = " ".join(rng.choice(_WORDS) for _ in range(spec.prompt_words))
+    prompt = f"[{nonce}] {words}".rstrip()
+    body: dict[str, Any] = {"model": spec.model, "max_tokens": spec.max_tokens, "stream": True}
+    if spec.api == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if spec.include_usage:
+        body["stream_options"] = {"include_usage": True}
+    body.update(spec.extra_body)
+    return body
+
+
+def make_session(spec: LoadSpec) -> aiohttp.ClientSession:
+    """An aiohttp session for ``spec``: no connection limit (the run caps concurrency), no
+    redirects, no proxies from the environment, connect timeout ``spec.connect_timeout_s``; all
+    other timeouts are enforced by ``send_attempt``. Must be created inside a running loop."""
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=spec.connect_timeout_s)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        trust_env=False,
+        raise_for_status=False,
+        headers={"Accept": "text/event-stream", "Content-Type": "application/json"},
+    )
+
+
+def _exc_msg(exc: BaseException) -> str:
+    text = str(exc)
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:300]
+
+
+async def send_attempt(
+    session: aiohttp.ClientSession,
+    spec: LoadSpec,
+    body: bytes,
+    request_id: str,
+    attempt: int = 1,
+    intended_at: float | None = None,
+    url: str | None = None,
+) -> dict[str, Any]:
+    """Perform exactly one streaming HTTP attempt and return its record (never raises for
+    service-side failures; ``asyncio.CancelledError`` propagates and produces no record).
+
+    Args:
+        session: from ``make_session``.
+        spec: timeouts, headers.
+        body: JSON request body (bytes).
+        request_id: the logical request id, sent as ``X-Request-Id``; retries reuse it.
+        attempt: attempt number of this logical request, 1-based.
+        intended_at: scheduled send time, unix seconds (default: the actual send time).
+        url: endpoint URL (default ``endpoint_url(spec)``).
+
+    Returns:
+        The record dict of contracts.md section 3; times in unix seconds.
+    """
+    loop = asyncio.get_running_loop()
+    pc = time.perf_counter
+    headers = {"X-Request-Id": request_id}
+    if spec.headers:
+        headers.update(spec.headers)
+        headers["X-Request-Id"] = request_id
+    parser = StreamParser()
+    status: int | None = None
+    replica: str | None = None
+    first_byte: float | None = None
+    first_token: float | None = None
+    chunk_times: list[float] = []
+    err_class: str | None = None
+    err: str | None = None
+    done_at: float | None = None
+    after_done = False
+
+    sent = pc()
+    total_dl = sent + spec.timeout_s
+    ttft_dl = sent + spec.ttft_timeout_s if spec.ttft_timeout_s is not None else math.inf
+    idle = spec.idle_timeout_s
+    if ttft_dl < total_dl:
+        kind, dl = "ttft", ttft_dl
+    else:
+        kind, dl = "total", total_dl
+
+    def loop_at(perf_deadline: float) -> float:
+        return loop.time() + (perf_deadline - pc())
+
+    try:
+        async with asyncio.timeout(None) as cm:
+            cm.reschedule(loop_at(dl))
+            try:
+                async with session.post(
+                    url or endpoint_url(spec), data=body, headers=headers, allow_redirects=False
+                ) as resp:
+                    first_byte = pc()
+                    status = resp.status
+                    replica = resp.headers.get("X-Replica-Id") or resp.headers.get("X-Lab-Server")
+                    if not 200 <= status < 300:
+                        raw = await resp.content.read(_MAX_ERROR_BODY)
+                        snippet = raw[:200].decode("utf-8", "replace").strip()
+                        err = f"HTTP {status}: {snippet}" if snippet else f"HTTP {status}"
+                        if status == 429:
+                            err_class = "http_429"
+                        elif status >= 500:
+                            err_class = "http_5xx"
+                        else:
+                            err_class = "http_4xx"
+                    else:
+                        async for data in resp.content.iter_any():
+                            n = parser.feed(data)
+                            if n:
+                                now = pc()
+                                if first_token is None:
+                                    first_token = now
+                                chunk_times.extend([now] * n)
+                                if idle is not None:
+                                    new_dl = now + idle
+                                    if new_dl < total_dl:
+                                        kind, dl = "idle", new_dl
+                                    else:
+                                        kind, dl = "total", total_dl
+                                    cm.reschedule(loop_at(dl))
+                                elif kind == "ttft":
+                                    kind, dl = "total", total_dl
+                                    cm.reschedule(loop_at(dl))
+                            if parser.done and done_at is None:
+                                done_at = pc()
+                                kind, dl = "done", min(done_at + _AFTER_DONE_GRACE_S, total_dl)
+                                cm.reschedule(loop_at(dl))
+                        parser.close()
+                        err_class, err = parser.classify()
+            except aiohttp.ConnectionTimeoutError as exc:
+                err_class, err = "timeout_connect", _exc_msg(exc)
+            except aiohttp.ClientConnectorError as exc:
+                err_class, err = "connect", _exc_msg(exc)
+            except aiohttp.ClientResponseError as exc:
+                err_class, err = "garbled", "invalid HTTP response: " + _exc_msg(exc)
+            except (aiohttp.ClientError, OSError) as exc:
+                err_class, err = "reset", _exc_msg(exc)
+                after_done = done_at is not None
+    except TimeoutError:
+        if kind == "done":
+            after_done = True  # reply was complete; the server just kept the socket open
+        elif kind == "ttft":
+            err_class, err = "timeout_ttft", f"no output within {spec.ttft_timeout_s} s"
+        elif kind == "idle":
+            err_class, err = "timeout_idle", f"no output for {spec.idle_timeout_s} s"
+        else:
+            err_class, err = "timeout_total", f"attempt exceeded {spec.timeout_s} s"
+    end = pc()
+    if after_done:
+        # [DONE] arrived before the transport failed or the grace timer fired: judge the reply
+        parser.close()
+        err_class, err = parser.classify()
+    if done_at is not None and err_class is None:
+        end = done_at
+    if parser.usage_tokens is not None:
+        output_tokens, source = parser.usage_tokens, "usage"
+    else:
+        output_tokens, source = len(chunk_times), "chunks"
+    sent_unix = perf_to_unix(sent)
+    return {
+        "request_id": request_id,
+        "attempt": attempt,
+        "intended_at": sent_unix if intended_at is None else intended_at,
+        "sent_at": sent_unix,
+        "status": status,
+        "ok": err_class is None,
+        "error_class": err_class,
+        "error": err,
+        "first_byte_at": None if first_byte is None else perf_to_unix(first_byte),
+        "first_token_at": None if first_token is None else perf_to_unix(first_token),
+        "chunk_times": [perf_to_unix(t) for t in chunk_times],
+        "end_at": perf_to_unix(end),
+        "output_tokens": output_tokens,
+        "tokens_source": source,
+        "replica": replica,
+        "text_len": parser.text_len,
+    }
+
+
+async def run_load(
+    spec: LoadSpec,
+    writer: RecordWriter,
+    stop: asyncio.Event | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    progress_interval_s: float = 5.0,
+) -> dict[str, Any]:
+    """Run one open-loop load phase and write one record per finished attempt.
+
+    Sending stops at the end of the schedule (``spec.duration_s``); arrivals still waiting at the
+    concurrency cap then are not sent (counted ``unsent``). In-flight attempts get their own
+    timeouts (at most ``spec.timeout_s``); the run returns at the latest about
+    ``duration_s + timeout_s + 2`` seconds after it started.
+
+    When ``stop`` is set: no new attempt starts, in-flight attempts are cancelled and **dropped**
+    (no record: they were cut by us, not by the service; counted ``cancelled`` in the summary),
+    and the function returns. Every finished attempt is already on disk.
+
+    Args:
+        spec: what to send.
+        writer: where records go (one ``write`` per attempt).
+        stop: optional event that ends the run early.
+        on_progress: called with ``LoadCounters.snapshot()`` plus ``"t"`` (seconds since start)
+            every ``progress_interval_s`` seconds.
+        progress_interval_s: seconds between progress callbacks.
+
+    Returns:
+        Summary: ``run_id, url, scheduled, sent, ok, failed, unsent, cancelled, delayed,
+        max_send_lag_s, errors_by_class, started_at, ended_at (unix s), elapsed_s,
+        sent_rps, ok_rps, stopped``.
+
+    Raises:
+        OSError / ValueError: writing a record failed (the run is stopped first).
+    """
+    offsets = spec.offsets()
+    url = endpoint_url(spec)
+    rng = random.Random(spec.seed)
+    run_id = os.urandom(4).hex()
+    counters = LoadCounters(scheduled=len(offsets))
+    sem = asyncio.Semaphore(spec.max_concurrency)
+    tasks: set[asyncio.Task[None]] = set()
+    write_error: list[BaseException] = []
+    stop_ev = stop if stop is not None else asyncio.Event()
+    internal_stop = asyncio.Event()
+    pc = time.perf_counter
+
+    async def one(i: int, body: bytes, intended_at: float) -> None:
+        try:
+            rec = await send_attempt(
+                session, spec, body, f"{run_id}-{i:07d}", 1, intended_at, url=url
+            )
+            try:
+                writer.write(rec)
+            except BaseException as exc:  # disk full, closed writer: stop the run
+                write_error.append(exc)
+                internal_stop.set()
+                return
+            if rec["ok"]:
+                counters.ok += 1
+            else:
+                counters.failed += 1
+                ec = rec["error_class"]
+                counters.errors_by_class[ec] = counters.errors_by_class.get(ec, 0) + 1
+        finally:
+            counters.in_flight -= 1
+            sem.release()
+
+    start = pc() + 0.02
+    end_send = start + spec.duration_s
+
+    async def scheduler() -> None:
+        for i, off in enumerate(offsets):
+            due = start + off
+            delay = due - pc()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if sem.locked():
+                counters.delayed += 1
+                remaining = end_send - pc()
+                if remaining <= 0:
+                    counters.unsent = len(offsets) - i
+                    return
+                try:
+                    await asyncio.wait_for(sem.acquire(), remaining)
+                except TimeoutError:
+                    counters.unsent = len(offsets) - i
+                    return
+            else:
+                await sem.acquire()
+            lag = pc() - due
+            if lag > counters.max_send_lag_s:
+                counters.max_send_lag_s = lag
+            body = build_body(spec, rng)
+            payload = _dumps(body)
+            counters.sent += 1
+            counters.in_flight += 1
+            t = asyncio.create_task(one(i, payload, perf_to_unix(due)))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+
+    async def progress() -> None:
+        while True:
+            await asyncio.sleep(progress_interval_s)
+            if on_progress is not None:
+                snap = counters.snapshot()
+                snap["t"] = round(pc() - start, 3)
+                on_progress(snap)
+
+    stopped = False
+    started_at = perf_to_unix(start)
+    async with make_session(spec) as session:
+        sched = asyncio.create_task(scheduler())
+        stop_wait = asyncio.create_task(stop_ev.wait())
+        istop_wait = asyncio.create_task(internal_stop.wait())
+        prog = asyncio.create_task(progress()) if on_progress is not None else None
+        try:
+            await asyncio.wait({sched, stop_wait, istop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if sched.done() and not (stop_ev.is_set() or internal_stop.is_set()):
+                sched.result()
+                if tasks:
+                    drain = asyncio.create_task(asyncio.wait(set(tasks)))
+                    await asyncio.wait(
+                        {drain, stop_wait, istop_wait},
+                        timeout=spec.timeout_s + 2.0,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    drain.cancel()
+            stopped = stop_ev.is_set()
+        finally:
+            for t in (sched, stop_wait, istop_wait, prog):
+                if t is not None:
+                    t.cancel()
+            pending = [t for t in tasks if not t.done()]
+            counters.cancelled = len(pending)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.gather(sched, stop_wait, istop_wait, return_exceptions=True)
+            if prog is not None:
+                await asyncio.gather(prog, return_exceptions=True)
+    if write_error:
+        raise write_error[0]
+    ended = pc()
+    elapsed = max(ended - start, 1e-9)
+    summary = counters.snapshot()
+    summary.pop("in_flight", None)
+    summary.update(
+        run_id=run_id,
+        url=url,
+        started_at=started_at,
+        ended_at=perf_to_unix(ended),
+        elapsed_s=round(elapsed, 3),
+        sent_rps=round(counters.sent / elapsed, 3),
+        ok_rps=round(counters.ok / elapsed, 3),
+        max_send_lag_s=round(counters.max_send_lag_s, 6),
+        stopped=stopped,
+    )
+    return summary
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+def run_load_blocking(spec: LoadSpec, out_path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Run ``run_load`` to completion on a fresh (uvloop when available) event loop.
+
+    Args:
+        spec: what to send.
+        out_path: records file (JSONL), truncated first.
+
+    Returns:
+        The ``run_load`` summary plus ``"out"`` (the path as a string).
+
+    Raises:
+        OSError: the records file cannot be written.
+        RuntimeError: called from a thread that already runs an event loop.
+    """
+
+    async def main() -> dict[str, Any]:
+        with RecordWriter(out_path) as writer:
+            return await run_load(spec, writer)
+
+    with asyncio.Runner(loop_factory=_new_loop) as runner:
+        summary = runner.run(main())
+    summary["out"] = str(out_path)
+    return summary

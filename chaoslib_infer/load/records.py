@@ -1,0 +1,167 @@
+"""Load records: one JSON line per attempt (``docs/contracts.md`` section 3) and the shared clock.
+
+Times in records are **unix seconds as float**. They are derived from a monotonic clock so that
+intervals are immune to wall-clock steps, yet comparable with the lab's ground truth:
+``unix_now() = T0_UNIX + (time.perf_counter() - T0_PERF)``, both captured once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+__all__ = [
+    "RECORD_FIELDS",
+    "T0_PERF",
+    "T0_UNIX",
+    "RecordWriter",
+    "iter_records",
+    "perf_to_unix",
+    "read_records",
+    "unix_now",
+]
+
+T0_UNIX: float = time.time()
+T0_PERF: float = time.perf_counter()
+
+#: Field names of one attempt record, in contract order (contracts.md section 3).
+RECORD_FIELDS: tuple[str, ...] = (
+    "request_id",
+    "attempt",
+    "intended_at",
+    "sent_at",
+    "status",
+    "ok",
+    "error_class",
+    "error",
+    "first_byte_at",
+    "first_token_at",
+    "chunk_times",
+    "end_at",
+    "output_tokens",
+    "tokens_source",
+    "replica",
+    "text_len",
+)
+
+
+def unix_now() -> float:
+    """Current time in unix seconds, from the process's monotonic clock (see module docstring)."""
+    return T0_UNIX + (time.perf_counter() - T0_PERF)
+
+
+def perf_to_unix(perf: float) -> float:
+    """Convert a ``time.perf_counter()`` reading (seconds) to unix seconds on the shared clock."""
+    return T0_UNIX + (perf - T0_PERF)
+
+
+class RecordWriter:
+    """Append attempt records to a JSONL file, one line per record, flushed after each line.
+
+    Use as a context manager. ``write`` is synchronous and takes a lock, so concurrent coroutines of
+    one event loop (and threads) never interleave lines. A process killed mid-write leaves at most
+    one truncated last line, which ``read_records`` skips.
+
+    Args:
+        path: output file; its parent directory must exist.
+        append: append to an existing file instead of truncating it.
+        fsync: also ``os.fsync`` after every record (slow; off by default, a flush survives a
+            killed process but not a machine crash).
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], append: bool = False, fsync: bool = False):
+        self.path = Path(path)
+        self._fsync = fsync
+        self._lock = threading.Lock()
+        self._fh: IO[str] | None = open(  # noqa: SIM115 - closed in close()
+            self.path, "a" if append else "w", encoding="utf-8"
+        )
+        self.count = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Serialise ``record`` as one JSON line and flush it.
+
+        Raises:
+            ValueError: the writer is closed, or the record is not JSON-serialisable.
+        """
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        with self._lock:
+            if self._fh is None:
+                raise ValueError("RecordWriter is closed")
+            self._fh.write(line + "\n")
+            self._fh.flush()
+            if self._fsync:
+                os.fsync(self._fh.fileno())
+            self.count += 1
+
+    def close(self) -> None:
+        """Flush and close the file; idempotent."""
+        with self._lock:
+            if self._fh is not None:
+                self._fh.flush()
+                self._fh.close()
+                self._fh = None
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` has been called."""
+        return self._fh is None
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Yield the records of a JSONL file; see ``read_records`` for the tolerance rules."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    lines = data.split(b"\n")
+    last = len(lines) - 1
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            if i == last or (i == last - 1 and not lines[last].strip()):
+                return  # truncated last line of a killed writer
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}: line {i + 1} is not a JSON object")
+        yield obj
+
+
+def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read every record of a JSONL records file.
+
+    A truncated or otherwise unparsable **last** line (a writer killed mid-line) is skipped; blank
+    lines are ignored.
+
+    Args:
+        path: the records file.
+
+    Returns:
+        The records as dicts, in file order.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: a line other than the last one is not a JSON object.
+    """
+    return list(iter_records(path))

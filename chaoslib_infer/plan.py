@@ -1,0 +1,129 @@
+"""Game-day plans: which drills to run, in which order, against which lab.
+
+A plan is YAML::
+
+    name: default-gameday
+    lab: {replicas: 3, engine: sim, memory_limit_mb: 512}
+    drills:
+      - name: oom-kill
+        experiment: ../experiments/oom-kill.yaml   # relative to the plan file
+        vars: {window_s: 8}                        # optional configuration overrides
+
+Malformed plans raise :class:`chaoslib_infer.errors.ConfigError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from chaoslib_infer.errors import ConfigError
+
+ENGINES = ("sim", "llama-cpp")
+
+
+@dataclass
+class DrillSpec:
+    """One drill of a plan: a name (also its evidence folder) and its Chaos Toolkit experiment."""
+
+    name: str
+    experiment: Path
+    vars: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LabSpec:
+    """How to bring up the local lab for a plan."""
+
+    replicas: int = 3
+    engine: str = "sim"
+    memory_limit_mb: int = 512
+
+
+@dataclass
+class Plan:
+    """A parsed, validated game-day plan."""
+
+    name: str
+    path: Path
+    lab: LabSpec
+    drills: list[DrillSpec]
+
+
+def _fail(path: Path, where: str, msg: str) -> ConfigError:
+    return ConfigError(f"{path}: {where}: {msg}")
+
+
+def load_plan(path: Path) -> Plan:
+    """Read and validate a plan file.
+
+    Args:
+        path: the plan YAML.
+
+    Returns:
+        The :class:`Plan`, experiment paths resolved against the plan's folder.
+
+    Raises:
+        ConfigError: unreadable file, invalid YAML, a missing/mistyped field, an unknown engine, a
+            duplicate drill name, or an experiment file that does not exist.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read plan: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "YAML"
+        raise ConfigError(f"{path}: {where}: invalid YAML") from exc
+    if not isinstance(raw, dict):
+        raise _fail(path, "top level", "expected a mapping with 'drills'")
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not name:
+        raise _fail(path, "name", "expected a non-empty string")
+    lab_raw = raw.get("lab") or {}
+    if not isinstance(lab_raw, dict):
+        raise _fail(path, "lab", "expected a mapping")
+    lab = LabSpec()
+    for key, typ in (("replicas", int), ("engine", str), ("memory_limit_mb", int)):
+        if key in lab_raw:
+            value = lab_raw[key]
+            if not isinstance(value, typ) or isinstance(value, bool):
+                raise _fail(path, f"lab.{key}", f"expected {typ.__name__}, got {value!r}")
+            setattr(lab, key, value)
+    unknown = set(lab_raw) - {"replicas", "engine", "memory_limit_mb"}
+    if unknown:
+        raise _fail(path, f"lab.{sorted(unknown)[0]}", "unknown field")
+    if lab.engine not in ENGINES:
+        raise _fail(path, "lab.engine", f"expected one of {', '.join(ENGINES)}, got {lab.engine!r}")
+    if lab.replicas < 1:
+        raise _fail(path, "lab.replicas", "expected at least 1")
+    drills_raw = raw.get("drills")
+    if not isinstance(drills_raw, list) or not drills_raw:
+        raise _fail(path, "drills", "expected a non-empty list")
+    drills: list[DrillSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(drills_raw):
+        where = f"drills[{i}]"
+        if not isinstance(item, dict):
+            raise _fail(path, where, "expected a mapping with name and experiment")
+        dname = item.get("name")
+        exp = item.get("experiment")
+        if not isinstance(dname, str) or not dname or "/" in dname:
+            raise _fail(path, f"{where}.name", "expected a non-empty name without '/'")
+        if dname in seen:
+            raise _fail(path, f"{where}.name", f"duplicate drill name {dname!r}")
+        seen.add(dname)
+        if not isinstance(exp, str) or not exp:
+            raise _fail(path, f"{where}.experiment", "expected a path to an experiment file")
+        exp_path = (path.parent / exp).resolve()
+        if not exp_path.is_file():
+            raise _fail(path, f"{where}.experiment", f"no such file: {exp_path}")
+        dvars = item.get("vars") or {}
+        if not isinstance(dvars, dict):
+            raise _fail(path, f"{where}.vars", "expected a mapping")
+        drills.append(DrillSpec(name=dname, experiment=exp_path, vars=dict(dvars)))
+    return Plan(name=name, path=path.resolve(), lab=lab, drills=drills)
