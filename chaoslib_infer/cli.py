@@ -72,7 +72,7 @@ def main() -> None:
               help="Lab engine: simulated vLLM-shaped server, or a real llama.cpp server on a tiny model.")
 @click.option("--slo", multiple=True, metavar="METRIC=VALUE",
               help="Override an acceptance threshold, e.g. --slo p99_e2e_s=0.5 (repeatable). "
-                   "Metrics: availability, error_rate, timeout_rate, p50_e2e_s, p95_ratio, p99_e2e_s.")
+                   "Metrics: availability, error_rate, timeout_rate, p50_e2e_s, p95_over_p50, p99_e2e_s.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (drills, faults, rollbacks) and touch nothing.")
 def gameday(plan: Path | None, out_dir: Path, target_url: str | None, replicas: int | None,
             engine: str | None, slo: tuple[str, ...], dry_run: bool) -> None:

@@ -15,6 +15,8 @@
 #   LLAMA_CPP_VERSION    llama-cpp-python version (default: 0.3.36)
 #   PYTHON               interpreter the wheel is for (default: ./.venv/bin/python if
 #                        present, else python3)
+#   PIP                  pip command to build with (default: "$PYTHON -m pip"); when set
+#                        and PYTHON is not, PYTHON is taken from it ("/v/bin/python -m pip")
 #   CMAKE_ARGS           passed through to the llama.cpp CMake build (e.g. -DGGML_NATIVE=OFF
 #                        for a wheel that runs on other CPUs)
 #
@@ -28,6 +30,8 @@ VERSION="${LLAMA_CPP_VERSION:-0.3.36}"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -n "${PYTHON:-}" ]]; then
     PY="$PYTHON"
+elif [[ -n "${PIP:-}" && "$PIP" == *" -m pip"* ]]; then
+    PY="${PIP%% -m pip*}"
 elif [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then
     PY="$REPO_ROOT/.venv/bin/python"
 else
@@ -38,7 +42,7 @@ INSTALL=0
 for arg in "$@"; do
     case "$arg" in
         --install) INSTALL=1 ;;
-        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "build-llama-wheel: unknown argument: $arg" >&2; exit 2 ;;
     esac
 done
@@ -80,7 +84,7 @@ else
     echo "build-llama-wheel: compiling llama-cpp-python==$VERSION for $("$PY" -c 'import sys; print(sys.version.split()[0])')"
     echo "build-llama-wheel: this takes ~7 minutes on 2 cores (CPU backend); output goes to $WHEEL_DIR"
     CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs}" \
-        "$PY" -m pip wheel --no-deps -w "$WHEEL_DIR" "llama-cpp-python==$VERSION"
+        ${PIP:-"$PY" -m pip} wheel --no-deps -w "$WHEEL_DIR" "llama-cpp-python==$VERSION"
     wheel="$(find_wheel)" || {
         echo "build-llama-wheel: pip finished but no compatible wheel is in $WHEEL_DIR" >&2
         exit 1
@@ -89,7 +93,7 @@ else
 fi
 
 if [[ "$INSTALL" == 1 ]]; then
-    "$PY" -m pip install --find-links "$WHEEL_DIR" "llama-cpp-python[server]==$VERSION"
+    ${PIP:-"$PY" -m pip} install --find-links "$WHEEL_DIR" "llama-cpp-python[server]==$VERSION"
 else
     echo "build-llama-wheel: install with:"
     echo "  $PY -m pip install --find-links $WHEEL_DIR \"llama-cpp-python[server]==$VERSION\""

@@ -303,13 +303,17 @@ class _Scheduler:
 
     def release(self, ticket: _Ticket) -> None:
         """Give back the ticket's slot (or queue place) and start the next waiter."""
+        fut = ticket.fut
+        if not ticket.granted and fut is not None:
+            if fut.done() and not fut.cancelled():
+                ticket.granted = True  # a slot was handed to us but never picked up
+            else:  # still queued (its future may be cancelled already)
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(fut)
+                fut.cancel()
         if ticket.granted:
             ticket.granted = False
             self.running -= 1
-        elif ticket.fut is not None and not ticket.fut.done():
-            with contextlib.suppress(ValueError):
-                self.waiters.remove(ticket.fut)
-            ticket.fut.cancel()
         ticket.fut = None
         while self.waiters and self.running < self.max_running:
             fut = self.waiters.popleft()

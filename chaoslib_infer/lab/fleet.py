@@ -59,6 +59,7 @@ SUPERVISOR_SOCK = "supervisor.sock"
 HAPROXY_SOCK = "haproxy.sock"
 MAX_REPLICAS = 32
 MIN_MEMORY_MB = 32
+TICK_S = 0.02  # supervisord wake-up period (see recorder.tick_forever)
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
@@ -271,6 +272,15 @@ stopwaitsecs=2
 stderr_logfile={logs}/recorder.err
 stderr_logfile_maxbytes=0
 
+[program:ticker]
+command={ticker}
+priority=1
+autorestart=true
+startsecs=0
+stopwaitsecs=1
+stdout_logfile=NONE
+stderr_logfile=NONE
+
 [program:haproxy]
 command={haproxy}
 priority=5
@@ -466,6 +476,9 @@ class Lab:
                 logs=sd / "logs",
                 recorder=_conf_value(
                     [sys.executable, "-m", "chaoslib_infer.lab.recorder", "--state-dir", str(sd)]
+                ),
+                ticker=_conf_value(
+                    [sys.executable, "-m", "chaoslib_infer.lab.recorder", "--tick-s", f"{TICK_S:g}"]
                 ),
                 haproxy=_conf_value([haproxy_bin, "-db", "-f", str(cfg)]),
                 request_log=sd / REQUEST_LOG,
@@ -788,6 +801,10 @@ class Lab:
                 hog.wait(timeout=3.0)
             except subprocess.TimeoutExpired:
                 pass
+            if not _wait_dead(killed_pid, 3.0):
+                raise LabError(
+                    f"the kernel OOM kill in {replica}'s cgroup did not kill its engine pid {killed_pid}"
+                )
         finally:
             if hog.poll() is None:
                 hog.kill()

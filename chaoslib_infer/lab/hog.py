@@ -3,14 +3,15 @@
 Run as ``python -m chaoslib_infer.lab.hog --cgroup PATH --version 1|2``. It
 
 1. joins the replica's cgroup (pid written to ``cgroup.procs`` before allocating anything),
-2. sets its own ``oom_score_adj`` to -1000 so the kernel never picks it,
+2. sets its own ``oom_score_adj`` to -1000 so the kernel never picks it (without
+   CAP_SYS_RESOURCE it raises the other processes in the cgroup to +1000 instead),
 3. allocates touched memory in steps (``b"\\x01" * step``), and before each step checks that
    the ``oom_kill`` counter has not risen and that another process is still in the cgroup (it
    never fills a cgroup it is alone in: an unkillable process alone at the limit would hang),
 4. once the counter rose, frees everything and exits 0,
 5. exits anyway after ``--ttl-s`` (dead-man switch; exit status 3).
 
-It prints one line ``armed <pid> <oom_kills>`` on stdout once it is in the cgroup.
+It prints one line ``armed <pid> <oom_kills> <mode>`` on stdout once it is in the cgroup.
 """
 
 from __future__ import annotations
@@ -30,6 +31,43 @@ EXIT_TTL = 3
 EXIT_SETUP = 2
 
 
+def _set_oom_score_adj(pid: int | str, value: int) -> None:
+    with open(f"/proc/{pid}/oom_score_adj", "w") as fh:
+        fh.write(str(value))
+
+
+def protect_self_or_expose_targets(cgroup: MemoryCgroup, me: int) -> str | None:
+    """Make sure the kernel picks the engine, not the hog.
+
+    Sets the hog's own ``oom_score_adj`` to -1000. Lowering it needs CAP_SYS_RESOURCE; without
+    it (containers often drop it) the hog instead raises every *other* process in the cgroup to
+    +1000 (always allowed), which also guarantees the engine scores higher than the hog.
+
+    Returns:
+        ``"self-1000"`` or ``"targets+1000"``; None when neither was possible (message on stderr).
+    """
+    try:
+        _set_oom_score_adj("self", -1000)
+        return "self-1000"
+    except OSError as exc:
+        first = exc
+    targets = [p for p in cgroup.pids() if p != me]
+    try:
+        for pid in targets:
+            _set_oom_score_adj(pid, 1000)
+    except OSError as exc:
+        print(
+            f"hog: cannot set oom_score_adj (self -1000: {first}; targets +1000: {exc})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    if not targets:
+        print("hog: no target process in the cgroup", file=sys.stderr, flush=True)
+        return None
+    return "targets+1000"
+
+
 def run_hog(
     cgroup: MemoryCgroup,
     step_bytes: int = 16 << 20,
@@ -45,14 +83,11 @@ def run_hog(
     except CgroupError as exc:
         print(f"hog: {exc}", file=sys.stderr, flush=True)
         return EXIT_SETUP
-    try:
-        with open("/proc/self/oom_score_adj", "w") as fh:
-            fh.write("-1000")
-    except OSError as exc:
-        print(f"hog: cannot set oom_score_adj: {exc}", file=sys.stderr, flush=True)
+    mode = protect_self_or_expose_targets(cgroup, me)
+    if mode is None:
         return EXIT_SETUP
     baseline = cgroup.oom_kills()
-    print(f"armed {me} {baseline}", flush=True)
+    print(f"armed {me} {baseline} {mode}", flush=True)
     deadline = time.monotonic() + ttl_s
     hoard: list[bytes] = []
     try:

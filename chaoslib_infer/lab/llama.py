@@ -12,13 +12,18 @@ package and by running it):
   use ``GET /v1/models`` (:data:`READINESS_PATH`), which answers 200 with the alias.
 * Requests are served one at a time (a global lock around the model). With the
   upstream default ``--interrupt_requests True`` a new request *cuts off* a stream in
-  progress (the stream ends early with ``[DONE]``); :func:`llama_server_command` sets it
-  to ``False`` so concurrent requests queue instead, like a real single-slot replica.
+  progress (it sends ``data: [DONE]`` early, then drops the connection before the end of
+  the chunked body); :func:`llama_server_command` sets it to ``False`` so concurrent
+  requests queue instead, like a real single-slot replica.
+* ``max_tokens`` is capped at ``n_ctx`` minus the prompt (``finish_reason: "length"``).
 * ``X-Request-ID`` is read by starlette-context's ``RequestIdPlugin``: it must be a
-  UUID4 (anything else gets HTTP 400 "Wrong uuid"); it is echoed in the response's
-  ``X-Request-ID`` header, and one is generated when the request has none. The server
-  emits no replica header; the replica id is put in the model alias instead
-  (``--model_alias``), which appears as ``model`` in every response and chunk.
+  UUID4 (anything else gets HTTP 400 with an empty body); it is echoed in the response's
+  ``X-Request-ID`` header, and one (32 hex digits, no dashes) is generated when the
+  request has none. The server
+  emits no replica header. The replica id is put in the model alias (``--model_alias``),
+  which ``GET /v1/models`` lists; completions echo the request's ``model`` field (or the
+  model *path* when the request has none), and any ``model`` value is served by the one
+  loaded model, so clients need not know the alias.
 * Boolean flags take a value (``--verbose False``), parsed from 1/0, true/false, yes/no,
   on/off.
 """
@@ -37,6 +42,7 @@ __all__ = [
     "READINESS_PATH",
     "LlamaUnavailable",
     "llama_available",
+    "llama_engine_command",
     "llama_server_command",
     "model_alias_for",
     "require_llama",
@@ -69,7 +75,7 @@ INSTALL_HINT: Final = (
 # Flags tuned for a 2-core machine with a tiny model. Values are strings as they go on
 # the command line; booleans use the "True"/"False" spelling llama_cpp.server parses.
 _DEFAULT_FLAGS: Final[Mapping[str, str]] = {
-    "n_ctx": "512",  # tiny model, short prompts: a small KV cache starts faster
+    "n_ctx": "2048",  # the model's context; KV cache is ~0.5 MB, start time unchanged
     "n_batch": "128",
     "n_ubatch": "128",
     "n_threads": "1",  # one core per replica; the other runs the load client
@@ -142,7 +148,7 @@ def llama_server_command(
 
     The command is ``[sys.executable, "-m", "llama_cpp.server", "--model", PATH,
     "--host", HOST, "--port", PORT, "--model_alias", "tiny-llama@REPLICA", "--n_ctx",
-    "512", "--n_batch", "128", "--n_ubatch", "128", "--n_threads", "1",
+    "2048", "--n_batch", "128", "--n_ubatch", "128", "--n_threads", "1",
     "--n_threads_batch", "1", "--n_gpu_layers", "0", "--use_mlock", "False",
     "--logits_all", "False", "--interrupt_requests", "False", "--verbose", "False",
     "--seed", "0"]``, then any ``extra`` flags.
@@ -152,7 +158,7 @@ def llama_server_command(
         host: Listen address (keep it on loopback for tests).
         port: Listen port.
         replica_id: Identifies the replica; served as the model alias
-            ``tiny-llama@<replica_id>`` (visible as ``model`` in every response).
+            ``tiny-llama@<replica_id>`` (listed by ``GET /v1/models``).
         extra: More ``llama_cpp.server`` flags, without the leading ``--``
             (e.g. ``{"n_ctx": 1024, "verbose": True}``). A key that matches a default
             flag replaces it (including ``model_alias``); a ``None`` value drops that
@@ -197,3 +203,41 @@ def llama_server_command(
         if value is not None:
             argv += [f"--{name}", value]
     return argv
+
+
+def llama_engine_command(
+    replica: str, port: int, ledger: Path, engine_args: dict[str, object]
+) -> list[str]:
+    """Build a replica's argv with the lab's engine-builder signature.
+
+    Matches ``chaoslib_infer.lab.fleet.EngineBuilder``, so the fleet can do
+    ``register_engine("llama-cpp", llama_engine_command)``. The replica listens on
+    127.0.0.1:``port``; readiness is ``GET`` :data:`READINESS_PATH` (there is no
+    ``/health``).
+
+    Args:
+        replica: Replica id (served as the model alias).
+        port: Loopback port.
+        ledger: The sim engine's request ledger; llama_cpp.server keeps none, so it is
+            ignored.
+        engine_args: Optional ``model`` (a GGUF path; default: the cached tiny model from
+            :func:`chaoslib_infer.lab.gguf_model.ensure_tiny_model`), ``model_seed`` and
+            ``model_cache_dir`` for that model; every other key is passed to
+            :func:`llama_server_command` as an ``extra`` flag.
+
+    Raises:
+        LlamaUnavailable: If llama-cpp-python or its server extra is missing.
+    """
+    del ledger  # no per-request ledger in llama_cpp.server
+    args = dict(engine_args)
+    model = args.pop("model", None)
+    seed = args.pop("model_seed", 0)
+    cache_dir = args.pop("model_cache_dir", None)
+    require_llama()
+    if model is None:
+        from chaoslib_infer.lab.gguf_model import ensure_tiny_model
+
+        model = ensure_tiny_model(
+            Path(str(cache_dir)) if cache_dir is not None else None, seed=int(str(seed))
+        )
+    return llama_server_command(Path(str(model)), "127.0.0.1", port, replica, args)

@@ -105,6 +105,7 @@ class FakeServer:
         self.replica = replica
         self.requests = 0
         self.request_ids: list[str] = []
+        self.prompts: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -146,6 +147,13 @@ class FakeServer:
             body = await request.json()
         except ValueError:
             body = {}
+        if not isinstance(body, dict):
+            body = {}
+        msgs = body.get("messages")
+        if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict):
+            self.prompts.append(str(msgs[0].get("content", "")))
+        elif "prompt" in body:
+            self.prompts.append(str(body["prompt"]))
         want_usage = (
             bool((body.get("stream_options") or {}).get("include_usage"))
             and o.get("usage", "1") == "1"

@@ -1,0 +1,140 @@
+"""Command line: ``python -m chaoslib_infer.load --url URL --rate RPS --duration-s S --out FILE``.
+
+Prints one progress line every 5 s to stderr (``sent, ok, failed, in flight``) and a JSON summary
+line to stdout at the end. SIGTERM/SIGINT: stop sending, cancel in-flight attempts (they are
+dropped, not recorded: the service did not fail them), flush the records file, exit 0.
+Exit 2 with one error line on bad arguments or an unwritable output file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+PROG = "python -m chaoslib_infer.load"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    p = _Parser(prog=PROG, description="Open-loop streaming load against an OpenAI-compatible URL.")
+    p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8800")
+    p.add_argument("--rate", type=float, required=True, help="mean arrival rate, requests/s")
+    p.add_argument("--duration-s", type=float, required=True, help="schedule length, seconds")
+    p.add_argument("--out", required=True, help="records file (JSONL), overwritten")
+    p.add_argument("--max-concurrency", type=int, default=64, help="in-flight cap (default 64)")
+    p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default 32)")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="per-attempt total timeout (30)")
+    p.add_argument("--connect-timeout-s", type=float, default=3.0, help="TCP connect timeout (3)")
+    p.add_argument("--ttft-timeout-s", type=float, default=10.0, help="first-token timeout (10)")
+    p.add_argument("--idle-timeout-s", type=float, default=5.0, help="inter-chunk timeout (5)")
+    p.add_argument("--api", choices=("chat", "completions"), default="chat")
+    p.add_argument("--seed", type=int, default=0, help="schedule/prompt seed (default 0)")
+    p.add_argument("--model", default="sim", help="model name in the body (default sim)")
+    p.add_argument("--prompt-words", type=int, default=16, help="words per prompt (16)")
+    p.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
+    p.add_argument("--no-usage", action="store_true", help="do not send stream_options")
+    p.add_argument(
+        "--header", action="append", default=[], metavar="K:V", help="extra header (repeatable)"
+    )
+    p.add_argument("--progress-s", type=float, default=5.0, help="seconds between progress lines")
+    return p
+
+
+def _progress(snap: dict[str, Any]) -> None:
+    print(
+        f"load t={snap['t']:.0f}s sent={snap['sent']} ok={snap['ok']} failed={snap['failed']} "
+        f"in_flight={snap['in_flight']}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok or stopped by signal, 2 bad arguments)."""
+    early: list[int] = []  # a signal that arrives before the event loop runs still stops cleanly
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: early.append(signum))
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        return _main(argv, early)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv: list[str] | None, early: list[int]) -> int:
+    # imported here so that the signal handlers above are in place during the slow aiohttp import
+    from .client import LoadSpec, _new_loop, run_load
+    from .records import RecordWriter
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    headers: dict[str, str] = {}
+    for h in args.header:
+        if ":" not in h:
+            parser.error(f"--header must be K:V, got {h!r}")
+        k, v = h.split(":", 1)
+        headers[k.strip()] = v.strip()
+    try:
+        spec = LoadSpec(
+            url=args.url,
+            api=args.api,
+            model=args.model,
+            rate_rps=args.rate,
+            duration_s=args.duration_s,
+            max_concurrency=args.max_concurrency,
+            max_tokens=args.max_tokens,
+            prompt_words=args.prompt_words,
+            timeout_s=args.timeout_s,
+            connect_timeout_s=args.connect_timeout_s,
+            ttft_timeout_s=args.ttft_timeout_s if args.ttft_timeout_s > 0 else None,
+            idle_timeout_s=args.idle_timeout_s if args.idle_timeout_s > 0 else None,
+            seed=args.seed,
+            headers=headers,
+            include_usage=not args.no_usage,
+            arrival=args.arrival,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not args.progress_s > 0:
+        parser.error("--progress-s must be > 0")
+    out = Path(args.out)
+    try:
+        writer = RecordWriter(out)
+    except OSError as exc:
+        parser.error(f"cannot write --out {out}: {exc.strerror or exc}")
+
+    async def run() -> dict[str, Any]:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if early:
+            stop.set()
+        try:
+            return await run_load(spec, writer, stop, _progress, args.progress_s)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    with writer, asyncio.Runner(loop_factory=_new_loop) as runner:
+        summary = runner.run(run())
+    summary["out"] = str(out)
+    summary["records"] = writer.count
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Drill figures computed from load records (definitions: ``shared/measurement.md``, "Drill
+figures"). All times are unix seconds; durations are seconds.
+
+Conventions used here:
+
+* A failure becomes **user-visible** at its ``end_at`` (when the client got the error); a success
+  likewise counts at its ``end_at``.
+* A replica **serves** a request when the response headers from it arrive (``first_byte_at`` of a
+  successful record whose ``replica`` is that replica). The lab's ground truth for the same moment
+  is the engine ledger / ``Lab.served``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .metrics import percentiles_s, select, window_stats
+
+__all__ = [
+    "duplicates",
+    "interruption",
+    "recovery",
+    "restart",
+    "restart_from_records",
+    "steady_ttft_p50",
+    "warmup",
+]
+
+Record = Mapping[str, Any]
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _fnum(v: Any) -> float | None:
+    return float(v) if _num(v) else None
+
+
+def interruption(
+    records: Iterable[Record], fault_at: float, settle_s: float = 5.0
+) -> dict[str, Any]:
+    """Interruption time: first user-visible failure after the fault to the last failure before
+    service is sustained again.
+
+    Service counts as sustained after a failure F when the ``settle_s`` seconds after F hold no
+    failure and at least one success (so silence is not mistaken for health).
+
+    Args:
+        records: attempt records.
+        fault_at: fault injection time (unix s); failures that became visible before it are ignored.
+        settle_s: settling window in seconds.
+
+    Returns:
+        ``{"interruption_s", "failed_requests", "first_failure_at", "last_failure_at",
+        "sustained"}``: duration (s, 0.0 with no failure), failed records whose ``end_at`` is in
+        [first, last], the two times (None with no failure), and whether a settled window was
+        observed after the last failure (False: the data ended first).
+    """
+    recs = [r for r in records if _num(r.get("end_at")) and r["end_at"] >= fault_at]
+    fails = sorted(r["end_at"] for r in recs if not r.get("ok"))
+    if not fails:
+        return {
+            "interruption_s": 0.0,
+            "failed_requests": 0,
+            "first_failure_at": None,
+            "last_failure_at": None,
+            "sustained": True,
+        }
+    succ = sorted(r["end_at"] for r in recs if r.get("ok"))
+    observed_until = max(r["end_at"] for r in recs)
+    last, sustained = fails[-1], False
+    j = 0
+    for i, f in enumerate(fails):
+        horizon = f + settle_s
+        nxt = fails[i + 1] if i + 1 < len(fails) else math.inf
+        if nxt <= horizon:
+            continue  # another failure inside the settling window: still interrupted
+        while j < len(succ) and succ[j] <= f:
+            j += 1
+        has_success = j < len(succ) and succ[j] <= horizon
+        if has_success and (nxt < math.inf or observed_until >= horizon):
+            last, sustained = f, True
+            break
+    first = fails[0]
+    count = sum(1 for f in fails if f <= last)
+    return {
+        "interruption_s": last - first,
+        "failed_requests": count,
+        "first_failure_at": first,
+        "last_failure_at": last,
+        "sustained": sustained,
+    }
+
+
+def restart_from_records(records: Iterable[Record], replica: str, died_at: float) -> float | None:
+    """Restart time seen by clients: from the replica's death to the first request it served again.
+
+    Args:
+        records: attempt records.
+        replica: replica name as in the records' ``replica`` field.
+        died_at: time of death (unix s), e.g. the lab's ``exit`` event.
+
+    Returns:
+        Seconds from ``died_at`` to the earliest ``first_byte_at`` >= ``died_at`` of a successful
+        record from ``replica``; None if it never served again in the data.
+    """
+    best: float | None = None
+    for r in records:
+        if not r.get("ok") or r.get("replica") != replica:
+            continue
+        fb = _fnum(r.get("first_byte_at"))
+        if fb is not None and fb >= died_at and (best is None or fb < best):
+            best = fb
+    return None if best is None else best - died_at
+
+
+#: Alias matching contracts.md section 4 (``figures.restart(...)``).
+restart = restart_from_records
+
+
+def warmup(
+    records: Iterable[Record],
+    replica: str,
+    after: float,
+    k: int = 3,
+    steady_p50_ttft_s: float | None = None,
+) -> dict[str, Any]:
+    """First-request warm-up: TTFT of the first ``k`` successful requests a replica served after
+    ``after`` (e.g. its ``ready`` event), against the steady-state median TTFT.
+
+    Requests are those with ``sent_at >= after`` (so time spent queued before ``after`` does not
+    inflate the figure), ordered by ``first_byte_at``.
+
+    Args:
+        records: attempt records.
+        replica: replica name.
+        after: unix seconds.
+        k: how many first requests.
+        steady_p50_ttft_s: optional steady-state median TTFT (see ``steady_ttft_p50``).
+
+    Returns:
+        ``{"n", "ttfts_s", "mean_ttft_s", "max_ttft_s", "ratio_to_steady"}``; ``n`` may be < k;
+        means/maxima None when n == 0; ratio = mean / steady (None without a steady value).
+
+    Raises:
+        ValueError: k < 1.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k!r}")
+    cand = [
+        r
+        for r in records
+        if r.get("ok")
+        and r.get("replica") == replica
+        and _num(r.get("sent_at"))
+        and r["sent_at"] >= after
+        and _num(r.get("first_token_at"))
+    ]
+    cand.sort(key=lambda r: r["first_byte_at"] if _num(r.get("first_byte_at")) else r["sent_at"])
+    ttfts = [r["first_token_at"] - r["sent_at"] for r in cand[:k]]
+    mean = sum(ttfts) / len(ttfts) if ttfts else None
+    ratio = mean / steady_p50_ttft_s if mean is not None and steady_p50_ttft_s else None
+    return {
+        "n": len(ttfts),
+        "ttfts_s": ttfts,
+        "mean_ttft_s": mean,
+        "max_ttft_s": max(ttfts) if ttfts else None,
+        "ratio_to_steady": ratio,
+    }
+
+
+def steady_ttft_p50(
+    records: Iterable[Record], start: float | None = None, end: float | None = None
+) -> float | None:
+    """Median TTFT (s, HDR) of successful requests sent in ``[start, end)`` (None = unbounded);
+    None without data."""
+    ttft = [
+        r["first_token_at"] - r["sent_at"]
+        for r in select(records, start, end)
+        if r.get("ok") and _num(r.get("first_token_at"))
+    ]
+    return percentiles_s(ttft, (50,))[50]
+
+
+def duplicates(records: Iterable[Record], ledger_entries: Iterable[Mapping[str, Any]]) -> int:
+    """Duplicate generations: logical requests the engine generated more than once.
+
+    Args:
+        records: attempt records; only their ``request_id`` values are used (the ledger may hold
+            other clients' traffic, which is ignored).
+        ledger_entries: engine ledger lines
+            ``{"t", "event": "generation", "replica", "request_id", "pid"}`` (contracts.md §1).
+
+    Returns:
+        Number of logical request ids of ``records`` with more than one ``generation`` entry.
+    """
+    ids = {r.get("request_id") for r in records}
+    ids.discard(None)
+    counts: dict[str, int] = {}
+    for e in ledger_entries:
+        if e.get("event", "generation") != "generation":
+            continue
+        rid = e.get("request_id")
+        if isinstance(rid, str) and rid in ids:
+            counts[rid] = counts.get(rid, 0) + 1
+    return sum(1 for c in counts.values() if c > 1)
+
+
+def recovery(
+    records: Iterable[Record],
+    fault_at: float,
+    baseline_stats: Mapping[str, Any],
+    window_s: float = 2.0,
+    settle_s: float = 5.0,
+    p99_factor: float = 1.5,
+    error_rate_margin: float = 0.005,
+    end: float | None = None,
+) -> float | None:
+    """Recovery time: from the fault until per-window P99 E2E latency and error rate are back
+    inside the steady-state baseline bands, sustained for ``settle_s``.
+
+    Windows of ``window_s`` are laid from ``fault_at`` on, by ``sent_at``. A window is in band when
+    it has requests, its P99 E2E (successful requests) is <= ``p99_factor`` x baseline P99, and its
+    error rate is <= baseline error rate + ``error_rate_margin``. Recovery is the start of the
+    first run of ``ceil(settle_s / window_s)`` consecutive in-band windows, minus ``fault_at``
+    (0.0 when the fault never left the band). Resolution: ``window_s``.
+
+    Args:
+        records: attempt records.
+        fault_at: fault injection time, unix s.
+        baseline_stats: ``window_stats`` of the steady state before the fault (``p99_e2e_s``,
+            ``error_rate``).
+        window_s: window width, s.
+        settle_s: how long the bands must hold, s.
+        p99_factor: latency band, multiple of the baseline P99 (1.5 as the domain's P99 alert).
+        error_rate_margin: error-rate band above the baseline (0.5% as the domain's alert).
+        end: last time to consider (default: the latest ``sent_at``).
+
+    Returns:
+        Seconds, or None when the data ends before recovery is sustained.
+
+    Raises:
+        ValueError: window_s <= 0, or the baseline lacks ``p99_e2e_s``/``error_rate``.
+    """
+    if not window_s > 0:
+        raise ValueError(f"window_s must be > 0, got {window_s!r}")
+    base_p99 = _fnum(baseline_stats.get("p99_e2e_s"))
+    base_err = _fnum(baseline_stats.get("error_rate"))
+    if base_p99 is None or base_err is None:
+        raise ValueError("baseline_stats needs numeric p99_e2e_s and error_rate")
+    p99_band = p99_factor * base_p99
+    err_band = base_err + error_rate_margin
+    recs = [r for r in records if _num(r.get("sent_at"))]
+    if end is None:
+        end = max((r["sent_at"] for r in recs), default=fault_at) + 1e-9
+    need = max(1, math.ceil(settle_s / window_s - 1e-9))
+    nwin = math.ceil((end - fault_at) / window_s - 1e-9)
+    buckets: list[list[Record]] = [[] for _ in range(max(nwin, 0))]
+    for r in recs:
+        i = int((r["sent_at"] - fault_at) // window_s)
+        if 0 <= i < len(buckets):
+            buckets[i].append(r)
+    run = 0
+    for i, b in enumerate(buckets):
+        s = window_stats(b)
+        good = (
+            s["requests"] > 0
+            and s["p99_e2e_s"] is not None
+            and s["p99_e2e_s"] <= p99_band
+            and s["error_rate"] <= err_band
+        )
+        run = run + 1 if good else 0
+        if run >= need:
+            return (i - need + 1) * window_s
+    return None

@@ -1,0 +1,265 @@
+"""Window statistics over load records (``docs/contracts.md`` section 4).
+
+Definitions come from ``shared/measurement.md``:
+
+* **E2E** = ``end_at - sent_at``; **TTFT** = ``first_token_at - sent_at`` (first output-bearing
+  chunk); **ITL** = every raw gap between successive ``chunk_times``; **TPOT** =
+  ``(last chunk - first chunk) / (output_tokens - 1)``. Seconds.
+* Availability, error rate and timeout rate are over **attempted** requests (records whose
+  ``sent_at`` is in the window); every non-ok record is a failure; ``timeout_*`` classes are
+  timeouts.
+* Percentiles are over **successful** requests only, with ``censored_fraction`` (failed /
+  attempted) beside them, so a server that sheds load cannot look faster.
+
+Percentiles use HDR histograms (``hdrh``) at microsecond resolution with 3 significant digits
+(relative error <= 0.1%); values between 1 us and 1 hour are tracked, outside values are clamped.
+A statistic without data is ``None``, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+__all__ = [
+    "TIMEOUT_CLASSES",
+    "percentiles_s",
+    "per_replica_share",
+    "per_second_series",
+    "select",
+    "window_stats",
+]
+
+Record = Mapping[str, Any]
+
+#: Error classes counted in ``timeout_rate``.
+TIMEOUT_CLASSES = frozenset({"timeout_connect", "timeout_ttft", "timeout_idle", "timeout_total"})
+_US = 1_000_000
+_HDR_MAX_US = 3600 * _US
+
+
+def select(
+    records: Iterable[Record], start: float | None = None, end: float | None = None
+) -> list[Record]:
+    """Records whose ``sent_at`` is in ``[start, end)`` (unix seconds; None = unbounded)."""
+    out = []
+    for r in records:
+        t = r.get("sent_at")
+        if not isinstance(t, int | float):
+            continue
+        if start is not None and t < start:
+            continue
+        if end is not None and t >= end:
+            continue
+        out.append(r)
+    return out
+
+
+def percentiles_s(values_s: Sequence[float], pcts: Sequence[float]) -> dict[float, float | None]:
+    """Percentiles of durations through an HDR histogram (1 us units, 3 significant digits).
+
+    Args:
+        values_s: durations in seconds (non-finite values are ignored, negatives clamp to 1 us).
+        pcts: percentiles in [0, 100].
+
+    Returns:
+        ``{pct: seconds}``; every value is None when there is no finite input. The value reported
+        is HDR's highest equivalent value of the bucket holding the percentile.
+    """
+    vals = [v for v in values_s if isinstance(v, int | float) and math.isfinite(v)]
+    if not vals:
+        return {p: None for p in pcts}
+    h = HdrHistogram(1, _HDR_MAX_US, 3)
+    for v in vals:
+        us = int(round(v * _US))
+        h.record_value(min(max(us, 1), _HDR_MAX_US))
+    got = h.get_percentile_to_value_dict(list(pcts))
+    return {p: got[p] / _US for p in pcts}
+
+
+def _ok(r: Record) -> bool:
+    return bool(r.get("ok"))
+
+
+def _e2e(r: Record) -> float | None:
+    s, e = r.get("sent_at"), r.get("end_at")
+    if isinstance(s, int | float) and isinstance(e, int | float):
+        return float(e) - float(s)
+    return None
+
+
+def _ratio(n: int, d: int) -> float | None:
+    return n / d if d else None
+
+
+def window_stats(
+    records: Iterable[Record], start: float | None = None, end: float | None = None
+) -> dict[str, Any]:
+    """Request statistics of one window (contracts.md section 4).
+
+    Args:
+        records: attempt records (contracts.md section 3).
+        start: window start, unix seconds, inclusive (None = unbounded).
+        end: window end, unix seconds, exclusive (None = unbounded).
+
+    Returns:
+        ``requests, ok, failed, timeouts`` (counts); ``availability, error_rate, timeout_rate,
+        censored_fraction`` (fractions of attempted); ``p50/p95/p99/p999_e2e_s, p50/p99_ttft_s,
+        p50/p99_itl_s, p50/p99_tpot_s`` (seconds, successful requests only); ``p99_send_lag_s``
+        (``sent_at - intended_at``, all attempts: client-side queueing); ``ok_rps`` (successful
+        requests per second of window; the window is [start, end) when both are given, else the
+        span of ``sent_at``); ``errors_by_class: {class: {"count", "sample"}}``. None where no data.
+    """
+    recs = select(records, start, end)
+    n = len(recs)
+    oks = [r for r in recs if _ok(r)]
+    n_ok = len(oks)
+    failed = n - n_ok
+    timeouts = 0
+    errors: dict[str, dict[str, Any]] = {}
+    for r in recs:
+        if _ok(r):
+            continue
+        cls = r.get("error_class") or "unknown"
+        if cls in TIMEOUT_CLASSES:
+            timeouts += 1
+        slot = errors.setdefault(cls, {"count": 0, "sample": None})
+        slot["count"] += 1
+        if slot["sample"] is None and r.get("error"):
+            slot["sample"] = r.get("error")
+    e2e = [v for v in (_e2e(r) for r in oks) if v is not None]
+    ttft: list[float] = []
+    itl: list[float] = []
+    tpot: list[float] = []
+    for r in oks:
+        ft, st = r.get("first_token_at"), r.get("sent_at")
+        if isinstance(ft, int | float) and isinstance(st, int | float):
+            ttft.append(ft - st)
+        ct = r.get("chunk_times") or []
+        if len(ct) >= 2:
+            itl.extend(b - a for a, b in zip(ct, ct[1:], strict=False))
+            toks = r.get("output_tokens")
+            if isinstance(toks, int) and toks >= 2:
+                tpot.append((ct[-1] - ct[0]) / (toks - 1))
+    lag = [
+        r["sent_at"] - r["intended_at"]
+        for r in recs
+        if isinstance(r.get("intended_at"), int | float)
+    ]
+    pe = percentiles_s(e2e, (50, 95, 99, 99.9))
+    pt = percentiles_s(ttft, (50, 99))
+    pi = percentiles_s(itl, (50, 99))
+    pp = percentiles_s(tpot, (50, 99))
+    pl = percentiles_s([max(v, 0.0) for v in lag], (99,))
+    if start is not None and end is not None:
+        span: float | None = end - start
+    elif recs:
+        ts = [r["sent_at"] for r in recs]
+        span = max(ts) - min(ts)
+    else:
+        span = None
+    return {
+        "start": start,
+        "end": end,
+        "requests": n,
+        "ok": n_ok,
+        "failed": failed,
+        "timeouts": timeouts,
+        "availability": _ratio(n_ok, n),
+        "error_rate": _ratio(failed, n),
+        "timeout_rate": _ratio(timeouts, n),
+        "censored_fraction": _ratio(failed, n),
+        "p50_e2e_s": pe[50],
+        "p95_e2e_s": pe[95],
+        "p99_e2e_s": pe[99],
+        "p999_e2e_s": pe[99.9],
+        "p50_ttft_s": pt[50],
+        "p99_ttft_s": pt[99],
+        "p50_itl_s": pi[50],
+        "p99_itl_s": pi[99],
+        "p50_tpot_s": pp[50],
+        "p99_tpot_s": pp[99],
+        "p99_send_lag_s": pl[99],
+        "ok_rps": (n_ok / span) if span else None,
+        "errors_by_class": errors,
+    }
+
+
+def _span(records: Sequence[Record], start: float | None, end: float | None) -> tuple[float, float]:
+    ts = [r["sent_at"] for r in records if isinstance(r.get("sent_at"), int | float)]
+    lo = start if start is not None else (min(ts) if ts else 0.0)
+    hi = end if end is not None else (max(ts) + 1e-9 if ts else lo)
+    return float(lo), float(hi)
+
+
+def per_second_series(
+    records: Iterable[Record],
+    start: float | None = None,
+    end: float | None = None,
+    bucket_s: float = 1.0,
+) -> list[dict[str, Any]]:
+    """Per-bucket counts and latency, bucketed by ``sent_at`` (for the timeline plot).
+
+    Args:
+        records: attempt records.
+        start: first bucket start, unix seconds (None = earliest ``sent_at``).
+        end: end of the last bucket, exclusive (None = just after the latest ``sent_at``).
+        bucket_s: bucket width in seconds (default 1).
+
+    Returns:
+        One row per bucket, including empty ones: ``{"t": bucket start (unix s), "requests",
+        "ok", "failed", "p50_e2e_s", "p99_e2e_s"}`` (percentiles over successful requests of the
+        bucket, HDR as in ``window_stats``; None when the bucket has none).
+
+    Raises:
+        ValueError: ``bucket_s`` <= 0.
+    """
+    if not bucket_s > 0:
+        raise ValueError(f"bucket_s must be > 0, got {bucket_s!r}")
+    recs = list(records)
+    lo, hi = _span(recs, start, end)
+    nb = max(0, math.ceil((hi - lo) / bucket_s - 1e-9))
+    buckets: list[list[Record]] = [[] for _ in range(nb)]
+    for r in select(recs, lo, hi):
+        i = int((r["sent_at"] - lo) // bucket_s)
+        if 0 <= i < nb:
+            buckets[i].append(r)
+    rows = []
+    for i, b in enumerate(buckets):
+        ok = [r for r in b if _ok(r)]
+        p = percentiles_s([v for v in (_e2e(r) for r in ok) if v is not None], (50, 99))
+        rows.append(
+            {
+                "t": lo + i * bucket_s,
+                "requests": len(b),
+                "ok": len(ok),
+                "failed": len(b) - len(ok),
+                "p50_e2e_s": p[50],
+                "p99_e2e_s": p[99],
+            }
+        )
+    return rows
+
+
+def per_replica_share(
+    records: Iterable[Record], start: float | None = None, end: float | None = None
+) -> dict[str, float]:
+    """Share of the window's attempts that each replica answered.
+
+    Counts records in ``[start, end)`` (by ``sent_at``) whose ``replica`` is known (the response
+    carried ``X-Replica-Id`` / ``X-Lab-Server``), successful or not; attempts that never reached a
+    replica (connect errors, timeouts before headers) are left out of the denominator.
+
+    Returns:
+        ``{replica: fraction}``, fractions summing to 1.0; ``{}`` when no record names a replica.
+    """
+    counts: dict[str, int] = {}
+    for r in select(records, start, end):
+        rep = r.get("replica")
+        if rep:
+            counts[str(rep)] = counts.get(str(rep), 0) + 1
+    total = sum(counts.values())
+    return {k: v / total for k, v in sorted(counts.items())} if total else {}

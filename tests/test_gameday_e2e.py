@@ -1,0 +1,176 @@
+"""End to end: the main job against the real local lab (supervisord, HAProxy, cgroups, engines).
+
+These tests start real processes on loopback and need root (memory cgroups) and HAProxy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaoslib_infer.load.records import read_records
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.lab]
+
+
+def _cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+def _lab_pids(lab_dir: Path) -> list[int]:
+    pids: list[int] = []
+    for ev in (json.loads(line) for line in (lab_dir / "events.jsonl").read_text().splitlines() if line.strip()):
+        if ev.get("pid"):
+            pids.append(int(ev["pid"]))
+    return pids
+
+
+def _check_oom_summary(out: Path, engine: str) -> dict[str, Any]:
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["target"]["kind"] == "lab"
+    assert summary["target"]["engine"] == engine
+    drill = summary["drills"][0]
+    assert drill["name"] == "oom-kill"
+    assert drill["status"] == "passed", json.dumps(drill, indent=1)[:3000]
+    assert drill["hypothesis"] == {"before": True, "after": True}
+    gt = drill["ground_truth"]
+    fig = drill["figures"]
+    # the kernel did the killing, read from the cgroup's own counter
+    assert gt["oom_kills"] >= 1
+    assert gt["death_cause"] == "oom"
+    assert gt["fault_at"] <= gt["replica_died_at"] < gt["replica_serving_again_at"]
+    # client-side restart time agrees with the lab's ground truth within 0.5 s
+    assert fig["restart_s"] is not None
+    assert abs(fig["restart_s"] - (gt["replica_serving_again_at"] - gt["replica_died_at"])) <= 0.5
+    # interruption is consistent with the failed records
+    records = read_records(out / "oom-kill" / "records.jsonl")
+    failed_after = [r for r in records if not r["ok"] and r["sent_at"] >= gt["fault_at"] - 15]
+    assert fig["failed_requests"] <= len([r for r in records if not r["ok"]])
+    if fig["failed_requests"] == 0:
+        assert fig["interruption_s"] == 0.0
+    else:
+        assert failed_after
+        span = max(r["end_at"] for r in failed_after) - min(r["end_at"] for r in failed_after)
+        assert fig["interruption_s"] <= span + 1.0
+    assert fig["requests"] == len(records) > 50
+    assert fig["duplicates"] == 0
+    for name in ("evidence.md", "evidence.html", "timeline.png", "journal.json", "records.jsonl"):
+        assert (out / "oom-kill" / name).stat().st_size > 0, name
+    assert (out / "index.html").exists()
+    html = (out / "oom-kill" / "evidence.html").read_text()
+    assert "data:image/png;base64," in html
+    return summary
+
+
+def test_gameday_oom_kill_sim_passes_with_evidence(tmp_path: Path) -> None:
+    out = tmp_path / "gd"
+    proc = _cli("gameday", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "drill oom-kill" in proc.stdout
+    _check_oom_summary(out, "sim")
+    # lab down left no process behind
+    assert _pids_alive(_lab_pids(out / "lab")) == []
+
+
+def test_gameday_deviates_when_slo_is_impossible(tmp_path: Path) -> None:
+    out = tmp_path / "gd"
+    proc = _cli("gameday", "--out", str(out), "--replicas", "1", "--slo", "p99_e2e_s=0.001")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    drill = summary["drills"][0]
+    assert drill["status"] == "deviated"
+    assert drill["hypothesis"]["before"] is False
+    journal = json.loads((out / "oom-kill" / "journal.json").read_text())
+    p99 = [p for p in journal["steady_states"]["before"]["probes"] if p["activity"]["name"].startswith("p99")][0]
+    assert p99["output"]["passed"] is False
+    assert p99["output"]["value"] > 0.001
+    assert _pids_alive(_lab_pids(out / "lab")) == []
+
+
+def test_chaos_cli_runs_the_experiment_against_a_running_lab(tmp_path: Path) -> None:
+    lab_dir = tmp_path / "lab"
+    run_dir = tmp_path / "run"
+    up = _cli("lab", "up", "--replicas", "2", "--port", "0", "--state-dir", str(lab_dir))
+    assert up.returncode == 0, up.stderr
+    try:
+        env = {"CHAOS_INFER_LAB_DIR": str(lab_dir), "CHAOS_INFER_RUN_DIR": str(run_dir)}
+        chaos = Path(sys.executable).parent / "chaos"
+        proc = subprocess.run(
+            [str(chaos), "--no-version-check", "run", "--journal-path", str(tmp_path / "journal.json"),
+             str(ROOT / "experiments" / "oom-kill.yaml")],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, **env},
+        )
+        journal = json.loads((tmp_path / "journal.json").read_text())
+        assert journal["status"] == "completed", proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert journal["steady_states"]["before"]["steady_state_met"] is True
+        assert journal["steady_states"]["after"]["steady_state_met"] is True
+        assert journal["rollbacks"][0]["status"] == "succeeded"
+        status = json.loads(_cli("lab", "status", "--json", "--state-dir", str(lab_dir)).stdout)
+        assert status["active_faults"] == []
+        assert sum(r["oom_kills"] for r in status["replicas"]) >= 1
+    finally:
+        down = _cli("lab", "down", "--state-dir", str(lab_dir))
+        assert down.returncode == 0, down.stderr
+
+
+def test_gameday_sigint_plays_rollbacks_and_takes_lab_down(tmp_path: Path) -> None:
+    out = tmp_path / "gd"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", "--out", str(out), "--replicas", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        assert proc.stdout is not None
+        seen = ""
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen += line
+            if "injecting the fault" in line:
+                break
+        assert "injecting the fault" in seen, seen
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, seen + rest
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["drills"][0]["status"] == "aborted"
+    journal = json.loads((out / "oom-kill" / "journal.json").read_text())
+    assert journal["status"] == "interrupted"
+    assert [r["activity"]["name"] for r in journal["rollbacks"]] == ["clear-lab-faults"]
+    assert _pids_alive(_lab_pids(out / "lab")) == []

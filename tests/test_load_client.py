@@ -1,0 +1,292 @@
+"""The load client against the fake SSE server: error classes, record fields, open-loop behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaoslib_infer.load.client import (
+    ERROR_CLASSES,
+    LoadSpec,
+    build_body,
+    endpoint_url,
+    make_session,
+    run_load,
+    run_load_blocking,
+    send_attempt,
+)
+from chaoslib_infer.load.fakeserver import FakeServer
+from chaoslib_infer.load.records import RECORD_FIELDS, RecordWriter, read_records, unix_now
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeServer]:
+    with FakeServer(replica="fx") as srv:
+        yield srv
+
+
+def attempt(url: str, **kw: Any) -> dict[str, Any]:
+    spec = LoadSpec(url=url, **kw)
+
+    async def go() -> dict[str, Any]:
+        async with make_session(spec) as s:
+            body = json.dumps(build_body(spec, random.Random(0))).encode()
+            return await send_attempt(s, spec, body, "req-1", 1, None)
+
+    return asyncio.run(go())
+
+
+def check_types(r: dict[str, Any]) -> None:
+    assert list(r) == list(RECORD_FIELDS)
+    assert isinstance(r["request_id"], str) and isinstance(r["attempt"], int)
+    for k in ("intended_at", "sent_at", "end_at"):
+        assert isinstance(r[k], float)
+    for k in ("first_byte_at", "first_token_at"):
+        assert r[k] is None or isinstance(r[k], float)
+    assert r["status"] is None or isinstance(r["status"], int)
+    assert isinstance(r["ok"], bool)
+    assert r["ok"] == (r["error_class"] is None) == (r["error"] is None)
+    assert r["error_class"] is None or r["error_class"] in ERROR_CLASSES
+    assert isinstance(r["chunk_times"], list) and all(
+        isinstance(t, float) for t in r["chunk_times"]
+    )
+    assert r["chunk_times"] == sorted(r["chunk_times"])
+    assert isinstance(r["output_tokens"], int) and r["tokens_source"] in ("usage", "chunks")
+    assert r["replica"] is None or isinstance(r["replica"], str)
+    assert isinstance(r["text_len"], int)
+    assert r["sent_at"] <= r["end_at"]
+    json.dumps(r, allow_nan=False)
+
+
+def test_ok_record_fields(server: FakeServer) -> None:
+    before = unix_now()
+    r = attempt(server.url + "/mode=ok,tokens=6,itl=0.005")
+    check_types(r)
+    assert r["ok"] and r["status"] == 200 and r["replica"] == "fx"
+    assert before <= r["sent_at"] <= r["first_byte_at"] <= r["first_token_at"] <= r["end_at"]
+    assert len(r["chunk_times"]) == 6 and r["chunk_times"][0] == r["first_token_at"]
+    assert r["output_tokens"] == 6 and r["tokens_source"] == "usage"
+    assert r["text_len"] == 6 * 3
+    # spaced tokens: raw gaps about itl
+    gaps = [b - a for a, b in zip(r["chunk_times"], r["chunk_times"][1:], strict=False)]
+    assert min(gaps) > 0.003
+
+
+def test_chunk_count_fallback_and_completions(server: FakeServer) -> None:
+    r = attempt(server.url + "/mode=ok,tokens=5", include_usage=False, api="completions")
+    check_types(r)
+    assert r["ok"] and r["output_tokens"] == 5 and r["tokens_source"] == "chunks"
+
+
+def test_cjk_split_bytewise(server: FakeServer) -> None:
+    r = attempt(server.url + "/mode=ok,tokens=3,text=cjk,split=1")
+    check_types(r)
+    assert r["ok"] and r["text_len"] == 3 * 4
+
+
+CASES = [
+    ("mode=http,status=429", "http_429", 429),
+    ("mode=http,status=503", "http_5xx", 503),
+    ("mode=http,status=500", "http_5xx", 500),
+    ("mode=http,status=400", "http_4xx", 400),
+    ("mode=empty", "empty", 200),
+    ("mode=nocontent", "empty", 200),
+    ("mode=garbled", "garbled", 200),
+    ("mode=badjson", "garbled", 200),
+    ("mode=fffd", "garbled", 200),
+    ("mode=truncated", "truncated", 200),
+    ("mode=nodone", "truncated", 200),
+    ("mode=reset,k=3,itl=0.005", "reset", 200),
+    ("mode=reset,k=0", "reset", 200),
+    ("mode=drop", "reset", None),
+    ("mode=error,k=2", "stream_error", 200),
+    ("mode=notsse", "stream_error", 200),
+    ("mode=stall,k=0", "timeout_ttft", 200),
+    ("mode=ok,delay=5", "timeout_ttft", None),
+    ("mode=stall,k=2", "timeout_idle", 200),
+    ("mode=ok,tokens=1000,itl=0.01", "timeout_total", 200),
+]
+
+
+@pytest.mark.parametrize("path,expected,status", CASES)
+def test_error_classes(server: FakeServer, path: str, expected: str, status: int | None) -> None:
+    r = attempt(server.url + "/" + path, ttft_timeout_s=0.4, idle_timeout_s=0.3, timeout_s=0.8)
+    check_types(r)
+    assert (r["ok"], r["error_class"], r["status"]) == (False, expected, status), r["error"]
+    assert r["error"]
+    if expected.startswith("timeout_"):
+        limit = {"timeout_ttft": 0.4, "timeout_idle": 0.3, "timeout_total": 0.8}[expected]
+        assert r["end_at"] - r["sent_at"] >= limit * 0.95
+        assert r["end_at"] - r["sent_at"] < 0.8 + 0.5
+
+
+def test_hang_after_done_is_ok(server: FakeServer) -> None:
+    r = attempt(server.url + "/mode=hang", idle_timeout_s=2.0)
+    assert r["ok"] and r["end_at"] - r["sent_at"] < 0.3
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port: int = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_connect_refused() -> None:
+    r = attempt(f"http://127.0.0.1:{_closed_port()}")
+    check_types(r)
+    assert r["error_class"] == "connect" and r["status"] is None and r["replica"] is None
+
+
+def test_connect_timeout() -> None:
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(0)
+    port = ls.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):  # fill the accept queue: further SYNs are dropped
+            c = socket.socket()
+            c.setblocking(False)
+            try:
+                c.connect(("127.0.0.1", port))
+            except BlockingIOError:
+                pass
+            fillers.append(c)
+        time.sleep(0.05)
+        r = attempt(f"http://127.0.0.1:{port}", connect_timeout_s=0.3)
+    finally:
+        for c in fillers:
+            c.close()
+        ls.close()
+    assert r["error_class"] == "timeout_connect", r["error"]
+
+
+def test_endpoint_url_and_body() -> None:
+    assert endpoint_url(LoadSpec(url="http://h:1/")) == "http://h:1/v1/chat/completions"
+    assert (
+        endpoint_url(LoadSpec(url="http://h:1/v1", api="completions"))
+        == "http://h:1/v1/completions"
+    )
+    spec = LoadSpec(url="http://h:1", prompt_words=3)
+    a, b = build_body(spec, random.Random(0)), build_body(spec, random.Random(0))
+    pa, pb = a["messages"][0]["content"], b["messages"][0]["content"]
+    assert pa.startswith("[") and pa != pb  # random nonce first, same seeded words after it
+    assert pa.split("] ", 1)[1] == pb.split("] ", 1)[1]
+    assert a["stream"] is True and a["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"url": "ftp://x"},
+        {"url": "http://h:1", "rate_rps": 0},
+        {"url": "http://h:1", "duration_s": -1},
+        {"url": "http://h:1", "max_concurrency": 0},
+        {"url": "http://h:1", "api": "embeddings"},
+        {"url": "http://h:1", "timeout_s": float("nan")},
+    ],
+)
+def test_spec_validation(kw: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        LoadSpec(**kw)
+
+
+def test_run_load_open_loop(server: FakeServer, tmp_path: Path) -> None:
+    out = tmp_path / "rec.jsonl"
+    seen_before = len(server.request_ids)
+    spec = LoadSpec(url=server.url + "/mode=ok,tokens=4", rate_rps=100, duration_s=1.5, seed=3)
+    t0 = time.monotonic()
+    summary = run_load_blocking(spec, out)
+    assert time.monotonic() - t0 < 1.5 + 2
+    recs = read_records(out)
+    assert summary["sent"] == summary["scheduled"] == len(recs) == summary["ok"]
+    assert summary["unsent"] == 0 and summary["cancelled"] == 0
+    for r in recs:
+        check_types(r)
+        assert r["attempt"] == 1
+        assert 0 <= r["sent_at"] - r["intended_at"] < 0.1
+    ids = [r["request_id"] for r in recs]
+    assert len(set(ids)) == len(ids)
+    assert sorted(server.request_ids[seen_before:]) == sorted(ids)  # X-Request-Id = request_id
+    nonces = {p.split("]")[0] for p in server.prompts[seen_before:]}
+    assert len(nonces) == len(ids)
+    # intended times follow the seeded schedule
+    intended = sorted(r["intended_at"] for r in recs)
+    offs = spec.offsets()
+    base = intended[0] - offs[0]
+    assert [t - base for t in intended] == pytest.approx(offs, abs=1e-5)
+
+
+def test_concurrency_cap_makes_lag_visible(server: FakeServer, tmp_path: Path) -> None:
+    out = tmp_path / "rec.jsonl"
+    spec = LoadSpec(
+        url=server.url + "/mode=ok,tokens=5,itl=0.04",  # ~0.2 s per request
+        rate_rps=50,
+        duration_s=1.0,
+        max_concurrency=2,
+        arrival="constant",
+    )
+    summary = run_load_blocking(spec, out)
+    recs = read_records(out)
+    assert summary["delayed"] > 0 and summary["unsent"] > 0
+    assert len(recs) == summary["sent"] < summary["scheduled"]
+    lags = [r["sent_at"] - r["intended_at"] for r in recs]
+    assert max(lags) > 0.3  # coordinated omission shows in the records
+    assert summary["sent"] <= 2 * 1.0 / 0.2 + 4
+
+
+def test_stop_event_drops_in_flight(server: FakeServer, tmp_path: Path) -> None:
+    out = tmp_path / "rec.jsonl"
+    spec = LoadSpec(url=server.url + "/mode=stall,k=1", rate_rps=20, duration_s=10, timeout_s=30)
+
+    async def go() -> dict[str, Any]:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.5, stop.set)
+        with RecordWriter(out) as w:
+            return await run_load(spec, w, stop)
+
+    t0 = time.monotonic()
+    summary = asyncio.run(go())
+    assert time.monotonic() - t0 < 2.0
+    assert summary["stopped"] and summary["cancelled"] > 0
+    assert read_records(out) == []  # cancelled attempts are not records
+
+
+def test_run_load_bounded_after_schedule(server: FakeServer, tmp_path: Path) -> None:
+    spec = LoadSpec(
+        url=server.url + "/mode=stall,k=1",
+        rate_rps=10,
+        duration_s=0.5,
+        timeout_s=1.0,
+        idle_timeout_s=None,
+        ttft_timeout_s=None,
+    )
+    t0 = time.monotonic()
+    summary = run_load_blocking(spec, tmp_path / "r.jsonl")
+    took = time.monotonic() - t0
+    assert took < 0.5 + 1.0 + 1.0
+    recs = read_records(tmp_path / "r.jsonl")
+    assert recs and all(r["error_class"] == "timeout_total" for r in recs)
+    assert summary["failed"] == len(recs)
+
+
+def test_progress_callback(server: FakeServer, tmp_path: Path) -> None:
+    snaps: list[dict[str, Any]] = []
+    spec = LoadSpec(url=server.url, rate_rps=40, duration_s=0.6)
+
+    async def go() -> dict[str, Any]:
+        with RecordWriter(tmp_path / "r.jsonl") as w:
+            return await run_load(spec, w, on_progress=snaps.append, progress_interval_s=0.2)
+
+    asyncio.run(go())
+    assert snaps and {"t", "sent", "ok", "failed", "in_flight"} <= set(snaps[-1])

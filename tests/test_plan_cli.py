@@ -1,0 +1,136 @@
+"""Plan loading, journal verdicts, CLI input errors and the capacity formula."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from chaoslib_infer.cli import main
+from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.evidence.journal import drill_status, failed_activities, hypothesis_results
+from chaoslib_infer.plan import load_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_default_plan_loads() -> None:
+    plan = load_plan(ROOT / "drills" / "gameday.yaml")
+    assert [d.name for d in plan.drills][0] == "oom-kill"
+    assert plan.drills[0].experiment.is_file()
+    assert plan.lab.replicas >= 2
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("drills: [", "invalid YAML"),
+        ("- 1\n- 2\n", "top level"),
+        ("drills: []\n", "drills"),
+        ("drills:\n  - name: x\n", "drills[0].experiment"),
+        ("drills:\n  - name: x\n    experiment: nope.yaml\n", "no such file"),
+        ("lab: {engine: gpu}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.engine"),
+        ("lab: {replicas: zero}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.replicas"),
+        ("drills:\n  - {name: x, experiment: e.yaml}\n  - {name: x, experiment: e.yaml}\n", "duplicate"),
+    ],
+)
+def test_bad_plans_name_file_and_field(tmp_path: Path, text: str, fragment: str) -> None:
+    (tmp_path / "e.yaml").write_text("title: t\n", encoding="utf-8")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_plan(plan)
+    assert str(plan) in str(err.value)
+    assert fragment in str(err.value)
+
+
+def test_gameday_bad_plan_exits_2_with_one_line(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("drills: [", encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", str(plan), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "invalid YAML" in proc.stderr
+
+
+def test_gameday_bad_slo_override_exits_2() -> None:
+    result = CliRunner().invoke(main, ["gameday", "--slo", "p99_e2e_s=fast", "--dry-run"])
+    assert result.exit_code == 2
+    assert "not a number" in result.output
+    result = CliRunner().invoke(main, ["gameday", "--slo", "nonsense=1", "--dry-run"])
+    assert result.exit_code == 2
+    assert "unknown SLO threshold" in result.output
+
+
+def test_gameday_dry_run_touches_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["gameday", "--dry-run", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "oom-kill" in result.output
+    assert "rollback: clear-lab-faults" in result.output
+    assert not out.exists()
+
+
+def test_capacity_reproduces_the_worked_example() -> None:
+    result = CliRunner().invoke(
+        main, ["capacity", "--peak-qps", "200", "--latency-s", "1", "--concurrency", "20", "--redundancy", "0.7"]
+    )
+    assert result.exit_code == 0
+    assert result.output.strip().splitlines()[-1] == "15"
+    assert "14.29" in result.output or "14.28" in result.output
+
+
+def test_capacity_rejects_nonsense() -> None:
+    result = CliRunner().invoke(main, ["capacity", "--peak-qps", "0", "--latency-s", "1", "--concurrency", "20"])
+    assert result.exit_code == 2
+
+
+def _journal(before: bool | None, after: bool | None, status: str = "completed", run_ok: bool = True) -> dict:
+    states: dict = {}
+    if before is not None:
+        states["before"] = {"steady_state_met": before, "probes": []}
+    if after is not None:
+        states["after"] = {"steady_state_met": after, "probes": []}
+    return {
+        "status": status,
+        "deviated": after is False,
+        "steady_states": states,
+        "run": [{"activity": {"name": "act"}, "status": "succeeded" if run_ok else "failed", "exception": ["x\n", "ActivityFailed: boom\n"]}],
+        "rollbacks": [],
+    }
+
+
+def test_journal_verdicts() -> None:
+    assert drill_status(_journal(True, True)) == "passed"
+    # chaos run exits 0 here (hypothesis failed before the method), our verdict must not
+    assert drill_status(_journal(False, None, status="failed")) == "deviated"
+    assert drill_status(_journal(True, False, status="completed")) == "deviated"
+    assert drill_status(_journal(True, True, run_ok=False)) == "error"
+    assert drill_status(_journal(True, None, status="interrupted")) == "aborted"
+    assert hypothesis_results(_journal(True, None)) == {"before": True, "after": None}
+    failed = failed_activities(_journal(True, True, run_ok=False))
+    assert failed[0]["exception"] == "ActivityFailed: boom"
+
+
+def test_discover_lists_typed_documented_activities() -> None:
+    from chaoslib_infer import discover
+
+    found = discover()
+    names = {(a["type"], a["name"]) for a in found["activities"]}
+    assert ("action", "oom_kill_replica") in names
+    assert ("action", "clear_lab_faults") in names
+    assert ("probe", "slo_check") in names
+    assert ("probe", "wait_for_replica_serving") in names
+    for activity in found["activities"]:
+        assert activity["doc"], activity["name"]
+    json.dumps(found)
