@@ -55,10 +55,18 @@ def main() -> None:
                 self._send(200, {"status": "ok"})
                 return
             if args.ledger:
-                line = json.dumps(
-                    {"t": time.time(), "replica": args.replica_id, "request_id": self._rid,
-                     "pid": os.getpid(), "event": "generation"}
-                ) + "\n"
+                line = (
+                    json.dumps(
+                        {
+                            "t": time.time(),
+                            "replica": args.replica_id,
+                            "request_id": self._rid,
+                            "pid": os.getpid(),
+                            "event": "generation",
+                        }
+                    )
+                    + "\n"
+                )
                 fd = os.open(args.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
                     os.write(fd, line.encode())

@@ -3,11 +3,19 @@
 Client figures come from the per-attempt records; ground truth from the lab's own event log
 (cgroup OOM counters, supervisor events, the engine's generation ledger). Both land in
 ``summary.json`` side by side so a reviewer can check one against the other.
+
+Common figures (request counts, availability, rates, latency percentiles, duplicates) are computed
+for every drill. Figures specific to a fault come from the module
+``chaoslib_infer.evidence.kinds.<kind>`` (``oom-kill`` -> ``oom_kill``) whose ``compute(ctx)``
+returns ``(figures, ground_truth)`` for each fault kind logged in ``faults.jsonl``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +23,7 @@ from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.metrics import window_stats
 
-__all__ = ["read_jsonl", "drill_figures"]
+__all__ = ["DrillContext", "common_figures", "drill_figures", "num", "read_jsonl"]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -36,15 +44,63 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _num(value: Any) -> float | None:
+def num(value: Any) -> float | None:
+    """Return ``value`` as a float, or ``None``."""
     return None if value is None else float(value)
+
+
+@dataclass
+class DrillContext:
+    """Everything a per-fault figure function may read (all times unix seconds)."""
+
+    run_dir: Path
+    records: list[dict[str, Any]]
+    faults: list[dict[str, Any]]
+    lab_events: list[dict[str, Any]]
+    ledger: list[dict[str, Any]]
+    served_after: Callable[[str, float], float | None] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def last_fault(self, kind: str) -> dict[str, Any] | None:
+        """Return the last logged fault of ``kind`` (e.g. ``"oom-kill"``), or ``None``."""
+        return next((f for f in reversed(self.faults) if f.get("kind") == kind), None)
+
+    def records_before(self, t: float) -> list[dict[str, Any]]:
+        """Records sent before ``t`` (the steady state before a fault)."""
+        return [r for r in self.records if float(r.get("sent_at") or 0.0) < t]
+
+
+def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return the figures every drill reports, over the whole drill (all attempts).
+
+    Keys: ``requests``, ``availability``, ``error_rate``, ``timeout_rate`` (fractions of attempted
+    requests), ``p50/p95/p99/p999_e2e_s``, ``p50/p99_ttft_s`` (seconds, over successful requests),
+    ``censored_fraction``, ``errors_by_class``, ``duplicates`` (logical requests the engine generated
+    more than once, from the generation ledger).
+    """
+    whole = window_stats(records)
+    return {
+        "requests": int(whole.get("requests") or 0),
+        "availability": num(whole.get("availability")),
+        "error_rate": num(whole.get("error_rate")),
+        "timeout_rate": num(whole.get("timeout_rate")),
+        "p50_e2e_s": num(whole.get("p50_e2e_s")),
+        "p95_e2e_s": num(whole.get("p95_e2e_s")),
+        "p99_e2e_s": num(whole.get("p99_e2e_s")),
+        "p999_e2e_s": num(whole.get("p999_e2e_s")),
+        "p50_ttft_s": num(whole.get("p50_ttft_s")),
+        "p99_ttft_s": num(whole.get("p99_ttft_s")),
+        "censored_fraction": num(whole.get("censored_fraction")),
+        "errors_by_class": whole.get("errors_by_class") or {},
+        "duplicates": int(mfig.duplicates(records, ledger)),
+    }
 
 
 def drill_figures(
     run_dir: Path,
     lab_events: list[dict[str, Any]],
     ledger: list[dict[str, Any]],
-    served_after: Any = None,
+    served_after: Callable[[str, float], float | None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Return ``(figures, ground_truth)`` for one drill run.
 
@@ -56,72 +112,26 @@ def drill_figures(
             the first request a replica served after ``after`` (lab ground truth).
 
     Returns:
-        ``figures``: the ``summary.json`` figure keys (requests, availability, error_rate,
-        timeout_rate, p50/p95/p99 E2E and P99 TTFT in seconds, interruption_s, failed_requests,
-        restart_s, warmup_ttft_s, steady_ttft_p50_s, duplicates) plus extras;
-        ``ground_truth``: fault_at, oom_kills, replica_died_at, replica_serving_again_at (unix s).
+        ``figures``: common figures plus the fault kind's own (e.g. ``interruption_s``,
+        ``restart_s``); ``ground_truth``: the lab's record of the fault (unix seconds, counts).
     """
-    records = read_records(run_dir / "records.jsonl") if (run_dir / "records.jsonl").exists() else []
+    rpath = run_dir / "records.jsonl"
+    records = read_records(rpath) if rpath.exists() else []
     faults = read_jsonl(run_dir / "faults.jsonl")
-    whole = window_stats(records)
-    figures: dict[str, Any] = {
-        "requests": int(whole.get("requests") or 0),
-        "availability": _num(whole.get("availability")),
-        "error_rate": _num(whole.get("error_rate")),
-        "timeout_rate": _num(whole.get("timeout_rate")),
-        "p50_e2e_s": _num(whole.get("p50_e2e_s")),
-        "p95_e2e_s": _num(whole.get("p95_e2e_s")),
-        "p99_e2e_s": _num(whole.get("p99_e2e_s")),
-        "p999_e2e_s": _num(whole.get("p999_e2e_s")),
-        "p50_ttft_s": _num(whole.get("p50_ttft_s")),
-        "p99_ttft_s": _num(whole.get("p99_ttft_s")),
-        "censored_fraction": _num(whole.get("censored_fraction")),
-        "errors_by_class": whole.get("errors_by_class") or {},
-        "duplicates": int(mfig.duplicates(records, ledger)),
-    }
+    figures = common_figures(records, ledger)
     ground: dict[str, Any] = {}
-    fault = next((f for f in reversed(faults) if f.get("kind") == "oom-kill"), None)
-    if fault is None:
-        return figures, ground
-    fault_at = float(fault["fault_at"])
-    replica = str(fault["replica"])
-    ground["fault_at"] = fault_at
-    ground["replica"] = replica
-    ground["oom_kills"] = int(fault.get("oom_kills_after", 0)) - int(fault.get("oom_kills_before", 0))
-    died = next(
-        (
-            e
-            for e in lab_events
-            if e.get("event") == "exit" and e.get("replica") == replica and float(e["t"]) >= fault_at - 1.0
-        ),
-        None,
-    )
-    died_at = float(died["t"]) if died else fault_at
-    ground["replica_died_at"] = died_at
-    ground["death_cause"] = died.get("cause") if died else None
-    ready = next(
-        (
-            e
-            for e in lab_events
-            if e.get("event") == "ready" and e.get("replica") == replica and float(e["t"]) > died_at
-        ),
-        None,
-    )
-    ground["replica_ready_at"] = float(ready["t"]) if ready else None
-    serving_again = served_after(replica, died_at) if served_after else None
-    ground["replica_serving_again_at"] = serving_again
-
-    before = [r for r in records if float(r.get("sent_at") or 0.0) < fault_at]
-    intr = mfig.interruption(records, fault_at)
-    figures["interruption_s"] = float(intr.get("interruption_s") or 0.0)
-    figures["failed_requests"] = int(intr.get("failed_requests") or 0)
-    figures["first_failure_at"] = intr.get("first_failure_at")
-    figures["last_failure_at"] = intr.get("last_failure_at")
-    restart = mfig.restart_from_records(records, replica, died_at)
-    figures["restart_s"] = _num(restart)
-    figures["restart_s_ground_truth"] = (serving_again - died_at) if serving_again else None
-    warm = mfig.warmup(records, replica, died_at, k=3)
-    figures["warmup_ttft_s"] = _num(warm.get("mean_ttft_s") if isinstance(warm, dict) else warm)
-    figures["warmup"] = warm
-    figures["steady_ttft_p50_s"] = _num(mfig.steady_ttft_p50(before, None, None))
+    ctx = DrillContext(run_dir, records, faults, lab_events, ledger, served_after)
+    kinds: list[str] = []
+    for f in faults:
+        kind = str(f.get("kind") or "")
+        if kind and kind not in kinds:
+            kinds.append(kind)
+    for kind in kinds:
+        try:
+            module = importlib.import_module(f"chaoslib_infer.evidence.kinds.{kind.replace('-', '_')}")
+        except ModuleNotFoundError:
+            continue
+        f_fig, f_ground = module.compute(ctx)
+        figures.update(f_fig)
+        ground.update(f_ground)
     return figures, ground

@@ -90,7 +90,9 @@ def _cli_args(engine_args: dict[str, object]) -> list[str]:
     return out
 
 
-def _sim_command(replica: str, port: int, ledger: Path, engine_args: dict[str, object]) -> list[str]:
+def _sim_command(
+    replica: str, port: int, ledger: Path, engine_args: dict[str, object]
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -108,11 +110,38 @@ def _sim_command(replica: str, port: int, ledger: Path, engine_args: dict[str, o
 
 
 ENGINES: dict[str, EngineBuilder] = {"sim": _sim_command}
+HEALTH_PATHS: dict[str, str] = {"sim": "/health"}
 
 
-def register_engine(name: str, builder: EngineBuilder) -> None:
-    """Make ``engine=name`` available to :meth:`Lab.up` (``builder(replica, port, ledger, args)``)."""
+def register_engine(name: str, builder: EngineBuilder, health_path: str = "/health") -> None:
+    """Make ``engine=name`` available to :meth:`Lab.up`.
+
+    Args:
+        name: engine name (``Lab.up(engine=name)``, ``Lab.engine_name()``).
+        builder: ``builder(replica, port, ledger, engine_args) -> argv``; the server must listen
+            on 127.0.0.1:``port``.
+        health_path: GET path answering 200 once the replica serves (HAProxy ``httpchk``,
+            readiness, the recorder's ``ready`` event).
+    """
     ENGINES[name] = builder
+    HEALTH_PATHS[name] = health_path
+
+
+def _register_builtin_engines() -> None:
+    """Register ``llama-cpp`` from :mod:`chaoslib_infer.lab.llama` when that module exists."""
+    if "llama-cpp" in ENGINES:
+        return
+    try:
+        from chaoslib_infer.lab import llama
+    except ImportError:
+        return
+    register_engine("llama-cpp", llama.llama_engine_command, llama.READINESS_PATH)
+
+
+def health_path(engine: str) -> str:
+    """GET path that answers 200 when a replica of ``engine`` is ready."""
+    _register_builtin_engines()
+    return HEALTH_PATHS.get(engine, "/health")
 
 
 def engine_command(
@@ -127,10 +156,17 @@ def engine_command(
     Raises:
         LabError: unknown engine.
     """
+    _register_builtin_engines()
     builder = ENGINES.get(engine)
     if builder is None:
         raise LabError(f"unknown engine {engine!r}; known: {', '.join(sorted(ENGINES))}")
-    return builder(replica, port, ledger, dict(engine_args or {}))
+    try:
+        return builder(replica, port, ledger, dict(engine_args or {}))
+    except LabError:
+        raise
+    except (RuntimeError, OSError, ValueError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise LabError(f"engine {engine!r}: {first}") from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,7 +228,9 @@ def _http_status(port: int, path: str = "/health", timeout_s: float = 0.5) -> in
 
 def _cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return ""
 
@@ -350,7 +388,9 @@ class Lab:
         if not 0 <= int(port) <= 65535:
             raise LabError(f"port must be 0..65535, got {port}")
         if memory_limit_mb < MIN_MEMORY_MB:
-            raise LabError(f"memory_limit_mb must be at least {MIN_MEMORY_MB}, got {memory_limit_mb}")
+            raise LabError(
+                f"memory_limit_mb must be at least {MIN_MEMORY_MB}, got {memory_limit_mb}"
+            )
         if ready_timeout_s <= 0:
             raise LabError(f"ready_timeout_s must be positive, got {ready_timeout_s}")
         state_dir = Path(state_dir).resolve()
@@ -405,6 +445,7 @@ class Lab:
             "port": port,
             "engine": engine,
             "engine_args": dict(engine_args or {}),
+            "health_path": health_path(engine),
             "memory_limit_bytes": memory_limit_mb << 20,
             "cgroup_version": hierarchy.version,
             "cgroup_root": str(root),
@@ -448,6 +489,7 @@ class Lab:
                 int(meta["port"]),
                 [(r["name"], int(r["port"])) for r in meta["replicas"]],
                 sd / HAPROXY_SOCK,
+                health_path=self._health_path(),
             )
         )
         check = subprocess.run(
@@ -462,7 +504,15 @@ class Lab:
             cmd = engine_command(
                 meta["engine"], rep["name"], int(rep["port"]), sd / LEDGER_FILE, meta["engine_args"]
             )
-            wrapped = [sys.executable, "-m", "chaoslib_infer.lab.cgexec", "--cgroup", rep["cgroup"], "--", *cmd]
+            wrapped = [
+                sys.executable,
+                "-m",
+                "chaoslib_infer.lab.cgexec",
+                "--cgroup",
+                rep["cgroup"],
+                "--",
+                *cmd,
+            ]
             programs.append(
                 _PROGRAM.format(name=rep["name"], command=_conf_value(wrapped), logs=sd / "logs")
             )
@@ -518,7 +568,7 @@ class Lab:
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         sd = self.state_dir
-        problem = "supervisord not answering"
+        problem: str | None = "supervisord not answering"
         while time.monotonic() < deadline:
             if not self._supervisord_alive():
                 detail = _tail(sd / "supervisord.out") or _tail(sd / SUPERVISORD_LOG)
@@ -552,18 +602,30 @@ class Lab:
                 return f"FATAL:{name} failed to start ({info['statename']}): {_tail(log) or info['spawnerr']}"
             if info["statename"] != "RUNNING":
                 return f"{name} is {info['statename']}"
+        exits: dict[str, list[dict[str, Any]]] = {}
+        for ev in self.events():
+            if ev.get("event") == "exit":
+                exits.setdefault(ev["replica"], []).append(ev)
+        for name, evs in exits.items():
+            if len(evs) >= 3:
+                last = _tail(sd / "logs" / f"{name}.log")
+                return f"FATAL:{name} keeps exiting ({evs[-1]['cause']}): {last or 'no output'}"
         for rep in self.meta["replicas"]:
-            if _http_status(int(rep["port"])) != 200:
-                return f"{rep['name']} /health not 200 (log: {_tail(sd / 'logs' / (rep['name'] + '.log')) or 'empty'})"
+            if _http_status(int(rep["port"]), self._health_path()) != 200:
+                return f"{rep['name']} {self._health_path()} not 200 (log: {_tail(sd / 'logs' / (rep['name'] + '.log')) or 'empty'})"
         try:
             stats = hap.show_stat(sd / HAPROXY_SOCK)
         except OSError:
             return "haproxy stats socket not answering"
-        down = [n for n in self.replica_names() if not stats.get(n, {}).get("status", "").startswith("UP")]
+        down = [
+            n
+            for n in self.replica_names()
+            if not stats.get(n, {}).get("status", "").startswith("UP")
+        ]
         if down:
             return f"haproxy has {', '.join(down)} not UP yet"
-        if _http_status(int(self.meta["port"])) != 200:
-            return "haproxy frontend not answering /health"
+        if _http_status(int(self.meta["port"]), self._health_path()) != 200:
+            return f"haproxy frontend not answering {self._health_path()}"
         ready = {e["replica"] for e in self.events() if e.get("event") == "ready"}
         missing = [n for n in self.replica_names() if n not in ready]
         if missing:
@@ -604,6 +666,9 @@ class Lab:
     def events(self) -> list[dict[str, Any]]:
         """Ground-truth records from ``events.jsonl`` in file order."""
         return read_events(self.state_dir / EVENTS_FILE)
+
+    def _health_path(self) -> str:
+        return str(self.meta.get("health_path") or "/health")
 
     def _replica(self, name: str) -> dict[str, Any]:
         for rep in self.meta["replicas"]:
@@ -667,7 +732,8 @@ class Lab:
                     "port": rep["port"],
                     "pid": info.get("pid") or None,
                     "state": info.get("statename", "DOWN" if not running else "UNKNOWN"),
-                    "healthy": running and _http_status(int(rep["port"]), timeout_s=0.5) == 200,
+                    "healthy": running
+                    and _http_status(int(rep["port"]), self._health_path(), 0.5) == 200,
                     "haproxy_status": srv.get("status") or None,
                     "cgroup": rep["cgroup"],
                     "memory_bytes": cg.usage_bytes(),
@@ -715,7 +781,14 @@ class Lab:
     def _fault_event(self, replica: str, phase: str, **extra: Any) -> None:
         append_event(
             self.state_dir / EVENTS_FILE,
-            {"t": time.time(), "event": "fault", "kind": "oom-kill", "replica": replica, "phase": phase, **extra},
+            {
+                "t": time.time(),
+                "event": "fault",
+                "kind": "oom-kill",
+                "replica": replica,
+                "phase": phase,
+                **extra,
+            },
         )
 
     def oom_kill(self, replica: str, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -742,7 +815,9 @@ class Lab:
         before = cg.oom_kills()
         (self.state_dir / "logs").mkdir(exist_ok=True)
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_PARENT, *filter(None, [env.get("PYTHONPATH")])])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [_PACKAGE_PARENT, *filter(None, [env.get("PYTHONPATH")])]
+        )
         with open(self.state_dir / "logs" / "hog.log", "ab") as err:
             hog = subprocess.Popen(
                 [
@@ -788,19 +863,21 @@ class Lab:
             after = cg.oom_kills()
             while after <= before:
                 if hog.poll() is not None:
-                    raise LabError(f"memory hog exited ({hog.returncode}) before any OOM kill in {replica}")
+                    raise LabError(
+                        f"memory hog exited ({hog.returncode}) before any OOM kill in {replica}"
+                    )
                 if time.monotonic() > deadline:
                     raise LabError(
                         f"no OOM kill in {replica}'s cgroup within {timeout_s:g} s "
                         f"(usage {cg.usage_bytes() >> 20} MiB of {(cg.limit_bytes() or 0) >> 20} MiB); hog removed"
                     )
-                time.sleep(0.005)
+                time.sleep(0.001)
                 after = cg.oom_kills()
             fault_at = time.time()
-            try:
-                hog.wait(timeout=3.0)
-            except subprocess.TimeoutExpired:
-                pass
+            # The hog's job is done: free its memory *now* rather than when it gets scheduled
+            # (it exits by itself too), so the restarted engine never meets a full cgroup.
+            hog.kill()
+            hog.wait(timeout=5.0)
             if not _wait_dead(killed_pid, 3.0):
                 raise LabError(
                     f"the kernel OOM kill in {replica}'s cgroup did not kill its engine pid {killed_pid}"
@@ -863,7 +940,10 @@ class Lab:
                         entry = json.loads(line)
                     except json.JSONDecodeError:
                         continue
-                    if entry.get("replica") != replica or entry.get("event", "generation") != "generation":
+                    if (
+                        entry.get("replica") != replica
+                        or entry.get("event", "generation") != "generation"
+                    ):
                         continue
                     t = float(entry.get("t", 0.0))
                     if t > after and (best is None or t < best):
@@ -910,7 +990,11 @@ class Lab:
             errors.append(str(exc))
         # Belt and braces: recorded pids that still run this lab's programs.
         recorded = self.meta.get("pids", {})
-        cands = [recorded.get("haproxy"), recorded.get("recorder"), *recorded.get("replicas", {}).values()]
+        cands = [
+            recorded.get("haproxy"),
+            recorded.get("recorder"),
+            *recorded.get("replicas", {}).values(),
+        ]
         for cand in cands:
             if cand and _alive(int(cand)) and str(self.state_dir) in _cmdline(int(cand)):
                 _kill(int(cand))

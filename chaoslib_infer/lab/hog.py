@@ -5,7 +5,9 @@ Run as ``python -m chaoslib_infer.lab.hog --cgroup PATH --version 1|2``. It
 1. joins the replica's cgroup (pid written to ``cgroup.procs`` before allocating anything),
 2. sets its own ``oom_score_adj`` to -1000 so the kernel never picks it (without
    CAP_SYS_RESOURCE it raises the other processes in the cgroup to +1000 instead),
-3. allocates touched memory in steps (``b"\\x01" * step``), and before each step checks that
+3. allocates touched memory in steps (``b"\\x01" * step``; 1 MiB steps once within two steps
+   of the limit, so the allocation that crosses it is smaller than what the kill frees), and
+   before each step checks that
    the ``oom_kill`` counter has not risen and that another process is still in the cgroup (it
    never fills a cgroup it is alone in: an unkillable process alone at the limit would hang),
 4. once the counter rose, frees everything and exits 0,
@@ -29,6 +31,8 @@ HOG_MODULE = "chaoslib_infer.lab.hog"
 EXIT_DONE = 0
 EXIT_TTL = 3
 EXIT_SETUP = 2
+FINE_STEP = 1 << 20
+FINE_INTERVAL_S = 0.001
 
 
 def _set_oom_score_adj(pid: int | str, value: int) -> None:
@@ -95,9 +99,17 @@ def run_hog(
             if cgroup.oom_kills() > baseline:
                 return EXIT_DONE
             others = [p for p in cgroup.pids() if p != me]
-            if others:
-                hoard.append(b"\x01" * step_bytes)
-            time.sleep(interval_s)
+            if not others:
+                time.sleep(interval_s)
+                continue
+            step, pause = step_bytes, interval_s
+            limit = cgroup.limit_bytes()
+            if limit is not None and limit - cgroup.usage_bytes() < 2 * step_bytes:
+                # Near the limit: small steps, so that the allocation crossing it is smaller
+                # than what killing the engine frees (no second OOM, never a hung hog).
+                step, pause = FINE_STEP, FINE_INTERVAL_S
+            hoard.append(b"\x01" * step)
+            time.sleep(pause)
         return EXIT_TTL
     finally:
         hoard.clear()

@@ -3,10 +3,10 @@
 Run by supervisord as ``[eventlistener:recorder]`` subscribed to ``PROCESS_STATE``:
 
 - ``PROCESS_STATE_RUNNING`` of a replica   -> ``{"t", "event": "start", "replica", "pid"}``
-- first HTTP 200 on ``/health`` after that -> ``{"t", "event": "ready", "replica"}`` (a thread polls
+- first HTTP 200 on the health path after that -> ``{"t", "event": "ready", "replica"}`` (a thread polls
   every replica awaiting readiness every 50 ms)
 - ``PROCESS_STATE_EXITED`` / ``STOPPED``   -> ``{"t", "event": "exit", "replica", "pid", "cause",
-  "oom_kills", "status", "expected"}``
+  "oom_kills", "status", "expected"}`` (``t`` = supervisord's reap time from its log, ms precision)
 
 ``cause`` is ``"oom"`` when the replica cgroup's ``oom_kill`` counter rose since the last check,
 else the wait status: ``"signal:SIGKILL"`` / ``"exit:N"``. Supervisord's event payload has no exit
@@ -36,7 +36,9 @@ EVENTS_FILE = "events.jsonl"
 SUPERVISORD_LOG = "supervisord.log"
 POLL_INTERVAL_S = 0.05
 
-_LOG_LINE = re.compile(r"\b(exited|stopped): (\S+) \((.*)\)\s*$")
+_LOG_LINE = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ (?:exited|stopped): (?P<name>\S+) \((?P<msg>.*)\)\s*$"
+)
 
 
 def append_event(path: Path, record: dict[str, Any]) -> None:
@@ -64,6 +66,15 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _log_time(stamp: str) -> float | None:
+    """supervisord's ``2024-01-31 12:00:00,123`` (local time) as unix seconds."""
+    try:
+        base = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S"))
+        return base + int(stamp[20:23]) / 1000.0
+    except (ValueError, OverflowError):
+        return None
+
+
 def wait_status(message: str) -> str:
     """Map supervisord's ``terminated by SIGKILL`` / ``exit status 1`` text to our status form."""
     msg = message.split(";")[0].replace("(core dumped)", "").strip()
@@ -83,16 +94,19 @@ class Recorder:
         self.state_dir = state_dir
         lab = json.loads((state_dir / "lab.json").read_text())
         self.events_path = state_dir / EVENTS_FILE
+        self.health_path = str(lab.get("health_path") or "/health")
         self.log_path = state_dir / SUPERVISORD_LOG
         self.ports: dict[str, int] = {}
         self.cgroups: dict[str, MemoryCgroup] = {}
         for rep in lab["replicas"]:
             self.ports[rep["name"]] = int(rep["port"])
-            self.cgroups[rep["name"]] = MemoryCgroup(Path(rep["cgroup"]), int(lab["cgroup_version"]))
+            self.cgroups[rep["name"]] = MemoryCgroup(
+                Path(rep["cgroup"]), int(lab["cgroup_version"])
+            )
         self.last_oom = {name: cg.oom_kills() for name, cg in self.cgroups.items()}
         self.awaiting_ready: dict[str, bool] = dict.fromkeys(self.ports, False)
         self.log_offset = 0
-        self.log_statuses: dict[str, list[str]] = {name: [] for name in self.ports}
+        self.log_statuses: dict[str, list[tuple[float | None, str]]] = {n: [] for n in self.ports}
         self.lock = threading.Lock()
         self.stop = threading.Event()
 
@@ -113,25 +127,31 @@ class Recorder:
             return
         self.log_offset += end + 1
         for line in data[: end + 1].decode(errors="replace").splitlines():
-            m = _LOG_LINE.search(line)
-            if m and m.group(2) in self.log_statuses:
-                self.log_statuses[m.group(2)].append(wait_status(m.group(3)))
+            m = _LOG_LINE.match(line)
+            if m and m["name"] in self.log_statuses:
+                self.log_statuses[m["name"]].append((_log_time(m["ts"]), wait_status(m["msg"])))
 
-    def _exit_status(self, name: str) -> str:
+    def _rebaseline(self, name: str) -> None:
+        """Forget OOM kills that happened while ``name`` was not running (e.g. of a memory hog
+        after the engine's own kill): called at start and at ready."""
+        value = self.cgroups[name].oom_kills()
+        with self.lock:
+            self.last_oom[name] = value
+
+    def _exit_status(self, name: str) -> tuple[float | None, str]:
+        """(reap time from supervisord's log line or None, wait status) of the latest exit."""
         deadline = time.monotonic() + 0.5
         while True:
             self._scan_log()
             if self.log_statuses[name]:
                 return self.log_statuses[name].pop(0)
             if time.monotonic() > deadline:
-                return "killed"
+                return None, "killed"
             time.sleep(0.01)
 
     def handle(self, eventname: str, payload: str) -> None:
         """Handle one PROCESS_STATE_* notification."""
-        fields = dict(
-            kv.split(":", 1) for kv in payload.split("\n", 1)[0].split() if ":" in kv
-        )
+        fields = dict(kv.split(":", 1) for kv in payload.split("\n", 1)[0].split() if ":" in kv)
         name = fields.get("processname", "")
         if name not in self.ports:
             return
@@ -140,16 +160,22 @@ class Recorder:
         if state == "RUNNING":
             with self.lock:
                 self.awaiting_ready[name] = True
+            self._rebaseline(name)
             self.emit({"t": now, "event": "start", "replica": name, "pid": int(fields["pid"])})
         elif state in ("EXITED", "STOPPED"):
             with self.lock:
                 self.awaiting_ready[name] = False
             oom_now = self.cgroups[name].oom_kills()
-            rose = oom_now > self.last_oom[name]
-            self.last_oom[name] = oom_now
-            status = self._exit_status(name)
+            with self.lock:
+                rose = oom_now > self.last_oom[name]
+                self.last_oom[name] = oom_now
+            reaped_at, status = self._exit_status(name)
+            # An OOM kill is always SIGKILL; any other exit is not the OOM killer's doing.
+            rose = rose and status in ("signal:SIGKILL", "killed")
+            if reaped_at is None or not now - 5.0 < reaped_at <= now:
+                reaped_at = now
             record: dict[str, Any] = {
-                "t": now,
+                "t": reaped_at,
                 "event": "exit",
                 "replica": name,
                 "pid": int(fields.get("pid", 0) or 0),
@@ -164,7 +190,7 @@ class Recorder:
     def _healthy(self, port: int) -> bool:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=0.25)
         try:
-            conn.request("GET", "/health")
+            conn.request("GET", self.health_path)
             return conn.getresponse().status == 200
         except (OSError, http.client.HTTPException):
             return False
@@ -181,6 +207,7 @@ class Recorder:
                     if not self.awaiting_ready[name]:
                         continue
                     self.awaiting_ready[name] = False
+                self._rebaseline(name)
                 self.emit({"t": time.time(), "event": "ready", "replica": name})
 
     def poll_forever(self) -> None:

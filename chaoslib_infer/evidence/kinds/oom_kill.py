@@ -1,0 +1,75 @@
+"""Figures of the ``oom-kill`` fault: interruption, restart, first-request warm-up.
+
+Definitions: ``shared/measurement.md`` ("Drill figures"). Ground truth: the fault log (cgroup
+``oom_kill`` counter before/after), the lab's exit/ready events, and the first request the replica
+served again (engine ledger / HAProxy log).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaoslib_infer.evidence.figures import DrillContext, num
+from chaoslib_infer.measure import figures as mfig
+
+__all__ = ["compute"]
+
+
+def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return ``(figures, ground_truth)`` for the last ``oom-kill`` fault of the run.
+
+    Figures: ``interruption_s``, ``failed_requests``, ``restart_s`` (client view: death to the first
+    successful response from the restarted replica), ``restart_s_ground_truth``, ``warmup_ttft_s``
+    (mean TTFT of its first 3 requests), ``steady_ttft_p50_s`` (before the fault).
+    Ground truth: ``fault_at``, ``replica``, ``oom_kills`` (counter delta), ``replica_died_at``,
+    ``death_cause``, ``replica_ready_at``, ``replica_serving_again_at``.
+    """
+    fault = ctx.last_fault("oom-kill")
+    if fault is None:
+        return {}, {}
+    figures: dict[str, Any] = {}
+    ground: dict[str, Any] = {}
+    fault_at = float(fault["fault_at"])
+    replica = str(fault["replica"])
+    ground["fault_at"] = fault_at
+    ground["replica"] = replica
+    ground["oom_kills"] = int(fault.get("oom_kills_after", 0)) - int(fault.get("oom_kills_before", 0))
+    died = next(
+        (
+            e
+            for e in ctx.lab_events
+            if e.get("event") == "exit"
+            and e.get("replica") == replica
+            and float(e["t"]) >= fault_at - 1.0
+        ),
+        None,
+    )
+    died_at = float(died["t"]) if died else fault_at
+    ground["replica_died_at"] = died_at
+    ground["death_cause"] = died.get("cause") if died else None
+    ready = next(
+        (
+            e
+            for e in ctx.lab_events
+            if e.get("event") == "ready" and e.get("replica") == replica and float(e["t"]) > died_at
+        ),
+        None,
+    )
+    ground["replica_ready_at"] = float(ready["t"]) if ready else None
+    serving_again = ctx.served_after(replica, died_at) if ctx.served_after else None
+    ground["replica_serving_again_at"] = serving_again
+
+    intr = mfig.interruption(ctx.records, fault_at)
+    figures["interruption_s"] = float(intr.get("interruption_s") or 0.0)
+    figures["failed_requests"] = int(intr.get("failed_requests") or 0)
+    figures["first_failure_at"] = intr.get("first_failure_at")
+    figures["last_failure_at"] = intr.get("last_failure_at")
+    figures["restart_s"] = num(mfig.restart_from_records(ctx.records, replica, died_at))
+    figures["restart_s_ground_truth"] = (serving_again - died_at) if serving_again else None
+    steady = num(mfig.steady_ttft_p50(ctx.records_before(fault_at), None, None))
+    warm = mfig.warmup(ctx.records, replica, died_at, k=3, steady_p50_ttft_s=steady)
+    figures["warmup_ttft_s"] = num(warm.get("mean_ttft_s"))
+    figures["warmup_ratio"] = num(warm.get("ratio_to_steady"))
+    figures["warmup"] = warm
+    figures["steady_ttft_p50_s"] = steady
+    return figures, ground
