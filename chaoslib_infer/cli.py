@@ -10,6 +10,7 @@ import json
 import math
 import sys
 from pathlib import Path
+
 import click
 
 from chaoslib_infer import __version__
@@ -62,20 +63,53 @@ def main() -> None:
 
 @main.command()
 @click.argument("plan", required=False, type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("gameday-out"),
-              show_default=True, help="Folder for the evidence bundle.")
-@click.option("--target", "target_url", default=None, metavar="URL",
-              help="Run against this OpenAI-compatible URL instead of bringing up the lab "
-                   "(drills that need lab access then fail).")
-@click.option("--replicas", type=click.IntRange(1, 16), default=None, help="Lab replicas (default: from the plan).")
-@click.option("--engine", type=click.Choice(["sim", "llama-cpp"]), default=None,
-              help="Lab engine: simulated vLLM-shaped server, or a real llama.cpp server on a tiny model.")
-@click.option("--slo", multiple=True, metavar="METRIC=VALUE",
-              help="Override an acceptance threshold, e.g. --slo p99_e2e_s=0.5 (repeatable). "
-                   "Metrics: availability, error_rate, timeout_rate, p50_e2e_s, p95_over_p50, p99_e2e_s.")
-@click.option("--dry-run", is_flag=True, help="Print the plan (drills, faults, rollbacks) and touch nothing.")
-def gameday(plan: Path | None, out_dir: Path, target_url: str | None, replicas: int | None,
-            engine: str | None, slo: tuple[str, ...], dry_run: bool) -> None:
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=Path("gameday-out"),
+    show_default=True,
+    help="Folder for the evidence bundle.",
+)
+@click.option(
+    "--target",
+    "target_url",
+    default=None,
+    metavar="URL",
+    help="Run against this OpenAI-compatible URL instead of bringing up the lab "
+    "(drills that need lab access then fail).",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 16),
+    default=None,
+    help="Lab replicas (default: from the plan).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["sim", "llama-cpp"]),
+    default=None,
+    help="Lab engine: simulated vLLM-shaped server, or a real llama.cpp server on a tiny model.",
+)
+@click.option(
+    "--slo",
+    multiple=True,
+    metavar="METRIC=VALUE",
+    help="Override an acceptance threshold, e.g. --slo p99_e2e_s=0.5 (repeatable). "
+    "Metrics: availability, error_rate, timeout_rate, p50_e2e_s, p95_over_p50, p99_e2e_s.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the plan (drills, faults, rollbacks) and touch nothing."
+)
+def gameday(
+    plan: Path | None,
+    out_dir: Path,
+    target_url: str | None,
+    replicas: int | None,
+    engine: str | None,
+    slo: tuple[str, ...],
+    dry_run: bool,
+) -> None:
     """Run a game day: every drill of PLAN (default drills/gameday.yaml), with evidence.
 
     Exit code 0 when every steady-state hypothesis held, 1 when a drill deviated or failed,
@@ -96,8 +130,10 @@ def gameday(plan: Path | None, out_dir: Path, target_url: str | None, replicas: 
             click.echo(f"target: {target_url}")
         else:
             lab = the_plan.lab
-            click.echo(f"target: local lab, {replicas or lab.replicas} x {engine or lab.engine} replicas, "
-                       f"{lab.memory_limit_mb} MiB memory cgroup each, behind HAProxy")
+            click.echo(
+                f"target: local lab, {replicas or lab.replicas} x {engine or lab.engine} replicas, "
+                f"{lab.memory_limit_mb} MiB memory cgroup each, behind HAProxy"
+            )
         import yaml
 
         for d in the_plan.drills:
@@ -109,8 +145,15 @@ def gameday(plan: Path | None, out_dir: Path, target_url: str | None, replicas: 
                 click.echo(f"    rollback: {rb.get('name')}")
         click.echo("dry run: nothing was started or changed")
         return
-    code = run_gameday(the_plan, out_dir, base_url=target_url, replicas=replicas, engine=engine,
-                       slo_overrides=overrides, progress=lambda m: click.echo(m, err=False))
+    code = run_gameday(
+        the_plan,
+        out_dir,
+        base_url=target_url,
+        replicas=replicas,
+        engine=engine,
+        slo_overrides=overrides,
+        progress=lambda m: click.echo(m, err=False),
+    )
     sys.exit(code)
 
 
@@ -126,26 +169,44 @@ def lab() -> None:
 @lab.command("up")
 @click.option("--replicas", type=click.IntRange(1, 16), default=3, show_default=True)
 @click.option("--engine", type=click.Choice(["sim", "llama-cpp"]), default="sim", show_default=True)
-@click.option("--memory-limit-mb", type=click.IntRange(64, 65536), default=512, show_default=True,
-              help="Memory cgroup limit of each replica.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8800, show_default=True,
-              help="HAProxy frontend port on 127.0.0.1 (0: any free port).")
-@click.option("--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True)
+@click.option(
+    "--memory-limit-mb",
+    type=click.IntRange(64, 65536),
+    default=512,
+    show_default=True,
+    help="Memory cgroup limit of each replica.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8800,
+    show_default=True,
+    help="HAProxy frontend port on 127.0.0.1 (0: any free port).",
+)
+@click.option(
+    "--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True
+)
 def lab_up(replicas: int, engine: str, memory_limit_mb: int, port: int, state_dir: Path) -> None:
     """Start the lab and wait until every replica is ready."""
     from chaoslib_infer.lab.fleet import Lab, LabError
 
     try:
-        the_lab = Lab.up(state_dir, replicas=replicas, engine=engine, port=port, memory_limit_mb=memory_limit_mb)
+        the_lab = Lab.up(
+            state_dir, replicas=replicas, engine=engine, port=port, memory_limit_mb=memory_limit_mb
+        )
     except (LabError, InferChaosError) as exc:
         _fail(str(exc))
         return
     click.echo(f"lab up: {the_lab.url} ({replicas} x {engine}); state in {state_dir}")
-    click.echo(f"try: curl -s {the_lab.url}/v1/models ; chaos-infer lab status ; chaos-infer lab down")
+    click.echo(
+        f"try: curl -s {the_lab.url}/v1/models ; chaos-infer lab status ; chaos-infer lab down"
+    )
 
 
 @lab.command("status")
-@click.option("--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True)
+@click.option(
+    "--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (replicas and active faults).")
 def lab_status(state_dir: Path, as_json: bool) -> None:
     """Show replicas (pid, health, memory, OOM kills, restarts) and active faults."""
@@ -163,9 +224,11 @@ def lab_status(state_dir: Path, as_json: bool) -> None:
     for r in status.get("replicas", []):
         mem = r.get("memory_bytes") or 0
         lim = r.get("memory_limit_bytes") or 0
-        click.echo(f"  {r.get('name'):4} pid={r.get('pid')} state={r.get('state')} healthy={r.get('healthy')} "
-                   f"mem={mem / 2**20:.0f}/{lim / 2**20:.0f} MiB oom_kills={r.get('oom_kills')} "
-                   f"restarts={r.get('restarts')}")
+        click.echo(
+            f"  {r.get('name'):4} pid={r.get('pid')} state={r.get('state')} healthy={r.get('healthy')} "
+            f"mem={mem / 2**20:.0f}/{lim / 2**20:.0f} MiB oom_kills={r.get('oom_kills')} "
+            f"restarts={r.get('restarts')}"
+        )
     faults = status.get("active_faults") or []
     click.echo(f"active faults: {len(faults)}")
     for f in faults:
@@ -173,7 +236,9 @@ def lab_status(state_dir: Path, as_json: bool) -> None:
 
 
 @lab.command("down")
-@click.option("--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True)
+@click.option(
+    "--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True
+)
 def lab_down(state_dir: Path) -> None:
     """Stop every lab process and remove its cgroups (idempotent)."""
     from chaoslib_infer.lab.fleet import Lab, LabError
@@ -187,11 +252,20 @@ def lab_down(state_dir: Path) -> None:
 
 
 @main.command()
-@click.option("--peak-qps", type=float, required=True, help="Peak requests/s of the busiest 10 minutes.")
+@click.option(
+    "--peak-qps", type=float, required=True, help="Peak requests/s of the busiest 10 minutes."
+)
 @click.option("--latency-s", type=float, required=True, help="Expected latency per request (s).")
-@click.option("--concurrency", type=float, required=True, help="Max concurrent requests one instance serves.")
-@click.option("--redundancy", type=float, default=0.7, show_default=True,
-              help="Redundancy factor (target utilisation, 0..1).")
+@click.option(
+    "--concurrency", type=float, required=True, help="Max concurrent requests one instance serves."
+)
+@click.option(
+    "--redundancy",
+    type=float,
+    default=0.7,
+    show_default=True,
+    help="Redundancy factor (target utilisation, 0..1).",
+)
 def capacity(peak_qps: float, latency_s: float, concurrency: float, redundancy: float) -> None:
     """Instances needed: ceil(peak_QPS x latency_s / concurrency / redundancy) (shared/domain.md).
 
@@ -201,8 +275,12 @@ def capacity(peak_qps: float, latency_s: float, concurrency: float, redundancy: 
         _fail("--peak-qps, --latency-s and --concurrency must be > 0 and --redundancy in (0, 1]")
     raw = peak_qps * latency_s / concurrency / redundancy
     n = math.ceil(raw - 1e-9)
-    click.echo(f"{peak_qps:g} QPS x {latency_s:g} s / {concurrency:g} / {redundancy:g} = {raw:.2f} -> {n} instances")
-    click.echo(f"autoscaler minimum ~60%: {math.ceil(n * 0.6)}; acceptance load 1.5x peak: {peak_qps * 1.5:g} QPS")
+    click.echo(
+        f"{peak_qps:g} QPS x {latency_s:g} s / {concurrency:g} / {redundancy:g} = {raw:.2f} -> {n} instances"
+    )
+    click.echo(
+        f"autoscaler minimum ~60%: {math.ceil(n * 0.6)}; acceptance load 1.5x peak: {peak_qps * 1.5:g} QPS"
+    )
     click.echo(str(n))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import signal
 import time
@@ -122,7 +123,9 @@ def _load_experiment(path: Path) -> dict[str, Any]:
     except ChaosException as exc:
         raise ConfigError(f"{path}: invalid experiment: {str(exc).splitlines()[0]}") from exc
     except Exception as exc:  # YAML/JSON parse errors surface as various types
-        raise ConfigError(f"{path}: cannot load experiment: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        raise ConfigError(
+            f"{path}: cannot load experiment: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
     return dict(experiment)
 
 
@@ -150,7 +153,14 @@ def _activity_rows(journal: dict[str, Any]) -> list[dict[str, Any]]:
                 note = ", ".join(f"{k}={v}" for k, v in list(output.items())[:4])
             elif note is None and isinstance(output, list):
                 note = "; ".join(str(x) for x in output) or "nothing to undo"
-            rows.append({"section": section, "name": name, "status": run.get("status", "cut-off"), "note": note})
+            rows.append(
+                {
+                    "section": section,
+                    "name": name,
+                    "status": run.get("status", "cut-off"),
+                    "note": note,
+                }
+            )
     return rows
 
 
@@ -193,6 +203,12 @@ def run_drill(
     config_vars.update({f"slo_{k}": v for k, v in slo_overrides.items()})
     config_vars.update(spec.vars)
     settings = {"runtime": experiment.get("runtime") or {"rollbacks": {"strategy": "always"}}}
+    ctk_logger = logging.getLogger("chaostoolkit")
+    log_handler = logging.FileHandler(drill_dir / "chaostoolkit.log", encoding="utf-8")
+    log_handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s] %(message)s"))
+    ctk_logger.addHandler(log_handler)
+    ctk_logger.setLevel(logging.DEBUG)
+    ctk_logger.propagate = False
     started = time.time()
     progress(f"drill {spec.name}: {experiment.get('title', '')}")
     journal: dict[str, Any]
@@ -208,6 +224,8 @@ def run_drill(
             )
     finally:
         stop_load({"infer_run_dir": str(drill_dir)})
+        ctk_logger.removeHandler(log_handler)
+        log_handler.close()
     ended = time.time()
     write_atomic(drill_dir / "journal.json", json.dumps(journal, indent=2, default=str))
     status = drill_status(journal)
@@ -228,7 +246,9 @@ def run_drill(
         "ground_truth": ground,
         "evidence": f"{spec.name}/evidence.md",
     }
-    records = read_records(drill_dir / "records.jsonl") if (drill_dir / "records.jsonl").exists() else []
+    records = (
+        read_records(drill_dir / "records.jsonl") if (drill_dir / "records.jsonl").exists() else []
+    )
     markers: list[tuple[float, str, str]] = []
     if ground.get("fault_at"):
         markers.append((float(ground["fault_at"]), "fault injected", "#d62728"))
@@ -236,9 +256,17 @@ def run_drill(
         markers.append((float(ground["replica_died_at"]), "replica died", "#9467bd"))
     if ground.get("replica_serving_again_at"):
         markers.append((float(ground["replica_serving_again_at"]), "serving again", "#2ca02c"))
-    plot = timeline_plot(records, drill_dir / "timeline.png", markers, f"{spec.name}: latency and failures")
+    plot = timeline_plot(
+        records, drill_dir / "timeline.png", markers, f"{spec.name}: latency and failures"
+    )
     render_drill(
-        drill_dir, entry, target, str(experiment.get("title", "")), _slo_rows(journal), _activity_rows(journal), plot
+        drill_dir,
+        entry,
+        target,
+        str(experiment.get("title", "")),
+        _slo_rows(journal),
+        _activity_rows(journal),
+        plot,
     )
     progress(
         f"drill {spec.name}: {status.upper()} (availability {figures.get('availability')}, "
@@ -270,8 +298,11 @@ def run_gameday(
     lab: Lab | None = None
     n_replicas = replicas if replicas is not None else plan.lab.replicas
     engine_name = engine or plan.lab.engine
-    target = {"kind": "url" if base_url else "lab", "engine": engine_name if not base_url else "unknown",
-              "replicas": n_replicas if not base_url else 0}
+    target = {
+        "kind": "url" if base_url else "lab",
+        "engine": engine_name if not base_url else "unknown",
+        "replicas": n_replicas if not base_url else 0,
+    }
     if base_url:
         target["url"] = base_url
     summary: dict[str, Any] = {
@@ -296,13 +327,20 @@ def run_gameday(
     previous_term = signal.signal(signal.SIGTERM, _on_term)
     try:
         if not base_url:
-            progress(f"lab: bringing up {n_replicas} {engine_name} replica(s) behind HAProxy in {out_dir / 'lab'} ...")
+            progress(
+                f"lab: bringing up {n_replicas} {engine_name} replica(s) behind HAProxy in {out_dir / 'lab'} ..."
+            )
             lab = Lab.up(
-                out_dir / "lab", replicas=n_replicas, engine=engine_name, memory_limit_mb=plan.lab.memory_limit_mb
+                out_dir / "lab",
+                replicas=n_replicas,
+                engine=engine_name,
+                memory_limit_mb=plan.lab.memory_limit_mb,
             )
             progress(f"lab: up at {lab.url}")
         for spec in plan.drills:
-            entry = run_drill(spec, out_dir / spec.name, lab, base_url, target, slo_overrides or {}, progress)
+            entry = run_drill(
+                spec, out_dir / spec.name, lab, base_url, target, slo_overrides or {}, progress
+            )
             summary["drills"].append(entry)
             _write_summary()
             if entry["status"] == "aborted":
@@ -328,7 +366,9 @@ def run_gameday(
         finally:
             signal.signal(signal.SIGTERM, previous_term)
             _write_summary()
-            verdict = {EXIT_OK: "PASSED", EXIT_DEVIATED: "DEVIATED", EXIT_ERROR: "ERROR"}.get(exit_code, "ABORTED")
+            verdict = {EXIT_OK: "PASSED", EXIT_DEVIATED: "DEVIATED", EXIT_ERROR: "ERROR"}.get(
+                exit_code, "ABORTED"
+            )
             render_index(out_dir, summary, verdict)
     progress(f"game day {verdict}: {out_dir / 'summary.json'}, {out_dir / 'index.html'}")
     return exit_code

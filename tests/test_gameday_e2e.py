@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.lab]
 
 
-def _cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "chaoslib_infer.cli", *args],
         capture_output=True,
@@ -51,7 +53,11 @@ def _pids_alive(pids: list[int]) -> list[int]:
 
 def _lab_pids(lab_dir: Path) -> list[int]:
     pids: list[int] = []
-    for ev in (json.loads(line) for line in (lab_dir / "events.jsonl").read_text().splitlines() if line.strip()):
+    for ev in (
+        json.loads(line)
+        for line in (lab_dir / "events.jsonl").read_text().splitlines()
+        if line.strip()
+    ):
         if ev.get("pid"):
             pids.append(int(ev["pid"]))
     return pids
@@ -113,7 +119,11 @@ def test_gameday_deviates_when_slo_is_impossible(tmp_path: Path) -> None:
     assert drill["status"] == "deviated"
     assert drill["hypothesis"]["before"] is False
     journal = json.loads((out / "oom-kill" / "journal.json").read_text())
-    p99 = [p for p in journal["steady_states"]["before"]["probes"] if p["activity"]["name"].startswith("p99")][0]
+    p99 = [
+        p
+        for p in journal["steady_states"]["before"]["probes"]
+        if p["activity"]["name"].startswith("p99")
+    ][0]
     assert p99["output"]["passed"] is False
     assert p99["output"]["value"] > 0.001
     assert _pids_alive(_lab_pids(out / "lab")) == []
@@ -128,9 +138,19 @@ def test_chaos_cli_runs_the_experiment_against_a_running_lab(tmp_path: Path) -> 
         env = {"CHAOS_INFER_LAB_DIR": str(lab_dir), "CHAOS_INFER_RUN_DIR": str(run_dir)}
         chaos = Path(sys.executable).parent / "chaos"
         proc = subprocess.run(
-            [str(chaos), "--no-version-check", "run", "--journal-path", str(tmp_path / "journal.json"),
-             str(ROOT / "experiments" / "oom-kill.yaml")],
-            capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, **env},
+            [
+                str(chaos),
+                "--no-version-check",
+                "run",
+                "--journal-path",
+                str(tmp_path / "journal.json"),
+                str(ROOT / "experiments" / "oom-kill.yaml"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            env={**os.environ, **env},
         )
         journal = json.loads((tmp_path / "journal.json").read_text())
         assert journal["status"] == "completed", proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -148,8 +168,20 @@ def test_chaos_cli_runs_the_experiment_against_a_running_lab(tmp_path: Path) -> 
 def test_gameday_sigint_plays_rollbacks_and_takes_lab_down(tmp_path: Path) -> None:
     out = tmp_path / "gd"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", "--out", str(out), "--replicas", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "chaoslib_infer.cli",
+            "gameday",
+            "--out",
+            str(out),
+            "--replicas",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
     )
     try:
         deadline = time.monotonic() + 120

@@ -254,7 +254,7 @@ def test_restart_and_warmup() -> None:
     back += [rec(T0 + 14 + i * 0.1, replica="r1", ttft=0.05) for i in range(20)]
     back.append(rec(T0 + 12.5, replica="r1", ok=False, cls="http_5xx"))
     recs += back
-    assert restart_from_records(recs, "r1", died) == pytest.approx(3.01)
+    assert restart_from_records(recs, "r1", died) == pytest.approx(3.0)
     assert restart is restart_from_records
     assert restart_from_records(recs, "r9", died) is None
     p50 = steady_ttft_p50(recs, T0, died)

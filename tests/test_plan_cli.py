@@ -35,7 +35,10 @@ def test_default_plan_loads() -> None:
         ("drills:\n  - name: x\n    experiment: nope.yaml\n", "no such file"),
         ("lab: {engine: gpu}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.engine"),
         ("lab: {replicas: zero}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.replicas"),
-        ("drills:\n  - {name: x, experiment: e.yaml}\n  - {name: x, experiment: e.yaml}\n", "duplicate"),
+        (
+            "drills:\n  - {name: x, experiment: e.yaml}\n  - {name: x, experiment: e.yaml}\n",
+            "duplicate",
+        ),
     ],
 )
 def test_bad_plans_name_file_and_field(tmp_path: Path, text: str, fragment: str) -> None:
@@ -52,7 +55,15 @@ def test_gameday_bad_plan_exits_2_with_one_line(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text("drills: [", encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", str(plan), "--out", str(tmp_path / "o")],
+        [
+            sys.executable,
+            "-m",
+            "chaoslib_infer.cli",
+            "gameday",
+            str(plan),
+            "--out",
+            str(tmp_path / "o"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -83,7 +94,18 @@ def test_gameday_dry_run_touches_nothing(tmp_path: Path) -> None:
 
 def test_capacity_reproduces_the_worked_example() -> None:
     result = CliRunner().invoke(
-        main, ["capacity", "--peak-qps", "200", "--latency-s", "1", "--concurrency", "20", "--redundancy", "0.7"]
+        main,
+        [
+            "capacity",
+            "--peak-qps",
+            "200",
+            "--latency-s",
+            "1",
+            "--concurrency",
+            "20",
+            "--redundancy",
+            "0.7",
+        ],
     )
     assert result.exit_code == 0
     assert result.output.strip().splitlines()[-1] == "15"
@@ -91,11 +113,15 @@ def test_capacity_reproduces_the_worked_example() -> None:
 
 
 def test_capacity_rejects_nonsense() -> None:
-    result = CliRunner().invoke(main, ["capacity", "--peak-qps", "0", "--latency-s", "1", "--concurrency", "20"])
+    result = CliRunner().invoke(
+        main, ["capacity", "--peak-qps", "0", "--latency-s", "1", "--concurrency", "20"]
+    )
     assert result.exit_code == 2
 
 
-def _journal(before: bool | None, after: bool | None, status: str = "completed", run_ok: bool = True) -> dict:
+def _journal(
+    before: bool | None, after: bool | None, status: str = "completed", run_ok: bool = True
+) -> dict:
     states: dict = {}
     if before is not None:
         states["before"] = {"steady_state_met": before, "probes": []}
@@ -105,7 +131,13 @@ def _journal(before: bool | None, after: bool | None, status: str = "completed",
         "status": status,
         "deviated": after is False,
         "steady_states": states,
-        "run": [{"activity": {"name": "act"}, "status": "succeeded" if run_ok else "failed", "exception": ["x\n", "ActivityFailed: boom\n"]}],
+        "run": [
+            {
+                "activity": {"name": "act"},
+                "status": "succeeded" if run_ok else "failed",
+                "exception": ["x\n", "ActivityFailed: boom\n"],
+            }
+        ],
         "rollbacks": [],
     }
 

@@ -48,4 +48,6 @@ def wait_for_replica_serving(
                 "restart_s": served - since,
             }
         time.sleep(0.1)
-    raise ActivityFailed(f"replica {name} did not serve a request within {timeout_s:.0f} s of the fault")
+    raise ActivityFailed(
+        f"replica {name} did not serve a request within {timeout_s:.0f} s of the fault"
+    )

@@ -47,7 +47,9 @@ def thresholds_from(overrides: dict[str, float]) -> Thresholds:
     known = {f.name for f in dataclasses.fields(Thresholds)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ValueError(f"unknown SLO threshold(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ValueError(
+            f"unknown SLO threshold(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
     return dataclasses.replace(Thresholds(), **overrides)
 
 
@@ -58,7 +60,9 @@ def _stats(window_s: float, configuration: dict[str, Any] | None) -> dict[str, A
     return window_stats(records, start=now - float(window_s), end=now)
 
 
-def window_summary(window_s: float = 10.0, configuration: dict[str, Any] | None = None) -> dict[str, Any]:
+def window_summary(
+    window_s: float = 10.0, configuration: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Return every client-side figure over the last ``window_s`` seconds of the background load.
 
     Args:

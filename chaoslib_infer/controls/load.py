@@ -130,7 +130,9 @@ def start_load(
         time.sleep(0.2)
     if _count_ok(records) == 0:
         stop_load(configuration)
-        raise InterruptExecution(f"no request to {url} succeeded during the {warmup_s:.0f} s warm-up")
+        raise InterruptExecution(
+            f"no request to {url} succeeded during the {warmup_s:.0f} s warm-up"
+        )
     return {"pid": proc.pid, "records": str(records), "url": url, "rate_rps": rate_rps}
 
 

@@ -128,7 +128,9 @@ def drill_figures(
             kinds.append(kind)
     for kind in kinds:
         try:
-            module = importlib.import_module(f"chaoslib_infer.evidence.kinds.{kind.replace('-', '_')}")
+            module = importlib.import_module(
+                f"chaoslib_infer.evidence.kinds.{kind.replace('-', '_')}"
+            )
         except ModuleNotFoundError:
             continue
         f_fig, f_ground = module.compute(ctx)

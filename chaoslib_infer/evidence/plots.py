@@ -47,8 +47,12 @@ def timeline_plot(
     fig, (ax_lat, ax_cnt) = plt.subplots(
         2, 1, figsize=(10, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]}
     )
-    ax_lat.plot(xs, [v if v is not None else float("nan") for v in p50], label="P50 E2E", color="#1f77b4")
-    ax_lat.plot(xs, [v if v is not None else float("nan") for v in p99], label="P99 E2E", color="#d62728")
+    ax_lat.plot(
+        xs, [v if v is not None else float("nan") for v in p50], label="P50 E2E", color="#1f77b4"
+    )
+    ax_lat.plot(
+        xs, [v if v is not None else float("nan") for v in p99], label="P99 E2E", color="#d62728"
+    )
     ax_lat.set_ylabel("latency (s)")
     ax_lat.grid(alpha=0.3)
     ax_cnt.bar(xs, ok, width=0.9, color="#2ca02c", label="ok")
@@ -56,13 +60,19 @@ def timeline_plot(
     ax_cnt.set_ylabel("requests / s (by send time)")
     ax_cnt.set_xlabel("seconds since load start")
     ax_cnt.grid(alpha=0.3)
-    for t, label, colour in markers:
+    for i, (t, label, colour) in enumerate(markers):
         x = t - start
         for ax in (ax_lat, ax_cnt):
             ax.axvline(x, color=colour, linestyle="--", linewidth=1.2)
         ax_lat.annotate(
-            label, (x, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
-            fontsize=8, color=colour,
+            label,
+            (x, 1.0 - 0.3 * (i % 3)),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=8,
+            color=colour,
         )
     ax_lat.legend(loc="upper left", fontsize=8)
     ax_cnt.legend(loc="upper left", fontsize=8)

@@ -113,5 +113,7 @@ def render_drill(
 def render_index(out_dir: Path, summary: dict[str, Any], verdict: str) -> Path:
     """Write the game day's ``index.html`` scorecard linking every drill's evidence."""
     path = out_dir / "index.html"
-    write_atomic(path, _ENV.get_template("index.html.j2").render(summary=summary, verdict=verdict, fmt=fmt))
+    write_atomic(
+        path, _ENV.get_template("index.html.j2").render(summary=summary, verdict=verdict, fmt=fmt)
+    )
     return path

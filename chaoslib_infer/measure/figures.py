@@ -98,22 +98,27 @@ def interruption(
 def restart_from_records(records: Iterable[Record], replica: str, died_at: float) -> float | None:
     """Restart time seen by clients: from the replica's death to the first request it served again.
 
+    The client learns which replica served a request only from a successful response; the moment
+    that request reached the replica is taken as its send time (``sent_at``), because the load
+    balancer dispatches at once when the replica is up. The first byte would add the restarted
+    replica's warm-up TTFT, which is reported separately (:func:`warmup`).
+
     Args:
         records: attempt records.
         replica: replica name as in the records' ``replica`` field.
         died_at: time of death (unix s), e.g. the lab's ``exit`` event.
 
     Returns:
-        Seconds from ``died_at`` to the earliest ``first_byte_at`` >= ``died_at`` of a successful
-        record from ``replica``; None if it never served again in the data.
+        Seconds from ``died_at`` to the earliest ``sent_at`` >= ``died_at`` of a successful record
+        from ``replica``; None if it never served again in the data.
     """
     best: float | None = None
     for r in records:
         if not r.get("ok") or r.get("replica") != replica:
             continue
-        fb = _fnum(r.get("first_byte_at"))
-        if fb is not None and fb >= died_at and (best is None or fb < best):
-            best = fb
+        sent = _fnum(r.get("sent_at"))
+        if sent is not None and sent >= died_at and (best is None or sent < best):
+            best = sent
     return None if best is None else best - died_at
 
 

@@ -33,7 +33,9 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     replica = str(fault["replica"])
     ground["fault_at"] = fault_at
     ground["replica"] = replica
-    ground["oom_kills"] = int(fault.get("oom_kills_after", 0)) - int(fault.get("oom_kills_before", 0))
+    ground["oom_kills"] = int(fault.get("oom_kills_after", 0)) - int(
+        fault.get("oom_kills_before", 0)
+    )
     died = next(
         (
             e
