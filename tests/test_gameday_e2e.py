@@ -63,7 +63,9 @@ def _lab_pids(lab_dir: Path) -> list[int]:
     return pids
 
 
-def _check_oom_summary(out: Path, engine: str) -> dict[str, Any]:
+def _check_oom_summary(
+    out: Path, engine: str, min_requests: int = 50, ledger: bool = True
+) -> dict[str, Any]:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["target"]["kind"] == "lab"
     assert summary["target"]["engine"] == engine
@@ -90,8 +92,16 @@ def _check_oom_summary(out: Path, engine: str) -> dict[str, Any]:
         assert failed_after
         span = max(r["end_at"] for r in failed_after) - min(r["end_at"] for r in failed_after)
         assert fig["interruption_s"] <= span + 1.0
-    assert fig["requests"] == len(records) > 50
+    assert fig["requests"] == len(records) > min_requests
     assert fig["duplicates"] == 0
+    if ledger:  # the sim engine's generation ledger: every successful record was generated once
+        gens = [
+            json.loads(x)
+            for x in (out / "lab" / "ledger.jsonl").read_text().splitlines()
+            if x.strip()
+        ]
+        generated = {g["request_id"] for g in gens}
+        assert {r["request_id"] for r in records if r["ok"]} <= generated
     for name in ("evidence.md", "evidence.html", "timeline.png", "journal.json", "records.jsonl"):
         assert (out / "oom-kill" / name).stat().st_size > 0, name
     assert (out / "index.html").exists()
@@ -205,4 +215,18 @@ def test_gameday_sigint_plays_rollbacks_and_takes_lab_down(tmp_path: Path) -> No
     journal = json.loads((out / "oom-kill" / "journal.json").read_text())
     assert journal["status"] == "interrupted"
     assert [r["activity"]["name"] for r in journal["rollbacks"]] == ["clear-lab-faults"]
+    assert _pids_alive(_lab_pids(out / "lab")) == []
+
+
+@pytest.mark.llama
+def test_gameday_oom_kill_llama_cpp_engine(tmp_path: Path) -> None:
+    from chaoslib_infer.lab.llama import llama_available
+
+    if not llama_available():
+        pytest.skip("llama-cpp-python not installed (scripts/quickstart setup installs it)")
+    out = tmp_path / "gd"
+    proc = _cli("gameday", "--out", str(out), "--engine", "llama-cpp", "--replicas", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = _check_oom_summary(out, "llama-cpp", min_requests=40, ledger=False)
+    assert summary["drills"][0]["figures"]["p50_e2e_s"] < 1.0
     assert _pids_alive(_lab_pids(out / "lab")) == []

@@ -34,6 +34,7 @@ import os
 import random
 import secrets
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -246,6 +247,16 @@ def _exc_msg(exc: BaseException) -> str:
     return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:300]
 
 
+def logical_request_id(run_id: str, index: int) -> str:
+    """Return the logical request id of the ``index``-th request of run ``run_id`` (8 hex digits).
+
+    The id is a valid UUID4 string (some servers, e.g. llama-cpp-python's, answer 400 to any other
+    ``X-Request-Id``) that keeps the run id in its first group and the index in its last:
+    ``664c9a81-0000-4000-8000-00000000004d`` is request 77 of run ``664c9a81``.
+    """
+    return str(uuid.UUID(int=(int(run_id, 16) << 96) | index, version=4))
+
+
 async def send_attempt(
     session: aiohttp.ClientSession,
     spec: LoadSpec,
@@ -444,7 +455,7 @@ async def run_load(
         try:
             try:
                 rec = await send_attempt(
-                    session, spec, body, f"{run_id}-{i:07d}", 1, intended_at, url=url
+                    session, spec, body, logical_request_id(run_id, i), 1, intended_at, url=url
                 )
             except Exception:  # a client bug, not a service failure: no record, but counted
                 log.exception("load client: attempt %d crashed", i)
