@@ -10,6 +10,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -61,6 +62,113 @@ def main() -> None:
     """
 
 
+def _experiments_dir() -> Path:
+    from chaoslib_infer.gameday import default_plan_path
+
+    return default_plan_path().parent.parent / "experiments"
+
+
+def _print_dry_run(
+    the_plan: Any, target_url: str | None, replicas: int | None, engine: str | None
+) -> None:
+    import yaml
+
+    click.echo(f"plan {the_plan.name} ({the_plan.path})")
+    if target_url:
+        click.echo(f"target: {target_url}")
+    else:
+        lab = the_plan.lab
+        extra = "".join(f", {k}={v}" for k, v in lab.options.items())
+        click.echo(
+            f"target: local lab, {replicas or lab.replicas} x {engine or lab.engine} replicas, "
+            f"{lab.memory_limit_mb} MiB memory cgroup each, behind HAProxy{extra}"
+        )
+    for d in the_plan.drills:
+        exp = yaml.safe_load(d.experiment.read_text(encoding="utf-8"))
+        click.echo(f"- drill {d.name}: {exp.get('title', '')}")
+        for act in exp.get("method", []):
+            pauses = act.get("pauses") or {}
+            extra = f" (then wait {pauses['after']} s)" if pauses.get("after") else ""
+            args = (act.get("provider") or {}).get("arguments") or {}
+            click.echo(f"    {act.get('type')}: {act.get('name')} {args}{extra}")
+        for rb in exp.get("rollbacks", []):
+            click.echo(f"    rollback: {rb.get('name')}")
+    click.echo("dry run: nothing was started or changed")
+
+
+def _run_plan(
+    the_plan: Any,
+    out_dir: Path,
+    target_url: str | None,
+    replicas: int | None,
+    engine: str | None,
+    slo: tuple[str, ...],
+    dry_run: bool,
+) -> None:
+    from chaoslib_infer.gameday import run_gameday
+
+    try:
+        overrides = _parse_slo(slo)
+    except InferChaosError as exc:
+        _fail(str(exc))
+        return
+    if dry_run:
+        _print_dry_run(the_plan, target_url, replicas, engine)
+        return
+    code = run_gameday(
+        the_plan,
+        out_dir,
+        base_url=target_url,
+        replicas=replicas,
+        engine=engine,
+        slo_overrides=overrides,
+        progress=lambda m: click.echo(m),
+    )
+    sys.exit(code)
+
+
+_TARGET_OPTIONS = [
+    click.option(
+        "--target",
+        "target_url",
+        default=None,
+        metavar="URL",
+        help="Run against this OpenAI-compatible URL instead of bringing up the lab "
+        "(drills that need lab access then fail).",
+    ),
+    click.option(
+        "--replicas",
+        type=click.IntRange(1, 16),
+        default=None,
+        help="Lab replicas (default: from the plan).",
+    ),
+    click.option(
+        "--engine",
+        type=click.Choice(["sim", "llama-cpp"]),
+        default=None,
+        help="Lab engine: simulated vLLM-shaped server, or a real llama.cpp server on a tiny model.",
+    ),
+    click.option(
+        "--slo",
+        multiple=True,
+        metavar="METRIC=VALUE",
+        help="Override an acceptance threshold, e.g. --slo p99_e2e_s=0.5 (repeatable). Metrics: "
+        "availability, error_rate, timeout_rate, p50_e2e_s, p95_over_p50, p99_e2e_s.",
+    ),
+    click.option(
+        "--dry-run",
+        is_flag=True,
+        help="Print the plan (drills, faults, rollbacks) and touch nothing.",
+    ),
+]
+
+
+def _target_options(func: Any) -> Any:
+    for option in reversed(_TARGET_OPTIONS):
+        func = option(func)
+    return func
+
+
 @main.command()
 @click.argument("plan", required=False, type=click.Path(path_type=Path))
 @click.option(
@@ -71,36 +179,7 @@ def main() -> None:
     show_default=True,
     help="Folder for the evidence bundle.",
 )
-@click.option(
-    "--target",
-    "target_url",
-    default=None,
-    metavar="URL",
-    help="Run against this OpenAI-compatible URL instead of bringing up the lab "
-    "(drills that need lab access then fail).",
-)
-@click.option(
-    "--replicas",
-    type=click.IntRange(1, 16),
-    default=None,
-    help="Lab replicas (default: from the plan).",
-)
-@click.option(
-    "--engine",
-    type=click.Choice(["sim", "llama-cpp"]),
-    default=None,
-    help="Lab engine: simulated vLLM-shaped server, or a real llama.cpp server on a tiny model.",
-)
-@click.option(
-    "--slo",
-    multiple=True,
-    metavar="METRIC=VALUE",
-    help="Override an acceptance threshold, e.g. --slo p99_e2e_s=0.5 (repeatable). "
-    "Metrics: availability, error_rate, timeout_rate, p50_e2e_s, p95_over_p50, p99_e2e_s.",
-)
-@click.option(
-    "--dry-run", is_flag=True, help="Print the plan (drills, faults, rollbacks) and touch nothing."
-)
+@_target_options
 def gameday(
     plan: Path | None,
     out_dir: Path,
@@ -115,46 +194,75 @@ def gameday(
     Exit code 0 when every steady-state hypothesis held, 1 when a drill deviated or failed,
     2 on bad input or an unreachable target, 130 when interrupted (rollbacks still played).
     """
-    from chaoslib_infer.gameday import default_plan_path, run_gameday
+    from chaoslib_infer.gameday import default_plan_path
     from chaoslib_infer.plan import load_plan
 
     try:
         the_plan = load_plan(plan or default_plan_path())
-        overrides = _parse_slo(slo)
     except InferChaosError as exc:
         _fail(str(exc))
         return
-    if dry_run:
-        click.echo(f"plan {the_plan.name} ({the_plan.path})")
-        if target_url:
-            click.echo(f"target: {target_url}")
-        else:
-            lab = the_plan.lab
-            click.echo(
-                f"target: local lab, {replicas or lab.replicas} x {engine or lab.engine} replicas, "
-                f"{lab.memory_limit_mb} MiB memory cgroup each, behind HAProxy"
-            )
-        import yaml
+    _run_plan(the_plan, out_dir, target_url, replicas, engine, slo, dry_run)
 
-        for d in the_plan.drills:
-            exp = yaml.safe_load(d.experiment.read_text(encoding="utf-8"))
-            click.echo(f"- drill {d.name}: {exp.get('title', '')}")
-            for act in exp.get("method", []):
-                click.echo(f"    {act.get('type')}: {act.get('name')}")
-            for rb in exp.get("rollbacks", []):
-                click.echo(f"    rollback: {rb.get('name')}")
-        click.echo("dry run: nothing was started or changed")
+
+@main.group()
+def drill() -> None:
+    """List the drills, or run one of them on its own (with the default plan's lab)."""
+
+
+@drill.command("list")
+def drill_list() -> None:
+    """One line per drill: name and what it checks."""
+    import yaml
+
+    for path in sorted(_experiments_dir().glob("*.yaml")):
+        try:
+            title = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("title", "")
+        except yaml.YAMLError:
+            title = "(unreadable experiment)"
+        click.echo(f"{path.stem:24} {title}")
+
+
+@drill.command("run")
+@click.argument("name")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Folder for the evidence bundle (default: drill-out/NAME).",
+)
+@_target_options
+def drill_run(
+    name: str,
+    out_dir: Path | None,
+    target_url: str | None,
+    replicas: int | None,
+    engine: str | None,
+    slo: tuple[str, ...],
+    dry_run: bool,
+) -> None:
+    """Run the drill NAME (see `chaos-infer drill list`) alone, with evidence, like a game day."""
+    from chaoslib_infer.gameday import default_plan_path
+    from chaoslib_infer.plan import DrillSpec, Plan, load_plan
+
+    experiment = _experiments_dir() / f"{name}.yaml"
+    if not experiment.is_file():
+        known = ", ".join(sorted(p.stem for p in _experiments_dir().glob("*.yaml")))
+        _fail(f"unknown drill {name!r}; known: {known}")
         return
-    code = run_gameday(
-        the_plan,
-        out_dir,
-        base_url=target_url,
-        replicas=replicas,
-        engine=engine,
-        slo_overrides=overrides,
-        progress=lambda m: click.echo(m, err=False),
+    try:
+        base = load_plan(default_plan_path())
+    except InferChaosError as exc:
+        _fail(str(exc))
+        return
+    spec = next(
+        (d for d in base.drills if d.name == name), DrillSpec(name=name, experiment=experiment)
     )
-    sys.exit(code)
+    the_plan = Plan(name=f"drill-{name}", path=experiment, lab=base.lab, drills=[spec])
+    _run_plan(
+        the_plan, out_dir or Path("drill-out") / name, target_url, replicas, engine, slo, dry_run
+    )
 
 
 @main.group()

@@ -330,14 +330,20 @@ def run_gameday(
             progress(
                 f"lab: bringing up {n_replicas} {engine_name} replica(s) behind HAProxy in {out_dir / 'lab'} ..."
             )
-            lab = Lab.up(
-                out_dir / "lab",
-                replicas=n_replicas,
-                engine=engine_name,
-                memory_limit_mb=plan.lab.memory_limit_mb,
-            )
+            try:
+                lab = Lab.up(
+                    out_dir / "lab",
+                    replicas=n_replicas,
+                    engine=engine_name,
+                    memory_limit_mb=plan.lab.memory_limit_mb,
+                    **plan.lab.options,
+                )
+            except TypeError as exc:
+                raise ConfigError(f"{plan.path}: lab: {exc}") from exc
             progress(f"lab: up at {lab.url}")
         for spec in plan.drills:
+            if lab is not None:
+                lab.wait_healthy(60.0)
             entry = run_drill(
                 spec, out_dir / spec.name, lab, base_url, target, slo_overrides or {}, progress
             )

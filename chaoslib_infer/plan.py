@@ -41,6 +41,8 @@ class LabSpec:
     replicas: int = 3
     engine: str = "sim"
     memory_limit_mb: int = 512
+    #: further keyword arguments of ``Lab.up`` (e.g. ``nodes``, ``standby``), checked by the lab
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,9 +96,10 @@ def load_plan(path: Path) -> Plan:
             if not isinstance(value, typ) or isinstance(value, bool):
                 raise _fail(path, f"lab.{key}", f"expected {typ.__name__}, got {value!r}")
             setattr(lab, key, value)
-    unknown = set(lab_raw) - {"replicas", "engine", "memory_limit_mb"}
-    if unknown:
-        raise _fail(path, f"lab.{sorted(unknown)[0]}", "unknown field")
+    for key in sorted(set(lab_raw) - {"replicas", "engine", "memory_limit_mb"}):
+        if not key.isidentifier():
+            raise _fail(path, f"lab.{key}", "unknown field")
+        lab.options[key] = lab_raw[key]
     if lab.engine not in ENGINES:
         raise _fail(path, "lab.engine", f"expected one of {', '.join(ENGINES)}, got {lab.engine!r}")
     if lab.replicas < 1:

@@ -35,6 +35,7 @@ def test_default_plan_loads() -> None:
         ("drills:\n  - name: x\n    experiment: nope.yaml\n", "no such file"),
         ("lab: {engine: gpu}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.engine"),
         ("lab: {replicas: zero}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.replicas"),
+        ("lab: {1bad: 2}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.1bad"),
         (
             "drills:\n  - {name: x, experiment: e.yaml}\n  - {name: x, experiment: e.yaml}\n",
             "duplicate",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import http.client
+import importlib
 import json
 import os
 import secrets
@@ -584,6 +585,23 @@ class Lab:
             time.sleep(0.02)
         raise LabError(f"lab not ready within {timeout_s:g} s: {problem}")
 
+    def wait_healthy(self, timeout_s: float = 30.0) -> None:
+        """Block until every replica is ready and HAProxy sees it UP (between drills).
+
+        Raises:
+            LabError: not healthy within ``timeout_s`` seconds (message says what is not ready).
+        """
+        deadline = time.monotonic() + timeout_s
+        problem: str | None = "unknown"
+        while time.monotonic() < deadline:
+            problem = self._not_ready_reason()
+            if problem is None:
+                return
+            time.sleep(0.05)
+        raise LabError(
+            f"lab not healthy within {timeout_s:g} s: {(problem or '').removeprefix('FATAL:')}"
+        )
+
     def _not_ready_reason(self) -> str | None:
         """None when ready, else why not (``FATAL:`` prefix = give up now)."""
         sd = self.state_dir
@@ -776,7 +794,73 @@ class Lab:
             faults = json.loads((self.state_dir / FAULTS_FILE).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return []
-        return [f for f in faults if _is_hog(int(f.get("pid", 0)))]
+        active = []
+        for f in faults:
+            module = f.get("module")
+            if module:
+                try:
+                    if _fault_module(str(module)).fault_active(self, f):
+                        active.append(f)
+                except Exception:  # an unknown state is reported as active: never hide a fault
+                    active.append(f)
+            elif _is_hog(int(f.get("pid", 0))):
+                active.append(f)
+        return active
+
+    def add_fault(self, record: dict[str, Any]) -> str:
+        """Record an active fault in ``faults.json`` *before* it is injected (the rollback ledger).
+
+        Args:
+            record: JSON-able mapping with at least ``kind`` and ``module``: the module that injected
+                it, which must define ``undo_fault(lab, record) -> str | None`` (idempotent; returns a
+                description of what it undid) and ``fault_active(lab, record) -> bool``. Put in it
+                everything the undo needs (pids, paths, previous values). ``injected_at`` is added.
+
+        Returns:
+            The fault id (also stored as ``record["id"]``).
+        """
+        if "kind" not in record or "module" not in record:
+            raise LabError("a fault record needs 'kind' and 'module'")
+        fault_id = f"{record['kind']}-{os.urandom(4).hex()}"
+        entry = {**record, "id": fault_id, "injected_at": record.get("injected_at", time.time())}
+        with self._faults() as faults:
+            faults.append(entry)
+        append_event(
+            self.state_dir / EVENTS_FILE,
+            {
+                "t": time.time(),
+                "event": "fault",
+                "kind": record["kind"],
+                "replica": record.get("replica"),
+                "phase": "injected",
+                "fault_id": fault_id,
+            },
+        )
+        return fault_id
+
+    def remove_fault(self, fault_id: str, undo: bool = True) -> str | None:
+        """Undo (unless ``undo`` is False) and forget one recorded fault. Unknown id: ``None``."""
+        with self._faults() as faults:
+            found = [f for f in faults if f.get("id") == fault_id]
+            faults[:] = [f for f in faults if f.get("id") != fault_id]
+        if not found:
+            return None
+        f = found[0]
+        note = None
+        if undo and f.get("module"):
+            note = _fault_module(str(f["module"])).undo_fault(self, f)
+        append_event(
+            self.state_dir / EVENTS_FILE,
+            {
+                "t": time.time(),
+                "event": "fault",
+                "kind": f.get("kind"),
+                "replica": f.get("replica"),
+                "phase": "cleared",
+                "fault_id": fault_id,
+            },
+        )
+        return note
 
     def _fault_event(self, replica: str, phase: str, **extra: Any) -> None:
         append_event(
@@ -903,13 +987,34 @@ class Lab:
         }
 
     def clear_faults(self) -> list[str]:
-        """Kill every leftover memory hog (faults.json and any hog found in replica cgroups)."""
+        """Undo every recorded fault (each through its module's ``undo_fault``) and kill leftover
+        memory hogs (faults.json and any hog found in replica cgroups). Returns what was undone."""
         undone: list[str] = []
         with self._faults() as faults:
             known = list(faults)
             faults.clear()
         seen: set[int] = set()
         for f in known:
+            if f.get("module"):
+                try:
+                    note = _fault_module(str(f["module"])).undo_fault(self, f)
+                except Exception as exc:  # keep undoing the others; report this one
+                    note = f"{f.get('kind')} {f.get('id')}: undo FAILED: {exc}"
+                    with self._faults() as faults:
+                        faults.append(f)
+                undone.append(note or f"{f.get('kind')} {f.get('id')}: nothing left to undo")
+                append_event(
+                    self.state_dir / EVENTS_FILE,
+                    {
+                        "t": time.time(),
+                        "event": "fault",
+                        "kind": f.get("kind"),
+                        "replica": f.get("replica"),
+                        "phase": "cleared",
+                        "fault_id": f.get("id"),
+                    },
+                )
+                continue
             pid = int(f.get("pid", 0))
             seen.add(pid)
             if _is_hog(pid):
@@ -1010,6 +1115,13 @@ class Lab:
             _write_json(self.state_dir / LAB_FILE, self.meta)
         if errors:
             raise LabError("lab teardown incomplete: " + "; ".join(errors))
+
+
+def _fault_module(name: str) -> Any:
+    """Import the module that owns a fault kind (``undo_fault`` / ``fault_active``)."""
+    if not name.startswith("chaoslib_infer."):
+        raise LabError(f"refusing to import fault module {name!r} (not part of chaoslib_infer)")
+    return importlib.import_module(name)
 
 
 def _is_hog(pid: int) -> bool:
