@@ -28,9 +28,9 @@ from chaoslib.experiment import ensure_experiment_is_valid, run_experiment
 from chaoslib.loader import load_experiment
 from chaoslib.run import RunEventHandler
 
-from chaoslib_infer import __version__
 from chaoslib_infer.controls.load import stop_load
 from chaoslib_infer.errors import ConfigError, InferChaosError
+from chaoslib_infer.evidence.bundle import junit_xml, tool_versions, write_manifest
 from chaoslib_infer.evidence.figures import drill_figures, read_jsonl
 from chaoslib_infer.evidence.journal import drill_status, failed_activities, hypothesis_results
 from chaoslib_infer.evidence.plots import timeline_plot
@@ -311,7 +311,7 @@ def run_gameday(
         "target": target,
         "started_at": _iso(started),
         "ended_at": None,
-        "tool": {"chaoslib-infer": __version__},
+        "tool": tool_versions(),
         "complete": False,
         "drills": [],
     }
@@ -376,6 +376,8 @@ def run_gameday(
                 exit_code, "ABORTED"
             )
             render_index(out_dir, summary, verdict)
+            write_atomic(out_dir / "junit.xml", junit_xml(summary))
+            write_manifest(out_dir)
     progress(f"game day {verdict}: {out_dir / 'summary.json'}, {out_dir / 'index.html'}")
     return exit_code
 

@@ -167,3 +167,38 @@ def test_discover_lists_typed_documented_activities() -> None:
     for activity in found["activities"]:
         assert activity["doc"], activity["name"]
     json.dumps(found)
+
+
+def test_junit_and_manifest(tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    from chaoslib_infer.evidence.bundle import junit_xml, verify_manifest, write_manifest
+
+    summary = {
+        "plan": "p",
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "drills": [
+            {"name": "a", "status": "passed", "figures": {}},
+            {"name": "b", "status": "deviated", "figures": {"availability": 0.9}},
+            {"name": "c", "status": "aborted", "figures": {}},
+        ],
+    }
+    root = ET.fromstring(junit_xml(summary))
+    assert (
+        root.attrib["tests"] == "3"
+        and root.attrib["failures"] == "1"
+        and root.attrib["errors"] == "1"
+    )
+    cases = {c.attrib["name"]: c for c in root.findall("testcase")}
+    assert cases["a"].find("failure") is None
+    assert cases["b"].find("failure") is not None
+    assert cases["c"].find("error") is not None
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.txt").write_text("hello")
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "sock").write_text("ignored")
+    manifest = write_manifest(tmp_path)
+    assert "d/x.txt" in manifest.read_text() and "lab/" not in manifest.read_text()
+    assert verify_manifest(tmp_path) == []
+    (tmp_path / "d" / "x.txt").write_text("tampered")
+    assert verify_manifest(tmp_path) == ["d/x.txt"]

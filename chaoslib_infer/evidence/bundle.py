@@ -1,0 +1,116 @@
+"""Bundle-level evidence: JUnit XML for CI gates, tool/engine versions, SHA-256 manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import platform
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from chaoslib_infer.evidence.render import write_atomic
+
+__all__ = ["junit_xml", "tool_versions", "write_manifest", "verify_manifest"]
+
+MANIFEST = "SHA256SUMS"
+
+
+def junit_xml(summary: dict[str, Any]) -> str:
+    """Render a game-day summary as JUnit XML: one testcase per drill.
+
+    ``passed`` drills pass; ``deviated`` and ``error`` drills are failures (message: the hypothesis
+    results and key figures); ``aborted`` drills are errors. A CI pipeline can gate on it.
+    """
+    drills = summary.get("drills") or []
+    suite = ET.Element(
+        "testsuite",
+        name=f"gameday:{summary.get('plan', '')}",
+        tests=str(len(drills)),
+        failures=str(sum(1 for d in drills if d.get("status") in ("deviated", "error"))),
+        errors=str(sum(1 for d in drills if d.get("status") == "aborted")),
+        timestamp=str(summary.get("started_at") or ""),
+    )
+    for d in drills:
+        case = ET.SubElement(
+            suite, "testcase", classname="chaoslib_infer.drill", name=str(d.get("name"))
+        )
+        figures = d.get("figures") or {}
+        detail = (
+            f"hypothesis={d.get('hypothesis')} availability={figures.get('availability')} "
+            f"p99_e2e_s={figures.get('p99_e2e_s')} evidence={d.get('evidence')}"
+        )
+        status = d.get("status")
+        if status in ("deviated", "error"):
+            ET.SubElement(
+                case, "failure", message=f"drill {status}", type=str(status)
+            ).text = detail
+        elif status == "aborted":
+            ET.SubElement(case, "error", message="drill aborted", type="aborted").text = detail
+        ET.SubElement(case, "system-out").text = detail
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def tool_versions() -> dict[str, str | None]:
+    """Versions of the tools that produced the evidence (Python packages, HAProxy, kernel)."""
+    out: dict[str, str | None] = {
+        name: _version(name)
+        for name in (
+            "chaoslib-infer",
+            "chaostoolkit",
+            "chaostoolkit-lib",
+            "aiohttp",
+            "supervisor",
+            "hdrhistogram",
+            "llama_cpp_python",
+        )
+    }
+    out["python"] = platform.python_version()
+    out["kernel"] = platform.release()
+    try:
+        proc = subprocess.run(["haproxy", "-v"], capture_output=True, text=True, timeout=5)
+        out["haproxy"] = proc.stdout.splitlines()[0] if proc.stdout else None
+    except (OSError, subprocess.SubprocessError):
+        out["haproxy"] = None
+    return out
+
+
+def write_manifest(out_dir: Path, exclude: tuple[str, ...] = ("lab",)) -> Path:
+    """Write ``SHA256SUMS`` (``sha256sum -c`` format) over every file of the bundle.
+
+    Args:
+        out_dir: the bundle folder.
+        exclude: top-level folders left out (the lab's own state, logs and sockets).
+
+    Returns:
+        The manifest path.
+    """
+    lines = []
+    for path in sorted(p for p in out_dir.rglob("*") if p.is_file()):
+        rel = path.relative_to(out_dir)
+        if rel.parts[0] in exclude or rel.name == MANIFEST or rel.name.startswith("."):
+            continue
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        lines.append(f"{digest}  {rel.as_posix()}")
+    manifest = out_dir / MANIFEST
+    write_atomic(manifest, "\n".join(lines) + "\n")
+    return manifest
+
+
+def verify_manifest(out_dir: Path) -> list[str]:
+    """Check ``SHA256SUMS``; return the files that are missing or changed (empty: verified)."""
+    bad = []
+    for line in (out_dir / MANIFEST).read_text(encoding="utf-8").splitlines():
+        digest, _, rel = line.partition("  ")
+        path = out_dir / rel
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            bad.append(rel)
+    return bad
