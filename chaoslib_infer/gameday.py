@@ -33,7 +33,7 @@ from chaoslib_infer.errors import ConfigError, InferChaosError
 from chaoslib_infer.evidence.bundle import junit_xml, tool_versions, write_manifest
 from chaoslib_infer.evidence.figures import drill_figures, read_jsonl
 from chaoslib_infer.evidence.journal import drill_status, failed_activities, hypothesis_results
-from chaoslib_infer.evidence.plots import timeline_plot
+from chaoslib_infer.evidence.plots import latency_cdf_plot, replica_share_plot, timeline_plot
 from chaoslib_infer.evidence.render import render_drill, render_index, write_atomic
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.load.records import read_records
@@ -256,9 +256,27 @@ def run_drill(
         markers.append((float(ground["replica_died_at"]), "replica died", "#9467bd"))
     if ground.get("replica_serving_again_at"):
         markers.append((float(ground["replica_serving_again_at"]), "serving again", "#2ca02c"))
-    plot = timeline_plot(
-        records, drill_dir / "timeline.png", markers, f"{spec.name}: latency and failures"
-    )
+    plots: list[tuple[Path, str]] = []
+    for png, caption in (
+        (
+            timeline_plot(
+                records, drill_dir / "timeline.png", markers, f"{spec.name}: latency and failures"
+            ),
+            "Timeline: per-second P50/P99 latency and failures, fault and recovery markers",
+        ),
+        (
+            latency_cdf_plot(records, drill_dir / "latency_cdf.png", f"{spec.name}: latency CDF"),
+            "Latency CDF (E2E and TTFT) over successful requests",
+        ),
+        (
+            replica_share_plot(
+                records, drill_dir / "replica_share.png", f"{spec.name}: requests per replica"
+            ),
+            "Per-replica share of requests over time",
+        ),
+    ):
+        if png is not None:
+            plots.append((png, caption))
     render_drill(
         drill_dir,
         entry,
@@ -266,7 +284,7 @@ def run_drill(
         str(experiment.get("title", "")),
         _slo_rows(journal),
         _activity_rows(journal),
-        plot,
+        plots,
     )
     progress(
         f"drill {spec.name}: {status.upper()} (availability {figures.get('availability')}, "

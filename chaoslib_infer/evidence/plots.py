@@ -82,3 +82,69 @@ def timeline_plot(
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return out_png
+
+
+def latency_cdf_plot(records: list[dict[str, Any]], out_png: Path, title: str) -> Path | None:
+    """Draw the empirical CDF of E2E and TTFT latency over successful requests (log x axis).
+
+    Returns:
+        ``out_png``, or ``None`` without a successful request.
+    """
+    e2e = sorted(float(r["end_at"]) - float(r["sent_at"]) for r in records if r.get("ok"))
+    ttft = sorted(
+        float(r["first_token_at"]) - float(r["sent_at"])
+        for r in records
+        if r.get("ok") and r.get("first_token_at") is not None
+    )
+    if not e2e:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for values, label, colour in ((e2e, "E2E", "#1f77b4"), (ttft, "TTFT", "#ff7f0e")):
+        if values:
+            n = len(values)
+            ax.step(
+                values, [(i + 1) / n for i in range(n)], where="post", label=label, color=colour
+            )
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (s, log scale)")
+    ax.set_ylabel("fraction of successful requests")
+    for q in (0.5, 0.99):
+        ax.axhline(q, color="#999", linewidth=0.8, linestyle=":")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    failed = sum(1 for r in records if not r.get("ok"))
+    ax.set_title(f"{title} (failed, censored: {failed} of {len(records)})")
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+def replica_share_plot(records: list[dict[str, Any]], out_png: Path, title: str) -> Path | None:
+    """Draw per-second requests served by each replica (stacked), from the records' ``replica``.
+
+    Shows the load balancer pouring traffic onto survivors. Returns ``None`` without replica data.
+    """
+    named = [r for r in records if r.get("ok") and r.get("replica")]
+    if not named:
+        return None
+    start = min(float(r["sent_at"]) for r in records)
+    replicas = sorted({str(r["replica"]) for r in named})
+    n_sec = int(max(float(r["sent_at"]) for r in named) - start) + 1
+    counts = {rep: [0] * n_sec for rep in replicas}
+    for r in named:
+        counts[str(r["replica"])][int(float(r["sent_at"]) - start)] += 1
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    xs = list(range(n_sec))
+    ax.stackplot(xs, *[counts[rep] for rep in replicas], labels=replicas, step="post")
+    ax.set_xlabel("seconds since load start")
+    ax.set_ylabel("successful requests / s")
+    ax.legend(loc="upper left", fontsize=8, ncol=len(replicas))
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png

@@ -79,9 +79,11 @@ def render_drill(
     title: str,
     slo_rows: dict[str, list[dict[str, Any]]],
     activities: list[dict[str, Any]],
-    plot: Path | None,
+    plots: list[tuple[Path, str]],
 ) -> tuple[Path, Path]:
-    """Write ``evidence.md`` and ``evidence.html`` (plot inlined as base64) into ``drill_dir``.
+    """Write ``evidence.md`` and ``evidence.html`` (plots inlined as base64) into ``drill_dir``.
+
+    ``plots`` is ``[(png_path, caption)]``, in display order (timeline first).
 
     Returns:
         ``(markdown_path, html_path)``.
@@ -98,8 +100,10 @@ def render_drill(
         "errors": figures.get("errors_by_class") or {},
         "ground_table": list(ground.items()),
         "activities": activities,
-        "plot": plot.name if plot else None,
-        "plot_b64": base64.b64encode(plot.read_bytes()).decode("ascii") if plot else None,
+        "plots": [
+            {"name": p.name, "caption": c, "b64": base64.b64encode(p.read_bytes()).decode("ascii")}
+            for p, c in plots
+        ],
         "fmt": fmt,
         "fmt_bool": _fmt_bool,
     }
