@@ -14,6 +14,12 @@ load generator (``python -m chaoslib_infer.load``) as a separate process writing
 to ``<infer_run_dir>/records.jsonl``, waits ``warmup_s`` seconds, and interrupts the experiment if no
 request succeeded (target unreachable). After the experiment (after the rollbacks) it stops the load.
 The load is bounded: it stops by itself after ``max_duration_s`` even if nobody stops it.
+
+Retries (``retry_attempts``, ``retry_backoff_s``, ``attempt_timeout_s``) are the load client's own
+policy (``chaoslib_infer.load.client``); every attempt is a record with ``final`` marking the one
+that ended its logical request. A rate ``profile`` (``[[duration_s, rate_rps], ...]``) replaces
+``rate_rps``; the warm-up runs inside its first phase, so start the profile with a baseline phase
+longer than ``warmup_s``. ``max_duration_s`` still bounds the load (the profile is cut there).
 """
 
 from __future__ import annotations
@@ -69,6 +75,10 @@ def start_load(
     timeout_s: float = 15.0,
     api: str = "chat",
     seed: int | None = None,
+    retry_attempts: int = 1,
+    retry_backoff_s: float = 0.2,
+    attempt_timeout_s: float | None = None,
+    profile: list[list[float]] | None = None,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Start the background load process and wait for its warm-up.
@@ -82,14 +92,34 @@ def start_load(
         timeout_s: client total timeout per request (seconds).
         api: ``"chat"`` or ``"completions"``.
         seed: arrival schedule seed (``None``: random).
+        retry_attempts: total attempts per logical request (1 = no retry).
+        retry_backoff_s: base retry backoff in seconds (doubled per retry, +-20% seeded jitter).
+        attempt_timeout_s: per-attempt total timeout in seconds (``None``: ``timeout_s``).
+        profile: rate phases ``[[duration_s, rate_rps], ...]`` replacing ``rate_rps``; cut at
+            ``max_duration_s``.
         configuration: Chaos Toolkit configuration (target URL, run directory).
 
     Returns:
-        ``{"pid", "records", "url", "rate_rps"}``.
+        ``{"pid", "records", "url", "rate_rps", "profile"}``.
 
     Raises:
-        InterruptExecution: no target, the load process died, or no request succeeded in warm-up.
+        InterruptExecution: bad retry/profile arguments, no target, the load process died, or no
+            request succeeded in warm-up.
     """
+    from chaoslib_infer.load.client import LoadSpec
+    from chaoslib_infer.load.schedule import check_profile
+
+    try:
+        phases = check_profile(profile) if profile is not None else None
+        LoadSpec(  # validate here: one clear line instead of a dead load process
+            url="http://127.0.0.1:1",
+            timeout_s=timeout_s,
+            retry_attempts=retry_attempts,
+            retry_backoff_s=retry_backoff_s,
+            attempt_timeout_s=attempt_timeout_s,
+        )
+    except ValueError as exc:
+        raise InterruptExecution(f"background-load: {exc}") from None
     url = _target_url(configuration)
     run_dir = settings.run_dir(configuration)
     records = settings.records_path(configuration)
@@ -116,6 +146,11 @@ def start_load(
     ]
     if seed is not None:
         cmd += ["--seed", str(seed)]
+    cmd += ["--retry-attempts", str(retry_attempts), "--retry-backoff-s", str(retry_backoff_s)]
+    if attempt_timeout_s is not None:
+        cmd += ["--attempt-timeout-s", str(attempt_timeout_s)]
+    if phases is not None:
+        cmd += ["--profile", ",".join(f"{d!r}:{r!r}" for d, r in phases)]
     log = (run_dir / "load.log").open("ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
@@ -133,7 +168,13 @@ def start_load(
         raise InterruptExecution(
             f"no request to {url} succeeded during the {warmup_s:.0f} s warm-up"
         )
-    return {"pid": proc.pid, "records": str(records), "url": url, "rate_rps": rate_rps}
+    return {
+        "pid": proc.pid,
+        "records": str(records),
+        "url": url,
+        "rate_rps": rate_rps,
+        "profile": [list(p) for p in phases] if phases is not None else None,
+    }
 
 
 def stop_load(configuration: dict[str, Any] | None = None, grace_s: float = 20.0) -> int | None:
@@ -175,6 +216,10 @@ def before_experiment_control(
         "timeout_s",
         "api",
         "seed",
+        "retry_attempts",
+        "retry_backoff_s",
+        "attempt_timeout_s",
+        "profile",
     }
     kwargs = {k: v for k, v in arguments.items() if k in allowed}
     start_load(configuration=configuration, **kwargs)

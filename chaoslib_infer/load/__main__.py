@@ -1,5 +1,12 @@
 """Command line: ``python -m chaoslib_infer.load --url URL --rate RPS --duration-s S --out FILE``.
 
+Retry policy (owned by the client, ``client.run_load``): ``--retry-attempts N`` (total attempts per
+logical request, default 1), ``--retry-backoff-s S`` (0.2), ``--attempt-timeout-s S`` (default
+``--timeout-s``), ``--retry-on a,b,c`` (error classes, default ``client.DEFAULT_RETRY_ON``).
+Rate profile: ``--profile "10:8,15:24,15:8"`` (``duration_s:rate_rps`` phases); it replaces
+``--rate`` and defines the duration; ``--duration-s``, when also given, is a hard bound that cuts
+the profile.
+
 Prints one progress line every 5 s to stderr (``sent, ok, failed, in flight``) and a JSON summary
 line to stdout at the end. SIGTERM/SIGINT: stop sending, cancel in-flight attempts (they are
 dropped, not recorded: the service did not fail them), flush the records file, exit 0.
@@ -28,8 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
     p = _Parser(prog=PROG, description="Open-loop streaming load against an OpenAI-compatible URL.")
     p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8800")
-    p.add_argument("--rate", type=float, required=True, help="mean arrival rate, requests/s")
-    p.add_argument("--duration-s", type=float, required=True, help="schedule length, seconds")
+    p.add_argument("--rate", type=float, help="mean arrival rate, requests/s")
+    p.add_argument(
+        "--duration-s", type=float, help="schedule length, seconds (with --profile: a hard bound)"
+    )
     p.add_argument("--out", required=True, help="records file (JSONL), overwritten")
     p.add_argument("--max-concurrency", type=int, default=64, help="in-flight cap (default 64)")
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default 32)")
@@ -47,13 +56,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--header", action="append", default=[], metavar="K:V", help="extra header (repeatable)"
     )
     p.add_argument("--progress-s", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument(
+        "--retry-attempts", type=int, default=1, help="total attempts per request (default 1)"
+    )
+    p.add_argument(
+        "--retry-backoff-s", type=float, default=0.2, help="base backoff, doubled per retry (0.2)"
+    )
+    p.add_argument(
+        "--attempt-timeout-s", type=float, default=None, help="per-attempt timeout (--timeout-s)"
+    )
+    p.add_argument(
+        "--retry-on", default=None, metavar="A,B,C", help="error classes to retry (see docs)"
+    )
+    p.add_argument(
+        "--profile", default=None, metavar="D:R,...", help='rate phases, e.g. "10:8,15:24,15:8"'
+    )
     return p
 
 
 def _progress(snap: dict[str, Any]) -> None:
     print(
         f"load t={snap['t']:.0f}s sent={snap['sent']} ok={snap['ok']} failed={snap['failed']} "
-        f"in_flight={snap['in_flight']}",
+        f"in_flight={snap['in_flight']} retries={snap['retries']}",
         file=sys.stderr,
         flush=True,
     )
@@ -75,11 +99,32 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None, early: list[int]) -> int:
     # imported here so that the signal handlers above are in place during the slow aiohttp import
-    from .client import LoadSpec, _new_loop, run_load
+    from .client import DEFAULT_RETRY_ON, LoadSpec, _new_loop, run_load
     from .records import RecordWriter
+    from .schedule import parse_profile, truncate_profile
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    profile = None
+    if args.profile is not None:
+        try:
+            profile = parse_profile(args.profile)
+        except ValueError as exc:
+            parser.error(f"--profile: {exc}")
+        if args.duration_s is not None:
+            try:
+                profile = truncate_profile(profile, args.duration_s)
+            except ValueError:
+                parser.error(f"--duration-s must be a finite number > 0, got {args.duration_s!r}")
+    else:
+        missing = [
+            f for f, v in (("--rate", args.rate), ("--duration-s", args.duration_s)) if v is None
+        ]
+        if missing:
+            parser.error(f"{' and '.join(missing)} required (or --profile)")
+    retry_on = DEFAULT_RETRY_ON
+    if args.retry_on is not None:
+        retry_on = tuple(c.strip() for c in args.retry_on.split(",") if c.strip())
     headers: dict[str, str] = {}
     for h in args.header:
         if ":" not in h:
@@ -91,8 +136,8 @@ def _main(argv: list[str] | None, early: list[int]) -> int:
             url=args.url,
             api=args.api,
             model=args.model,
-            rate_rps=args.rate,
-            duration_s=args.duration_s,
+            rate_rps=args.rate if args.rate is not None else 1.0,
+            duration_s=args.duration_s if args.duration_s is not None else 1.0,
             max_concurrency=args.max_concurrency,
             max_tokens=args.max_tokens,
             prompt_words=args.prompt_words,
@@ -104,6 +149,11 @@ def _main(argv: list[str] | None, early: list[int]) -> int:
             headers=headers,
             include_usage=not args.no_usage,
             arrival=args.arrival,
+            retry_attempts=args.retry_attempts,
+            retry_backoff_s=args.retry_backoff_s,
+            attempt_timeout_s=args.attempt_timeout_s,
+            retry_on=retry_on,
+            profile=profile,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -7,8 +7,18 @@ and its record shows ``intended_at`` (schedule) vs ``sent_at`` (actual), so clie
 visible instead of silently hiding latency (coordinated omission, ``shared/measurement.md``).
 
 Every attempt produces one record (``docs/contracts.md`` section 3), written as soon as it
-finishes. The transport never retries: ``send_attempt`` performs exactly one HTTP attempt, so a
-later retry policy can call it again with the same ``request_id`` and ``attempt + 1``.
+finishes. The transport never retries: ``send_attempt`` performs exactly one HTTP attempt (aiohttp's
+own reconnect-and-resend of idempotent requests is switched off too). Retries belong to the
+framework's policy in ``run_load`` (``LoadSpec.retry_attempts``, ``retry_backoff_s``,
+``attempt_timeout_s``, ``retry_on``): a failed attempt whose error class is in ``retry_on`` is sent
+again with the same ``request_id`` and ``attempt + 1`` after an exponential backoff
+(``retry_backoff_s * 2**(n-1)`` before retry *n*, times a seeded jitter factor in [0.8, 1.2]), up to
+``retry_attempts`` attempts in all. Each attempt is its own record; ``final`` is true on the attempt
+that ended the logical request (success, a class not in ``retry_on``, or the last attempt allowed).
+
+Arrival rates can follow a profile (``LoadSpec.profile``): consecutive ``(duration_s, rate_rps)``
+phases, the schedule being the concatenation of one Poisson schedule per phase
+(``schedule.profile_schedule``); the run summary lists the phases with their unix start/end times.
 
 Error classes (contracts.md section 3):
 
@@ -27,6 +37,7 @@ Error classes (contracts.md section 3):
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
 import math
@@ -43,10 +54,17 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from .records import RecordWriter, perf_to_unix
-from .schedule import constant_schedule, poisson_schedule
+from .schedule import (
+    check_profile,
+    constant_schedule,
+    poisson_schedule,
+    profile_phases,
+    profile_schedule,
+)
 from .sse import StreamParser
 
 __all__ = [
+    "DEFAULT_RETRY_ON",
     "ERROR_CLASSES",
     "TIMEOUT_CLASSES",
     "LoadCounters",
@@ -54,6 +72,7 @@ __all__ = [
     "build_body",
     "endpoint_url",
     "make_session",
+    "retry_backoff_delay",
     "run_load",
     "run_load_blocking",
     "send_attempt",
@@ -79,6 +98,20 @@ ERROR_CLASSES: tuple[str, ...] = (
 )
 #: Classes that count in ``timeout_rate``.
 TIMEOUT_CLASSES: frozenset[str] = frozenset(c for c in ERROR_CLASSES if c.startswith("timeout_"))
+#: Error classes retried by default (transport failures, timeouts, 5xx and 429; never 4xx or a
+#: malformed reply, which a retry would most likely only repeat).
+DEFAULT_RETRY_ON: tuple[str, ...] = (
+    "connect",
+    "timeout_connect",
+    "timeout_ttft",
+    "timeout_idle",
+    "timeout_total",
+    "reset",
+    "http_5xx",
+    "http_429",
+)
+#: Relative jitter of a retry backoff: the delay is multiplied by a factor in [1 - J, 1 + J].
+RETRY_JITTER = 0.2
 
 _WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
@@ -98,12 +131,16 @@ class LoadSpec:
             accepted); the path ``/v1/chat/completions`` or ``/v1/completions`` is appended.
         api: ``"chat"`` or ``"completions"``.
         model: model name sent in the body.
-        rate_rps: mean arrival rate, requests per second.
-        duration_s: length of the arrival schedule; no attempt starts after it.
-        max_concurrency: cap on in-flight attempts; arrivals wait at the cap.
+        rate_rps: mean arrival rate, requests per second (with ``profile``: set to the profile's
+            time-weighted mean rate).
+        duration_s: length of the arrival schedule; no logical request starts after it (its
+            retries may). With ``profile``: set to the profile's total duration.
+        max_concurrency: cap on in-flight logical requests; arrivals wait at the cap. A request
+            keeps its slot through its retries and backoffs.
         max_tokens: ``max_tokens`` in the body.
         prompt_words: words after the nonce in each prompt.
-        timeout_s: total time limit of one attempt (``timeout_total``).
+        timeout_s: total time limit of one attempt (``timeout_total``) unless
+            ``attempt_timeout_s`` is set.
         connect_timeout_s: TCP connect limit (``timeout_connect``).
         ttft_timeout_s: limit from send to first output chunk (``timeout_ttft``); None = no limit.
         idle_timeout_s: limit between output chunks (``timeout_idle``); None = no limit.
@@ -112,6 +149,16 @@ class LoadSpec:
         include_usage: send ``stream_options: {"include_usage": true}`` (some providers reject it).
         arrival: ``"poisson"`` or ``"constant"`` inter-arrival gaps.
         extra_body: extra JSON fields merged into every request body (per-target options).
+        retry_attempts: total attempts per logical request (1 = no retry).
+        retry_backoff_s: base backoff; retry *n* (attempt *n + 1*) waits
+            ``retry_backoff_s * 2**(n-1)`` seconds after attempt *n* ended, times a jitter factor
+            uniform in [0.8, 1.2] from an RNG seeded with ``seed`` and the request index.
+        attempt_timeout_s: total time limit of each attempt (``timeout_total``); None =
+            ``timeout_s``.
+        retry_on: error classes that trigger a retry (default ``DEFAULT_RETRY_ON``); each must be
+            in ``ERROR_CLASSES``.
+        profile: consecutive ``(duration_s, rate_rps)`` phases; when given it defines the
+            schedule (``schedule.profile_schedule``), ``duration_s`` and ``rate_rps``.
 
     Raises:
         ValueError: from ``__post_init__`` on an invalid value (one-line message).
@@ -134,6 +181,11 @@ class LoadSpec:
     include_usage: bool = True
     arrival: Literal["poisson", "constant"] = "poisson"
     extra_body: dict[str, Any] = field(default_factory=dict)
+    retry_attempts: int = 1
+    retry_backoff_s: float = 0.2
+    attempt_timeout_s: float | None = None
+    retry_on: tuple[str, ...] = DEFAULT_RETRY_ON
+    profile: list[tuple[float, float]] | None = None
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -153,9 +205,27 @@ class LoadSpec:
             if not ok or v is None or v < 0 or (v == 0 and not allow_zero):
                 raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
 
+        if self.profile is not None:
+            self.profile = check_profile(self.profile)
+            total = sum(d for d, _ in self.profile)
+            self.duration_s = total
+            self.rate_rps = sum(d * r for d, r in self.profile) / total
         pos("rate_rps", self.rate_rps)
         pos("duration_s", self.duration_s)
         pos("timeout_s", self.timeout_s)
+        pos("attempt_timeout_s", self.attempt_timeout_s, allow_none=True)
+        pos("retry_backoff_s", self.retry_backoff_s, allow_zero=True)
+        ra = self.retry_attempts
+        if not isinstance(ra, int) or isinstance(ra, bool) or ra < 1:
+            raise ValueError(f"retry_attempts must be an integer >= 1, got {ra!r}")
+        if isinstance(self.retry_on, str) or not isinstance(self.retry_on, list | tuple | set):
+            raise ValueError(f"retry_on must be a list of error classes, got {self.retry_on!r}")
+        bad = [c for c in self.retry_on if c not in ERROR_CLASSES]
+        if bad:
+            raise ValueError(
+                f"retry_on: unknown error class {bad[0]!r} (known: {', '.join(ERROR_CLASSES)})"
+            )
+        self.retry_on = tuple(dict.fromkeys(self.retry_on))
         pos("connect_timeout_s", self.connect_timeout_s)
         pos("ttft_timeout_s", self.ttft_timeout_s, allow_none=True)
         pos("idle_timeout_s", self.idle_timeout_s, allow_none=True)
@@ -166,8 +236,29 @@ class LoadSpec:
         if not isinstance(self.prompt_words, int) or self.prompt_words < 0:
             raise ValueError(f"prompt_words must be an integer >= 0, got {self.prompt_words!r}")
 
+    @property
+    def attempt_timeout(self) -> float:
+        """Effective total time limit of one attempt in seconds (``attempt_timeout_s`` or
+        ``timeout_s``)."""
+        return self.attempt_timeout_s if self.attempt_timeout_s is not None else self.timeout_s
+
+    def max_logical_s(self) -> float:
+        """Upper bound in seconds of one logical request: every attempt at its timeout plus every
+        backoff at its maximum jitter (the drain bound of ``run_load``)."""
+        backoffs = sum(
+            self.retry_backoff_s * 2 ** (n - 1) * (1 + RETRY_JITTER)
+            for n in range(1, self.retry_attempts)
+        )
+        return self.retry_attempts * (self.attempt_timeout + _AFTER_DONE_GRACE_S) + backoffs
+
+    def phases(self) -> list[dict[str, float]]:
+        """Rate phases as ``schedule.profile_phases`` rows (one phase without a profile)."""
+        return profile_phases(self.profile or [(self.duration_s, self.rate_rps)])
+
     def offsets(self) -> list[float]:
         """The arrival schedule: offsets in seconds from the start of the run."""
+        if self.profile is not None:
+            return profile_schedule(self.profile, self.seed, self.arrival)
         if self.arrival == "constant":
             return constant_schedule(self.rate_rps, self.duration_s)
         return poisson_schedule(self.rate_rps, self.duration_s, self.seed)
@@ -175,13 +266,24 @@ class LoadSpec:
 
 @dataclass
 class LoadCounters:
-    """Live counters of a run (read by progress reporting)."""
+    """Live counters of a run (read by progress reporting).
+
+    ``sent`` counts logical requests started, ``attempts`` every attempt sent (``retries`` =
+    ``attempts - sent`` once all have finished), ``ok``/``failed``/``errors_by_class`` count attempt
+    records, ``logical_ok``/``logical_failed`` count logical requests by their final attempt.
+    """
 
     scheduled: int = 0
     sent: int = 0
     ok: int = 0
     failed: int = 0
     in_flight: int = 0
+    attempts: int = 0
+    retries: int = 0
+    retried_requests: int = 0
+    succeeded_after_retry: int = 0
+    logical_ok: int = 0
+    logical_failed: int = 0
     delayed: int = 0
     unsent: int = 0
     cancelled: int = 0
@@ -233,13 +335,27 @@ def make_session(spec: LoadSpec) -> aiohttp.ClientSession:
     other timeouts are enforced by ``send_attempt``. Must be created inside a running loop."""
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=spec.connect_timeout_s)
-    return aiohttp.ClientSession(
+    session = aiohttp.ClientSession(
         connector=connector,
         timeout=timeout,
         trust_env=False,
         raise_for_status=False,
         headers={"Accept": "text/event-stream", "Content-Type": "application/json"},
     )
+    # aiohttp resends idempotent requests once on a dead keep-alive connection; POST is not among
+    # them, but retries are the framework's (``run_load``), so switch it off outright.
+    if hasattr(session, "_retry_connection"):
+        session._retry_connection = False
+    return session
+
+
+def retry_backoff_delay(spec: LoadSpec, retry: int, rng: random.Random) -> float:
+    """Seconds to wait before retry number ``retry`` (1 = the second attempt).
+
+    ``spec.retry_backoff_s * 2**(retry - 1)`` times a factor drawn uniformly from
+    ``[1 - RETRY_JITTER, 1 + RETRY_JITTER]`` (i.e. +-20%) with ``rng``.
+    """
+    return spec.retry_backoff_s * 2 ** (retry - 1) * rng.uniform(1 - RETRY_JITTER, 1 + RETRY_JITTER)
 
 
 def _exc_msg(exc: BaseException) -> str:
@@ -279,7 +395,8 @@ async def send_attempt(
         url: endpoint URL (default ``endpoint_url(spec)``).
 
     Returns:
-        The record dict of contracts.md section 3; times in unix seconds.
+        The record dict of contracts.md section 3; times in unix seconds. ``final`` is True (a lone
+        attempt ends its logical request); the retry policy of ``run_load`` sets it.
     """
     loop = asyncio.get_running_loop()
     pc = time.perf_counter
@@ -299,7 +416,8 @@ async def send_attempt(
     after_done = False
 
     sent = pc()
-    total_dl = sent + spec.timeout_s
+    attempt_timeout = spec.attempt_timeout
+    total_dl = sent + attempt_timeout
     ttft_dl = sent + spec.ttft_timeout_s if spec.ttft_timeout_s is not None else math.inf
     idle = spec.idle_timeout_s
     if ttft_dl < total_dl:
@@ -371,7 +489,7 @@ async def send_attempt(
         elif kind == "idle":
             err_class, err = "timeout_idle", f"no output for {spec.idle_timeout_s} s"
         else:
-            err_class, err = "timeout_total", f"attempt exceeded {spec.timeout_s} s"
+            err_class, err = "timeout_total", f"attempt exceeded {attempt_timeout} s"
     end = pc()
     if after_done:
         # [DONE] arrived before the transport failed or the grace timer fired: judge the reply
@@ -387,6 +505,7 @@ async def send_attempt(
     return {
         "request_id": request_id,
         "attempt": attempt,
+        "final": True,
         "intended_at": sent_unix if intended_at is None else intended_at,
         "sent_at": sent_unix,
         "status": status,
@@ -414,13 +533,20 @@ async def run_load(
     """Run one open-loop load phase and write one record per finished attempt.
 
     Sending stops at the end of the schedule (``spec.duration_s``); arrivals still waiting at the
-    concurrency cap then are not sent (counted ``unsent``). In-flight attempts get their own
-    timeouts (at most ``spec.timeout_s``); the run returns at the latest about
-    ``duration_s + timeout_s + 2`` seconds after it started.
+    concurrency cap then are not sent (counted ``unsent``). In-flight logical requests get their
+    own timeouts and retries (at most ``spec.max_logical_s()``); the run returns at the latest
+    about ``duration_s + max_logical_s() + 2`` seconds after it started.
 
-    When ``stop`` is set: no new attempt starts, in-flight attempts are cancelled and **dropped**
-    (no record: they were cut by us, not by the service; counted ``cancelled`` in the summary),
-    and the function returns. Every finished attempt is already on disk.
+    Retry policy (module docstring): a failed attempt whose ``error_class`` is in
+    ``spec.retry_on`` and that is not the ``spec.retry_attempts``-th is written with
+    ``final: false`` and sent again after ``retry_backoff_delay``; the retry's ``intended_at`` is
+    the end of its backoff. All other attempts are written with ``final: true``.
+
+    When ``stop`` is set: no new attempt starts, in-flight attempts (and backoffs) are cancelled
+    and **dropped** (no record: they were cut by us, not by the service; counted ``cancelled`` in
+    the summary), and the function returns. Every finished attempt is already on disk; a logical
+    request cut during a backoff has no ``final`` record (``metrics.logical_stats`` then takes its
+    last attempt).
 
     Args:
         spec: what to send.
@@ -431,10 +557,14 @@ async def run_load(
         progress_interval_s: seconds between progress callbacks.
 
     Returns:
-        Summary: ``run_id, url, scheduled, sent, ok, failed, unsent, cancelled, delayed,
-        client_errors (attempts that crashed inside the client: logged, not recorded),
-        max_send_lag_s, errors_by_class, started_at, ended_at (unix s), elapsed_s,
-        sent_rps, ok_rps, stopped``.
+        Summary: ``run_id, url, scheduled, sent (logical requests), attempts, retries,
+        retried_requests, succeeded_after_retry, ok, failed (attempts), logical_ok,
+        logical_failed, unsent, cancelled, delayed, client_errors (attempts that crashed inside
+        the client: logged, not recorded), max_send_lag_s, errors_by_class (attempts), started_at,
+        ended_at (unix s), elapsed_s, sent_rps, ok_rps, stopped, retry (the policy:
+        ``{"attempts", "backoff_s", "attempt_timeout_s", "retry_on"}``), phases`` where
+        ``phases`` is ``[{"index", "start_s", "end_s", "duration_s", "rate_rps", "start_at",
+        "end_at" (unix s), "scheduled", "sent"}]`` (one phase without a profile).
 
     Raises:
         OSError / ValueError: writing a record failed (the run is stopped first).
@@ -451,34 +581,68 @@ async def run_load(
     internal_stop = asyncio.Event()
     pc = time.perf_counter
 
+    retry_on = frozenset(spec.retry_on)
+
     async def one(i: int, body: bytes, intended_at: float) -> None:
+        request_id = logical_request_id(run_id, i)
+        jitter_rng: random.Random | None = None
+        due = intended_at
         try:
-            try:
-                rec = await send_attempt(
-                    session, spec, body, logical_request_id(run_id, i), 1, intended_at, url=url
-                )
-            except Exception:  # a client bug, not a service failure: no record, but counted
-                log.exception("load client: attempt %d crashed", i)
-                counters.client_errors += 1
-                return
-            try:
-                writer.write(rec)
-            except BaseException as exc:  # disk full, closed writer: stop the run
-                write_error.append(exc)
-                internal_stop.set()
-                return
-            if rec["ok"]:
-                counters.ok += 1
-            else:
-                counters.failed += 1
-                ec = rec["error_class"]
-                counters.errors_by_class[ec] = counters.errors_by_class.get(ec, 0) + 1
+            for n in range(1, spec.retry_attempts + 1):
+                counters.attempts += 1
+                if n > 1:
+                    counters.retries += 1
+                try:
+                    rec = await send_attempt(session, spec, body, request_id, n, due, url=url)
+                except Exception:  # a client bug, not a service failure: no record, but counted
+                    log.exception("load client: attempt %d of request %d crashed", n, i)
+                    counters.client_errors += 1
+                    return
+                retry = not rec["ok"] and n < spec.retry_attempts and rec["error_class"] in retry_on
+                rec["final"] = not retry
+                try:
+                    writer.write(rec)
+                except BaseException as exc:  # disk full, closed writer: stop the run
+                    write_error.append(exc)
+                    internal_stop.set()
+                    return
+                if rec["ok"]:
+                    counters.ok += 1
+                else:
+                    counters.failed += 1
+                    ec = rec["error_class"]
+                    counters.errors_by_class[ec] = counters.errors_by_class.get(ec, 0) + 1
+                if not retry:
+                    if rec["ok"]:
+                        counters.logical_ok += 1
+                        if n > 1:
+                            counters.succeeded_after_retry += 1
+                    else:
+                        counters.logical_failed += 1
+                    return
+                if n == 1:
+                    counters.retried_requests += 1
+                if jitter_rng is None:  # per request: jitter independent of completion order
+                    jitter_rng = random.Random(f"{spec.seed}:retry:{i}")
+                retry_at = pc() + retry_backoff_delay(spec, n, jitter_rng)
+                delay = retry_at - pc()
+                while delay > 0:
+                    await asyncio.sleep(delay)
+                    delay = retry_at - pc()
+                due = perf_to_unix(retry_at)
         finally:
             counters.in_flight -= 1
             sem.release()
 
     start = pc() + 0.02
     end_send = start + spec.duration_s
+
+    phases = spec.phases()
+    phase_starts = [p["start_s"] for p in phases]
+    phase_sent = [0] * len(phases)
+    phase_scheduled = [0] * len(phases)
+    for off in offsets:
+        phase_scheduled[max(0, bisect.bisect_right(phase_starts, off) - 1)] += 1
 
     async def scheduler() -> None:
         for i, off in enumerate(offsets):
@@ -506,6 +670,7 @@ async def run_load(
             body = build_body(spec, rng)
             payload = _dumps(body)
             counters.sent += 1
+            phase_sent[max(0, bisect.bisect_right(phase_starts, off) - 1)] += 1
             counters.in_flight += 1
             t = asyncio.create_task(one(i, payload, perf_to_unix(due)))
             tasks.add(t)
@@ -534,7 +699,7 @@ async def run_load(
                     drain = asyncio.create_task(asyncio.wait(set(tasks)))
                     await asyncio.wait(
                         {drain, stop_wait, istop_wait},
-                        timeout=spec.timeout_s + 2.0,
+                        timeout=spec.max_logical_s() + 2.0,
                         return_when=asyncio.FIRST_COMPLETED,
                     )
                     drain.cancel()
@@ -568,6 +733,22 @@ async def run_load(
         ok_rps=round(counters.ok / elapsed, 3),
         max_send_lag_s=round(counters.max_send_lag_s, 6),
         stopped=stopped,
+        retry={
+            "attempts": spec.retry_attempts,
+            "backoff_s": spec.retry_backoff_s,
+            "attempt_timeout_s": spec.attempt_timeout,
+            "retry_on": list(spec.retry_on),
+        },
+        phases=[
+            {
+                **p,
+                "start_at": started_at + p["start_s"],
+                "end_at": started_at + p["end_s"],
+                "scheduled": phase_scheduled[k],
+                "sent": phase_sent[k],
+            }
+            for k, p in enumerate(phases)
+        ],
     )
     return summary
 

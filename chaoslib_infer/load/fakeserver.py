@@ -18,8 +18,11 @@ Options (defaults in brackets):
   ``delay`` [0]: seconds before the response headers; ``status`` [503]; ``k`` [2];
   ``split`` [0]: when > 0, write the body in pieces of that many bytes; ``text`` [``tok``]: content
   of each chunk (``cjk`` = CJK characters); ``usage`` [1]: send a usage chunk when asked.
+* ``fail`` [unset]: when set to N, only the first N requests carrying a given ``X-Request-Id``
+  get ``mode``; later ones (retries) get a normal stream (``mode=ok``). For retry tests.
 
 Every response carries ``X-Replica-Id`` (the server's ``replica``) and echoes ``X-Request-Id``.
+``FakeServer.arrivals`` lists ``(request_id, time.perf_counter())`` of every request received.
 Run standalone: ``python -m chaoslib_infer.load.fakeserver [--port P]`` (prints the port).
 """
 
@@ -30,6 +33,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from typing import Any
 
 from aiohttp import web
@@ -106,6 +110,8 @@ class FakeServer:
         self.requests = 0
         self.request_ids: list[str] = []
         self.prompts: list[str] = []
+        self.arrivals: list[tuple[str, float]] = []
+        self._seen: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -134,8 +140,12 @@ class FakeServer:
         self.requests += 1
         rid = request.headers.get("X-Request-Id", "none")
         self.request_ids.append(rid)
+        self.arrivals.append((rid, time.perf_counter()))
+        self._seen[rid] = self._seen.get(rid, 0) + 1
         o = _opts(request.match_info.get("prefix", ""))
         mode = o.get("mode", "ok")
+        if "fail" in o and self._seen[rid] > int(o["fail"]):
+            mode = "ok"
         tokens = int(o.get("tokens", "8"))
         itl = float(o.get("itl", "0"))
         k = int(o.get("k", "2"))

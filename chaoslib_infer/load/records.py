@@ -34,6 +34,7 @@ T0_PERF: float = time.perf_counter()
 RECORD_FIELDS: tuple[str, ...] = (
     "request_id",
     "attempt",
+    "final",
     "intended_at",
     "sent_at",
     "status",

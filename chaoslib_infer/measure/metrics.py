@@ -26,9 +26,12 @@ from hdrh.histogram import HdrHistogram
 
 __all__ = [
     "TIMEOUT_CLASSES",
+    "logical_outcomes",
+    "logical_stats",
     "percentiles_s",
     "per_replica_share",
     "per_second_series",
+    "retry_stats",
     "select",
     "window_stats",
 ]
@@ -263,3 +266,95 @@ def per_replica_share(
             counts[str(rep)] = counts.get(str(rep), 0) + 1
     total = sum(counts.values())
     return {k: v / total for k, v in sorted(counts.items())} if total else {}
+
+
+def _attempt_no(r: Record) -> int:
+    a = r.get("attempt")
+    return a if isinstance(a, int) and not isinstance(a, bool) else 1
+
+
+def _by_request(records: Iterable[Record]) -> list[list[Record]]:
+    groups: dict[str, list[Record]] = {}
+    for k, r in enumerate(records):
+        rid = r.get("request_id")
+        groups.setdefault(str(rid) if rid is not None else f"<no request_id #{k}>", []).append(r)
+    return [sorted(g, key=_attempt_no) for g in groups.values()]
+
+
+def _outcome(attempts: Sequence[Record]) -> Record:
+    finals = [r for r in attempts if r.get("final") is True]
+    return finals[-1] if finals else attempts[-1]
+
+
+def logical_outcomes(records: Iterable[Record]) -> list[dict[str, Any]]:
+    """One record per logical request (``request_id``), as the caller of a retrying client sees it.
+
+    The outcome is the request's final attempt (``final: true``, contracts.md section 3); when no
+    attempt is marked final (a run stopped during a backoff, or records without ``final``) it is
+    the highest ``attempt``. The returned record is a copy of that attempt with ``sent_at`` and
+    ``intended_at`` taken from the first attempt, so E2E and TTFT run from the first send (retries
+    and backoffs included), plus ``attempts`` (count of attempt records). Records without
+    ``request_id`` each count as their own logical request.
+
+    Returns:
+        Logical records, ordered by first ``sent_at``.
+    """
+    out: list[dict[str, Any]] = []
+    for attempts in _by_request(records):
+        first = attempts[0]
+        rec = dict(_outcome(attempts))
+        rec["sent_at"] = first.get("sent_at")
+        rec["intended_at"] = first.get("intended_at", first.get("sent_at"))
+        rec["attempts"] = len(attempts)
+        out.append(rec)
+    out.sort(key=lambda r: r["sent_at"] if isinstance(r.get("sent_at"), int | float) else 0.0)
+    return out
+
+
+def logical_stats(
+    records: Iterable[Record], start: float | None = None, end: float | None = None
+) -> dict[str, Any]:
+    """``window_stats`` per logical request instead of per attempt.
+
+    Each ``request_id`` counts once with the outcome of its final attempt (``logical_outcomes``);
+    it is in the window when its **first** attempt's ``sent_at`` is in ``[start, end)``, and its
+    E2E/TTFT are measured from that first send. A request that failed once and succeeded on retry
+    is available here and a failure in ``window_stats``.
+
+    Args:
+        records: attempt records (contracts.md section 3).
+        start: window start, unix seconds, inclusive (None = unbounded).
+        end: window end, unix seconds, exclusive (None = unbounded).
+
+    Returns:
+        The ``window_stats`` keys (``requests`` = logical requests) plus ``attempts`` (attempt
+        records of those requests) and ``retries`` (``attempts - requests``).
+    """
+    logical = select(logical_outcomes(records), start, end)
+    stats = window_stats(logical, start, end)
+    attempts = sum(int(r["attempts"]) for r in logical)
+    stats["attempts"] = attempts
+    stats["retries"] = attempts - len(logical)
+    return stats
+
+
+def retry_stats(records: Iterable[Record]) -> dict[str, int]:
+    """Retry counts of a run.
+
+    Returns:
+        ``logical_requests`` (distinct ``request_id``), ``attempts`` (records), ``retries``
+        (``attempts - logical_requests``), ``retried_requests`` (requests with more than one
+        attempt), ``succeeded_after_retry`` (requests whose outcome, as in ``logical_outcomes``,
+        is ok on an attempt > 1).
+    """
+    groups = _by_request(records)
+    attempts = sum(len(g) for g in groups)
+    return {
+        "logical_requests": len(groups),
+        "attempts": attempts,
+        "retries": attempts - len(groups),
+        "retried_requests": sum(1 for g in groups if len(g) > 1),
+        "succeeded_after_retry": sum(
+            1 for g in groups if _outcome(g).get("ok") and _attempt_no(_outcome(g)) > 1
+        ),
+    }
