@@ -12,9 +12,25 @@ __version__ = "0.1.0"
 __all__ = ["ACTION_MODULES", "PROBE_MODULES", "__version__", "discover"]
 
 #: Modules whose ``__all__`` lists Chaos Toolkit actions.
-ACTION_MODULES = ("chaoslib_infer.activities.lab",)
+ACTION_MODULES = (
+    "chaoslib_infer.activities.lab",
+    "chaoslib_infer.activities.network",
+    "chaoslib_infer.activities.engine_faults",
+    "chaoslib_infer.activities.capacity",
+    "chaoslib_infer.activities.upstream",
+    "chaoslib_infer.activities.restarts",
+    "chaoslib_infer.activities.node_loss",
+)
 #: Modules whose ``__all__`` lists Chaos Toolkit probes.
-PROBE_MODULES = ("chaoslib_infer.activities.slo", "chaoslib_infer.activities.lab_probes")
+PROBE_MODULES = (
+    "chaoslib_infer.activities.slo",
+    "chaoslib_infer.activities.lab_probes",
+    "chaoslib_infer.activities.network_probes",
+    "chaoslib_infer.activities.health",
+    "chaoslib_infer.activities.node_loss_probes",
+    "chaoslib_infer.activities.prometheus",
+    "chaoslib_infer.activities.gpu",
+)
 
 
 def discover(discover_system: bool = True) -> dict[str, Any]:

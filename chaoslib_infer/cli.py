@@ -7,7 +7,6 @@ unreachable target (one clear line on stderr, no traceback), 130 interrupted.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,26 +103,54 @@ def _run_plan(
     engine: str | None,
     slo: tuple[str, ...],
     dry_run: bool,
+    allow: tuple[str, ...] = (),
+    api_key_file: Path | None = None,
 ) -> None:
-    from chaoslib_infer.gameday import run_gameday
+    """Check everything that can be checked without touching anything, then run (or dry-run).
+
+    Refused with one line and exit 2, before anything starts: a target outside the allowlist, a
+    malformed --allow/--slo/stop condition, an experiment that does not load (named), an
+    unreadable API key file.
+    """
+    import os
+
+    from chaoslib_infer.gameday import run_gameday, validate_plan
+    from chaoslib_infer.safety import redact
+    from chaoslib_infer.safety.allowlist import allow_patterns, check_target
 
     try:
         overrides = _parse_slo(slo)
+        allow_patterns(allow, the_plan.path)
+        if target_url:
+            check_target(target_url, allow, the_plan.path)
+        if api_key_file is not None:
+            try:
+                key = redact.read_key_file(api_key_file)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            # the load generator inherits it; never on a command line
+            os.environ[redact.API_KEY_ENV] = key
+        validate_plan(the_plan)  # after the key: experiments may reference $CHAOS_INFER_API_KEY
     except InferChaosError as exc:
         _fail(str(exc))
         return
     if dry_run:
         _print_dry_run(the_plan, target_url, replicas, engine)
         return
-    code = run_gameday(
-        the_plan,
-        out_dir,
-        base_url=target_url,
-        replicas=replicas,
-        engine=engine,
-        slo_overrides=overrides,
-        progress=lambda m: click.echo(m),
-    )
+    try:
+        code = run_gameday(
+            the_plan,
+            out_dir,
+            base_url=target_url,
+            replicas=replicas,
+            engine=engine,
+            slo_overrides=overrides,
+            progress=lambda m: click.echo(m),
+            allow=allow,
+        )
+    except InferChaosError as exc:
+        _fail(str(exc))
+        return
     sys.exit(code)
 
 
@@ -160,6 +187,22 @@ _TARGET_OPTIONS = [
         is_flag=True,
         help="Print the plan (drills, faults, rollbacks) and touch nothing.",
     ),
+    click.option(
+        "--allow",
+        multiple=True,
+        metavar="PATTERN",
+        help="Allow --target URLs matching SCHEME://HOST[:PORT] (host may be a glob or a CIDR, "
+        "port '*'); repeatable. Default allowlist: loopback only. Also $CHAOS_INFER_ALLOW and "
+        "the plan's allow: list.",
+    ),
+    click.option(
+        "--api-key-file",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        help="File holding the target's API key (sent as Authorization: Bearer). Default: "
+        "$CHAOS_INFER_API_KEY. The key is passed through the environment, never on a command "
+        "line, and scrubbed from every file the run writes.",
+    ),
 ]
 
 
@@ -188,6 +231,8 @@ def gameday(
     engine: str | None,
     slo: tuple[str, ...],
     dry_run: bool,
+    allow: tuple[str, ...],
+    api_key_file: Path | None,
 ) -> None:
     """Run a game day: every drill of PLAN (default drills/gameday.yaml), with evidence.
 
@@ -202,7 +247,7 @@ def gameday(
     except InferChaosError as exc:
         _fail(str(exc))
         return
-    _run_plan(the_plan, out_dir, target_url, replicas, engine, slo, dry_run)
+    _run_plan(the_plan, out_dir, target_url, replicas, engine, slo, dry_run, allow, api_key_file)
 
 
 @main.group()
@@ -241,6 +286,8 @@ def drill_run(
     engine: str | None,
     slo: tuple[str, ...],
     dry_run: bool,
+    allow: tuple[str, ...],
+    api_key_file: Path | None,
 ) -> None:
     """Run the drill NAME (see `chaos-infer drill list`) alone, with evidence, like a game day."""
     from chaoslib_infer.gameday import default_plan_path
@@ -261,7 +308,15 @@ def drill_run(
     )
     the_plan = Plan(name=f"drill-{name}", path=experiment, lab=base.lab, drills=[spec])
     _run_plan(
-        the_plan, out_dir or Path("drill-out") / name, target_url, replicas, engine, slo, dry_run
+        the_plan,
+        out_dir or Path("drill-out") / name,
+        target_url,
+        replicas,
+        engine,
+        slo,
+        dry_run,
+        allow,
+        api_key_file,
     )
 
 
@@ -292,15 +347,45 @@ def lab() -> None:
     help="HAProxy frontend port on 127.0.0.1 (0: any free port).",
 )
 @click.option(
+    "--nodes",
+    type=click.IntRange(0, 16),
+    default=0,
+    show_default=True,
+    help="Spread the replicas over N nodes, each its own network namespace (0: all on loopback).",
+)
+@click.option(
+    "--spare-node/--no-spare-node",
+    default=True,
+    show_default=True,
+    help="With --nodes: add one empty spare node that lost replicas are rescheduled onto.",
+)
+@click.option(
     "--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True
 )
-def lab_up(replicas: int, engine: str, memory_limit_mb: int, port: int, state_dir: Path) -> None:
+def lab_up(
+    replicas: int,
+    engine: str,
+    memory_limit_mb: int,
+    port: int,
+    nodes: int,
+    spare_node: bool,
+    state_dir: Path,
+) -> None:
     """Start the lab and wait until every replica is ready."""
     from chaoslib_infer.lab.fleet import Lab, LabError
 
+    node_opts: dict[str, Any] = {"nodes": nodes, "spare_node": spare_node} if nodes else {}
+    from chaoslib_infer.safety.ledger import refuse_if_pending
+
     try:
+        refuse_if_pending(state_dir)  # faults left by a killed run: `chaos-infer rollback` first
         the_lab = Lab.up(
-            state_dir, replicas=replicas, engine=engine, port=port, memory_limit_mb=memory_limit_mb
+            state_dir,
+            replicas=replicas,
+            engine=engine,
+            port=port,
+            memory_limit_mb=memory_limit_mb,
+            **node_opts,
         )
     except (LabError, InferChaosError) as exc:
         _fail(str(exc))
@@ -361,6 +446,60 @@ def lab_down(state_dir: Path) -> None:
 
 @main.command()
 @click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_LAB_DIR,
+    show_default=True,
+    help="Lab state directory (a game day's is OUT/lab).",
+)
+def rollback(state_dir: Path) -> None:
+    """Undo every fault still recorded in the lab's ledger (faults.json), e.g. after a runner
+    was killed; print what was undone.
+
+    Exit 0 when everything pending was undone (or nothing was pending), 1 when an undo failed
+    (the record stays in the ledger), 2 when the ledger is unreadable.
+    """
+    from chaoslib_infer.lab.fleet import LabError
+    from chaoslib_infer.safety.ledger import describe
+    from chaoslib_infer.safety.ledger import rollback as do_rollback
+
+    try:
+        result = do_rollback(state_dir)
+    except LabError as exc:
+        _fail(str(exc))
+        return
+    if not result.lab_found:
+        click.echo(f"rollback: no lab in {state_dir}: nothing to roll back")
+        return
+    for record in result.pending:
+        click.echo(f"pending: {describe(record)}")
+    for line in result.undone:
+        click.echo(f"undone: {line}")
+    if not result.pending and not result.undone:
+        click.echo(f"rollback: nothing pending in {result.state_dir}")
+        return
+    if result.failed:
+        _fail(f"{len(result.failed)} fault(s) could not be undone: {result.failed[0]}", 1)
+    click.echo(f"rollback: {len(result.undone)} fault(s) undone in {result.state_dir}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def report(run_dir: Path) -> None:
+    """Re-render the evidence (per-drill evidence, index.html, junit.xml) of an existing
+    game-day folder RUN_DIR, including one whose runner was killed mid-drill."""
+    from chaoslib_infer.gameday import report_run
+
+    try:
+        code = report_run(run_dir, progress=lambda m: click.echo(m))
+    except InferChaosError as exc:
+        _fail(str(exc))
+        return
+    sys.exit(code)
+
+
+@main.command()
+@click.option(
     "--peak-qps", type=float, required=True, help="Peak requests/s of the busiest 10 minutes."
 )
 @click.option("--latency-s", type=float, required=True, help="Expected latency per request (s).")
@@ -379,18 +518,102 @@ def capacity(peak_qps: float, latency_s: float, concurrency: float, redundancy: 
 
     The seed's example: 200 QPS x 1 s / 20 / 0.7 = 14.28, so 15 instances.
     """
-    if min(peak_qps, latency_s, concurrency) <= 0 or not 0 < redundancy <= 1:
-        _fail("--peak-qps, --latency-s and --concurrency must be > 0 and --redundancy in (0, 1]")
-    raw = peak_qps * latency_s / concurrency / redundancy
-    n = math.ceil(raw - 1e-9)
-    click.echo(
-        f"{peak_qps:g} QPS x {latency_s:g} s / {concurrency:g} / {redundancy:g} = {raw:.2f} -> {n} instances"
-    )
-    click.echo(
-        f"autoscaler minimum ~60%: {math.ceil(n * 0.6)}; acceptance load 1.5x peak: {peak_qps * 1.5:g} QPS"
-    )
-    click.echo(str(n))
+    from chaoslib_infer.capacity import plan
 
+    try:
+        cap = plan(peak_qps, latency_s, concurrency, redundancy)
+    except ValueError as exc:
+        _fail(f"capacity: {exc}")
+        return
+    click.echo(cap.describe())
+    click.echo(
+        f"autoscaler minimum ~60%: {cap.autoscaler_min}; acceptance load 1.5x peak: {cap.acceptance_qps:g} QPS"
+    )
+    click.echo(str(cap.instances))
+
+
+@main.command()
+@click.option(
+    "--target-p99",
+    "target_p99_s",
+    type=float,
+    default=10.0,
+    show_default=True,
+    metavar="S",
+    help="P99 latency target (s); the alert fires at 1.5x it for 5 min.",
+)
+@click.option(
+    "--target-mean",
+    "target_mean_s",
+    type=float,
+    default=2.0,
+    show_default=True,
+    metavar="S",
+    help="Mean response time target (s); the alert fires above it for 10 min.",
+)
+@click.option(
+    "--servable-concurrency",
+    type=float,
+    default=20.0,
+    show_default=True,
+    help="Requests one instance serves at once (vLLM --max-num-seqs): queue-depth threshold.",
+)
+@click.option(
+    "--selector",
+    default="",
+    metavar="MATCHERS",
+    help='Extra label matchers for the inference metrics, e.g. \'namespace="llm",job="vllm"\'.',
+)
+@click.option(
+    "--rate-window",
+    default="2m",
+    show_default=True,
+    help="Window of every rate(); at least two scrape intervals.",
+)
+@click.option("--namespace", default=None, help="Namespace of the PrometheusRule object.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("alerts"),
+    show_default=True,
+    help="Folder for alert-rules.yaml (plain) and prometheusrule.yaml (Prometheus Operator).",
+)
+def alerts(
+    target_p99_s: float,
+    target_mean_s: float,
+    servable_concurrency: float,
+    selector: str,
+    rate_window: str,
+    namespace: str | None,
+    out_dir: Path,
+) -> None:
+    """Write the alert table of shared/domain.md as Prometheus rules (vLLM, DCGM,
+    node_exporter and kube-state-metrics names); check them with `promtool check rules`."""
+    from chaoslib_infer.prometheus import AlertConfig, alert_specs, write_alerts
+
+    cfg = AlertConfig(
+        target_p99_s=target_p99_s,
+        target_mean_s=target_mean_s,
+        servable_concurrency=servable_concurrency,
+        selector=selector,
+        rate_window=rate_window,
+        namespace=namespace,
+    )
+    try:
+        specs = alert_specs(cfg)
+        plain, operator_rule = write_alerts(out_dir, cfg)
+    except (ValueError, OSError) as exc:
+        _fail(f"alerts: {exc}")
+        return
+    for s in specs:
+        click.echo(f"{s.alert:28} {s.layer:10} {s.signal} {s.op} {s.threshold:g} for {s.for_}")
+    click.echo(f"wrote {plain} and {operator_rule}")
+
+
+from chaoslib_infer.load.commands import load_group  # noqa: E402 - `chaos-infer load ...`
+
+main.add_command(load_group)
 
 if __name__ == "__main__":
     main()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import json
 import logging
 import os
@@ -23,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import chaoslib.run
+import yaml
 from chaoslib.exceptions import ChaosException
 from chaoslib.experiment import ensure_experiment_is_valid, run_experiment
 from chaoslib.loader import load_experiment
 from chaoslib.run import RunEventHandler
 
+from chaoslib_infer.controls.guard import STOP_CONDITION_FILE, read_stop_condition
 from chaoslib_infer.controls.load import stop_load
 from chaoslib_infer.errors import ConfigError, InferChaosError
 from chaoslib_infer.evidence.bundle import junit_xml, tool_versions, write_manifest
@@ -38,8 +41,21 @@ from chaoslib_infer.evidence.render import render_drill, render_index, write_ato
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.plan import DrillSpec, Plan
+from chaoslib_infer.safety import ledger, redact
+from chaoslib_infer.safety.allowlist import check_target
+from chaoslib_infer.safety.guard import plan_stop_conditions
 
-__all__ = ["EXIT_DEVIATED", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "run_drill", "run_gameday"]
+__all__ = [
+    "EXIT_DEVIATED",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "drill_evidence",
+    "report_run",
+    "run_drill",
+    "run_gameday",
+    "validate_plan",
+]
 
 EXIT_OK = 0
 EXIT_DEVIATED = 1
@@ -54,15 +70,42 @@ def _iso(t: float | None = None) -> str:
 
 
 class _ProgressHandler(RunEventHandler):  # type: ignore[misc]
-    """Print the phases of a Chaos Toolkit run as they happen."""
+    """Print the phases of a Chaos Toolkit run as they happen; save the journal as it grows.
 
-    def __init__(self, drill: str, progress: Progress) -> None:
+    With ``journal_path``, the journal so far (status ``running`` until the run ends, secrets
+    scrubbed) is written atomically when the run starts and after each steady-state hypothesis,
+    so a runner killed mid-drill leaves the phases it completed on disk.
+    """
+
+    def __init__(
+        self,
+        drill: str,
+        progress: Progress,
+        journal_path: Path | None = None,
+        secrets: list[str] | None = None,
+    ) -> None:
         self.drill = drill
         self.progress = progress
         self.t0 = time.monotonic()
+        self.journal_path = journal_path
+        self.secrets = list(secrets or [])
 
     def _say(self, msg: str) -> None:
         self.progress(f"  [{self.drill} +{time.monotonic() - self.t0:5.1f}s] {msg}")
+
+    def _save(self, journal: Any) -> None:
+        if self.journal_path is None or not isinstance(journal, dict):
+            return
+        with contextlib.suppress(Exception):  # progress must never break the run
+            partial = {**journal, "status": journal.get("status") or "running"}
+            text = json.dumps(partial, indent=2, default=str)
+            write_atomic(self.journal_path, redact.redact_text(text, self.secrets))
+
+    def started(self, experiment: Any, journal: Any) -> None:
+        self._save(journal)
+
+    def interrupted(self, experiment: Any, journal: Any) -> None:
+        self._save(journal)
 
     def start_hypothesis_before(self, experiment: dict[str, Any]) -> None:
         self._say("steady-state hypothesis (before the fault)...")
@@ -70,6 +113,7 @@ class _ProgressHandler(RunEventHandler):  # type: ignore[misc]
     def hypothesis_before_completed(self, experiment: Any, state: Any, journal: Any) -> None:
         met = bool(state and state.get("steady_state_met"))
         self._say(f"hypothesis before: {'held' if met else 'DID NOT HOLD'}")
+        self._save(journal)
 
     def start_method(self, experiment: dict[str, Any]) -> None:
         self._say("method: injecting the fault...")
@@ -83,6 +127,7 @@ class _ProgressHandler(RunEventHandler):  # type: ignore[misc]
     def hypothesis_after_completed(self, experiment: Any, state: Any, journal: Any) -> None:
         met = bool(state and state.get("steady_state_met"))
         self._say(f"hypothesis after: {'held' if met else 'DID NOT HOLD'}")
+        self._save(journal)
 
     def start_rollbacks(self, experiment: dict[str, Any]) -> None:
         self._say("rollbacks...")
@@ -164,6 +209,126 @@ def _activity_rows(journal: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _add_guard(experiment: dict[str, Any], conditions: dict[str, Any]) -> None:
+    """Append the stop-conditions control (:mod:`chaoslib_infer.controls.guard`) to an experiment
+    that does not declare one already (after its other controls: the load warm-up comes first)."""
+    controls = experiment.setdefault("controls", [])
+    if any(
+        (c.get("provider") or {}).get("module") == "chaoslib_infer.controls.guard"
+        for c in controls
+        if isinstance(c, dict)
+    ):
+        return
+    controls.append(
+        {
+            "name": "stop-conditions",
+            "provider": {
+                "type": "python",
+                "module": "chaoslib_infer.controls.guard",
+                "arguments": dict(conditions),
+            },
+        }
+    )
+
+
+def drill_evidence(
+    name: str,
+    experiment_path: str,
+    title: str,
+    drill_dir: Path,
+    journal: dict[str, Any],
+    lab: Lab | None,
+    target: dict[str, Any],
+    started: float | str,
+    ended: float | str,
+    status: str | None = None,
+) -> dict[str, Any]:
+    """Compute one drill's figures from its folder and the lab's ground truth; write its evidence.
+
+    Used right after a drill (:func:`run_drill`) and to re-render an existing run folder
+    (:func:`report_run`, ``chaos-infer report``).
+
+    Args:
+        name: drill name (its folder name).
+        experiment_path: the experiment file (for the summary).
+        title: the experiment's title.
+        drill_dir: the drill folder (``records.jsonl``, ``faults.jsonl``, ``stop_condition.json``).
+        journal: the Chaos Toolkit journal (possibly partial, for a killed run).
+        lab: the lab whose files hold the ground truth (it may be down), or ``None``.
+        target: the ``summary.json`` target block.
+        started: unix seconds or ISO 8601 text.
+        ended: unix seconds or ISO 8601 text.
+        status: verdict to use instead of the journal's (e.g. ``"incomplete"``).
+
+    Returns:
+        The drill's ``summary.json`` entry (``stop_condition`` set when a guard aborted it).
+    """
+    stop = journal.get("stop_condition") or read_stop_condition(drill_dir)
+    status = status or ("aborted" if stop else drill_status(journal))
+    hyp = hypothesis_results(journal)
+    events = lab.events() if lab is not None else []
+    ledger_entries = read_jsonl(lab.state_dir / "ledger.jsonl") if lab is not None else []
+    figures, ground = drill_figures(
+        drill_dir, events, ledger_entries, served_after=(lab.served if lab is not None else None)
+    )
+    entry: dict[str, Any] = {
+        "name": name,
+        "experiment": experiment_path,
+        "status": status,
+        "hypothesis": hyp,
+        "started_at": started if isinstance(started, str) else _iso(started),
+        "ended_at": ended if isinstance(ended, str) else _iso(ended),
+        "figures": figures,
+        "ground_truth": ground,
+        "evidence": f"{name}/evidence.md",
+    }
+    if stop:
+        entry["stop_condition"] = stop
+    records = (
+        read_records(drill_dir / "records.jsonl") if (drill_dir / "records.jsonl").exists() else []
+    )
+    markers: list[tuple[float, str, str]] = []
+    if ground.get("fault_at"):
+        markers.append((float(ground["fault_at"]), "fault injected", "#d62728"))
+    if ground.get("replica_died_at"):
+        markers.append((float(ground["replica_died_at"]), "replica died", "#9467bd"))
+    if ground.get("replica_serving_again_at"):
+        markers.append((float(ground["replica_serving_again_at"]), "serving again", "#2ca02c"))
+    if stop and stop.get("at"):
+        markers.append((float(stop["at"]), f"stop condition: {stop.get('guard')}", "#ff7f0e"))
+    plots: list[tuple[Path, str]] = []
+    for png, caption in (
+        (
+            timeline_plot(
+                records, drill_dir / "timeline.png", markers, f"{name}: latency and failures"
+            ),
+            "Timeline: per-second P50/P99 latency and failures, fault and recovery markers",
+        ),
+        (
+            latency_cdf_plot(records, drill_dir / "latency_cdf.png", f"{name}: latency CDF"),
+            "Latency CDF (E2E and TTFT) over successful requests",
+        ),
+        (
+            replica_share_plot(
+                records, drill_dir / "replica_share.png", f"{name}: requests per replica"
+            ),
+            "Per-replica share of requests over time",
+        ),
+    ):
+        if png is not None:
+            plots.append((png, caption))
+    render_drill(
+        drill_dir,
+        entry,
+        target,
+        title,
+        _slo_rows(journal),
+        _activity_rows(journal),
+        plots,
+    )
+    return entry
+
+
 def run_drill(
     spec: DrillSpec,
     drill_dir: Path,
@@ -172,6 +337,9 @@ def run_drill(
     target: dict[str, Any],
     slo_overrides: dict[str, float],
     progress: Progress,
+    *,
+    stop_conditions: dict[str, Any] | None = None,
+    secrets: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run one drill's experiment in-process and write its evidence.
 
@@ -183,6 +351,10 @@ def run_drill(
         target: the ``summary.json`` target block.
         slo_overrides: ``{metric: threshold}`` (e.g. ``{"p99_e2e_s": 0.5}``).
         progress: where progress lines go.
+        stop_conditions: arguments of the stop-conditions control to add (the plan's
+            ``stop_conditions:``), or ``None``.
+        secrets: values scrubbed from everything the drill writes (see
+            :mod:`chaoslib_infer.safety.redact`); the experiment's own secrets are added.
 
     Returns:
         The drill's ``summary.json`` entry.
@@ -191,8 +363,11 @@ def run_drill(
         ConfigError: the experiment file is malformed.
     """
     experiment = _load_experiment(spec.experiment)
+    if stop_conditions:
+        _add_guard(experiment, stop_conditions)
+    secrets = redact.known_secrets([*(secrets or []), *redact.secrets_from_experiment(experiment)])
     drill_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("records.jsonl", "faults.jsonl"):
+    for stale in ("records.jsonl", "faults.jsonl", "journal.json", STOP_CONDITION_FILE):
         (drill_dir / stale).unlink(missing_ok=True)
     config_vars: dict[str, Any] = {
         "infer_run_dir": str(drill_dir),
@@ -206,6 +381,7 @@ def run_drill(
     ctk_logger = logging.getLogger("chaostoolkit")
     log_handler = logging.FileHandler(drill_dir / "chaostoolkit.log", encoding="utf-8")
     log_handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s] %(message)s"))
+    log_handler.addFilter(redact.RedactingFilter(secrets))
     ctk_logger.addHandler(log_handler)
     ctk_logger.setLevel(logging.DEBUG)
     ctk_logger.propagate = False
@@ -219,7 +395,9 @@ def run_drill(
                     experiment,
                     settings=settings,
                     experiment_vars=(config_vars, {}),
-                    event_handlers=[_ProgressHandler(spec.name, progress)],
+                    event_handlers=[
+                        _ProgressHandler(spec.name, progress, drill_dir / "journal.json", secrets)
+                    ],
                 )
             )
     finally:
@@ -227,70 +405,90 @@ def run_drill(
         ctk_logger.removeHandler(log_handler)
         log_handler.close()
     ended = time.time()
-    write_atomic(drill_dir / "journal.json", json.dumps(journal, indent=2, default=str))
-    status = drill_status(journal)
-    hyp = hypothesis_results(journal)
-    events = lab.events() if lab is not None else []
-    ledger = read_jsonl(lab.state_dir / "ledger.jsonl") if lab is not None else []
-    figures, ground = drill_figures(
-        drill_dir, events, ledger, served_after=(lab.served if lab is not None else None)
+    write_atomic(
+        drill_dir / "journal.json",
+        redact.redact_text(json.dumps(journal, indent=2, default=str), secrets),
     )
-    entry: dict[str, Any] = {
-        "name": spec.name,
-        "experiment": str(spec.experiment),
-        "status": status,
-        "hypothesis": hyp,
-        "started_at": _iso(started),
-        "ended_at": _iso(ended),
-        "figures": figures,
-        "ground_truth": ground,
-        "evidence": f"{spec.name}/evidence.md",
-    }
-    records = (
-        read_records(drill_dir / "records.jsonl") if (drill_dir / "records.jsonl").exists() else []
-    )
-    markers: list[tuple[float, str, str]] = []
-    if ground.get("fault_at"):
-        markers.append((float(ground["fault_at"]), "fault injected", "#d62728"))
-    if ground.get("replica_died_at"):
-        markers.append((float(ground["replica_died_at"]), "replica died", "#9467bd"))
-    if ground.get("replica_serving_again_at"):
-        markers.append((float(ground["replica_serving_again_at"]), "serving again", "#2ca02c"))
-    plots: list[tuple[Path, str]] = []
-    for png, caption in (
-        (
-            timeline_plot(
-                records, drill_dir / "timeline.png", markers, f"{spec.name}: latency and failures"
-            ),
-            "Timeline: per-second P50/P99 latency and failures, fault and recovery markers",
-        ),
-        (
-            latency_cdf_plot(records, drill_dir / "latency_cdf.png", f"{spec.name}: latency CDF"),
-            "Latency CDF (E2E and TTFT) over successful requests",
-        ),
-        (
-            replica_share_plot(
-                records, drill_dir / "replica_share.png", f"{spec.name}: requests per replica"
-            ),
-            "Per-replica share of requests over time",
-        ),
-    ):
-        if png is not None:
-            plots.append((png, caption))
-    render_drill(
-        drill_dir,
-        entry,
-        target,
+    entry = drill_evidence(
+        spec.name,
+        str(spec.experiment),
         str(experiment.get("title", "")),
-        _slo_rows(journal),
-        _activity_rows(journal),
-        plots,
+        drill_dir,
+        journal,
+        lab,
+        target,
+        started,
+        ended,
     )
+    redact.scrub_tree(drill_dir, secrets)
+    figures = entry["figures"]
+    stop = entry.get("stop_condition")
+    if stop:
+        progress(
+            f"drill {spec.name}: stopped by stop condition {stop.get('guard')}: {stop.get('reason')}"
+        )
     progress(
-        f"drill {spec.name}: {status.upper()} (availability {figures.get('availability')}, "
+        f"drill {spec.name}: {entry['status'].upper()} (availability {figures.get('availability')}, "
         f"interruption {figures.get('interruption_s')} s, restart {figures.get('restart_s')} s)"
     )
     return entry
+
+
+def _redacting(progress: Progress, secrets: list[str]) -> Progress:
+    """``progress`` with the secrets scrubbed from every line."""
+
+    def _say(msg: str) -> None:
+        progress(redact.redact_text(msg, secrets))
+
+    return _say
+
+
+def _acquire_run_lock(out_dir: Path) -> Any:
+    """Hold ``out_dir/.gameday.lock`` for the run (one game day per output folder).
+
+    Raises:
+        ConfigError: another game day holds it.
+    """
+    fh = open(out_dir / ".gameday.lock", "a+")  # noqa: SIM115 - held until the run ends
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise ConfigError(f"another game day is running with --out {out_dir}") from None
+    return fh
+
+
+def _recover_previous_lab(lab_dir: Path, progress: Progress) -> None:
+    """Roll back faults left in ``lab_dir`` by a killed run and stop a lab it left running."""
+    if not (lab_dir / "lab.json").exists():
+        return
+    result = ledger.rollback(lab_dir)
+    if result.pending or result.undone:
+        progress(
+            f"safety: {len(result.pending)} pending fault record(s) left by a previous run in "
+            f"{lab_dir}: rolled back"
+        )
+        for line in result.undone:
+            progress(f"safety:   {line}")
+    if result.failed:
+        raise LabError(
+            f"could not undo {len(result.failed)} fault(s) left in {lab_dir}: {result.failed[0]}"
+        )
+    old = Lab.attach(lab_dir)
+    if old._supervisord_alive():
+        progress(f"lab: a lab left running by a previous run in {lab_dir}: taking it down")
+        old.down()
+
+
+def validate_plan(plan: Plan) -> None:
+    """Load every experiment of ``plan`` and its stop conditions (nothing is started).
+
+    Raises:
+        ConfigError: a malformed experiment (names its file) or stop condition.
+    """
+    for spec in plan.drills:
+        _load_experiment(spec.experiment)
+        plan_stop_conditions(plan.path, spec.name)
 
 
 def run_gameday(
@@ -302,16 +500,36 @@ def run_gameday(
     engine: str | None = None,
     slo_overrides: dict[str, float] | None = None,
     progress: Progress = print,
+    allow: tuple[str, ...] = (),
 ) -> int:
     """Run every drill of ``plan`` and write the evidence bundle to ``out_dir``.
 
     Without ``base_url`` it brings up the local lab in ``out_dir/lab`` and takes it down at the end,
-    on Ctrl-C and on SIGTERM too.
+    on Ctrl-C and on SIGTERM too. Fault records a killed earlier run left in ``out_dir/lab`` are
+    rolled back first (and a lab it left running is taken down). ``summary.json`` is written at the
+    start and after each drill with ``"complete": false`` (and ``in_progress``), so a run killed
+    mid-drill still leaves a summary that ``chaos-infer report`` renders. A drill aborted by a stop
+    condition ends the game day with exit code 1. Secrets (:mod:`chaoslib_infer.safety.redact`)
+    are scrubbed from every file before the bundle's manifest is written.
+
+    Args:
+        allow: extra target allowlist patterns (``--allow``; see
+            :mod:`chaoslib_infer.safety.allowlist`).
 
     Returns:
         The exit code (see the module docstring).
+
+    Raises:
+        ConfigError: ``base_url`` outside the allowlist, a malformed experiment or stop condition,
+            or another game day running in ``out_dir`` (nothing is started).
     """
+    if base_url:
+        check_target(base_url, allow, plan.path)
+    validate_plan(plan)
+    secrets = redact.known_secrets()
+    progress = _redacting(progress, secrets)
     out_dir.mkdir(parents=True, exist_ok=True)
+    run_lock = _acquire_run_lock(out_dir)
     started = time.time()
     lab: Lab | None = None
     n_replicas = replicas if replicas is not None else plan.lab.replicas
@@ -331,20 +549,24 @@ def run_gameday(
         "ended_at": None,
         "tool": tool_versions(),
         "complete": False,
+        "in_progress": None,
         "drills": [],
     }
     exit_code = EXIT_OK
 
     def _write_summary() -> None:
         summary["ended_at"] = _iso()
-        write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+        text = json.dumps(summary, indent=2, default=str)
+        write_atomic(out_dir / "summary.json", redact.redact_text(text, secrets))
 
     def _on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous_term = signal.signal(signal.SIGTERM, _on_term)
     try:
+        _write_summary()
         if not base_url:
+            _recover_previous_lab(out_dir / "lab", progress)
             progress(
                 f"lab: bringing up {n_replicas} {engine_name} replica(s) behind HAProxy in {out_dir / 'lab'} ..."
             )
@@ -362,11 +584,27 @@ def run_gameday(
         for spec in plan.drills:
             if lab is not None:
                 lab.wait_healthy(60.0)
+            summary["in_progress"] = {"drill": spec.name, "started_at": _iso()}
+            _write_summary()
             entry = run_drill(
-                spec, out_dir / spec.name, lab, base_url, target, slo_overrides or {}, progress
+                spec,
+                out_dir / spec.name,
+                lab,
+                base_url,
+                target,
+                slo_overrides or {},
+                progress,
+                stop_conditions=plan_stop_conditions(plan.path, spec.name),
+                secrets=secrets,
             )
             summary["drills"].append(entry)
+            summary["in_progress"] = None
             _write_summary()
+            if entry.get("stop_condition"):
+                summary["stopped_by"] = {"drill": spec.name, **entry["stop_condition"]}
+                exit_code = max(exit_code, EXIT_DEVIATED)
+                progress("stop condition tripped: rollbacks played; no further drill runs")
+                break
             if entry["status"] == "aborted":
                 exit_code = EXIT_INTERRUPTED
                 break
@@ -393,11 +631,121 @@ def run_gameday(
             verdict = {EXIT_OK: "PASSED", EXIT_DEVIATED: "DEVIATED", EXIT_ERROR: "ERROR"}.get(
                 exit_code, "ABORTED"
             )
+            if summary.get("stopped_by"):
+                verdict = "STOPPED"
             render_index(out_dir, summary, verdict)
             write_atomic(out_dir / "junit.xml", junit_xml(summary))
+            redact.scrub_tree(out_dir, secrets)
             write_manifest(out_dir)
+            run_lock.close()
     progress(f"game day {verdict}: {out_dir / 'summary.json'}, {out_dir / 'index.html'}")
     return exit_code
+
+
+def _experiment_title(journal: dict[str, Any], experiment_path: str) -> str:
+    title = (journal.get("experiment") or {}).get("title")
+    if title:
+        return str(title)
+    try:
+        raw = yaml.safe_load(Path(experiment_path).read_text(encoding="utf-8"))
+        return str((raw or {}).get("title", "")) if isinstance(raw, dict) else ""
+    except (OSError, ValueError, yaml.YAMLError):
+        return ""
+
+
+def report_run(run_dir: Path, progress: Progress = print) -> int:
+    """Re-render the evidence of an existing game-day folder (``chaos-infer report RUN_DIR``).
+
+    Every drill of ``summary.json`` is rendered again from its folder (journal, records, fault log)
+    and the lab's ground-truth files (the lab may be down). A drill that was running when the
+    runner died (``summary.json`` ``in_progress``) is added with status ``incomplete``; the
+    summary keeps ``"complete": false``. Known secrets are scrubbed (the lab folder only when no
+    lab runs there), then the index, JUnit file and manifest are written again.
+
+    Returns:
+        0 when rendered.
+
+    Raises:
+        ConfigError: no readable ``summary.json`` in ``run_dir``.
+    """
+    run_dir = Path(run_dir)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{run_dir}: no summary.json (not a game-day output folder)") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{run_dir}/summary.json: unreadable: {exc}") from exc
+    if not isinstance(summary, dict) or not isinstance(summary.get("drills", []), list):
+        raise ConfigError(f"{run_dir}/summary.json: not a game-day summary")
+    lab: Lab | None = None
+    lab_running = False
+    if (run_dir / "lab" / "lab.json").exists():
+        with contextlib.suppress(LabError):
+            lab = Lab.attach(run_dir / "lab")
+            lab_running = lab._supervisord_alive()
+    target = summary.get("target") or {}
+    secrets = redact.known_secrets()
+    rendered: list[dict[str, Any]] = []
+    todo: list[tuple[dict[str, Any], str | None]] = [
+        (d, None) for d in summary.get("drills") or [] if isinstance(d, dict)
+    ]
+    running = summary.get("in_progress")
+    if isinstance(running, dict) and running.get("drill"):
+        todo.append(
+            ({"name": running["drill"], "started_at": running.get("started_at")}, "incomplete")
+        )
+    for old, forced in todo:
+        name = str(old.get("name") or "")
+        drill_dir = run_dir / name
+        if not name or "/" in name or not drill_dir.is_dir():
+            rendered.append(old)
+            continue
+        try:
+            journal = json.loads((drill_dir / "journal.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            journal = {}
+        if not isinstance(journal, dict):
+            journal = {}
+        if journal.get("status") not in ("completed", "failed", "aborted", "interrupted"):
+            forced = "incomplete"
+        experiment_path = str(old.get("experiment") or "")
+        entry = drill_evidence(
+            name,
+            experiment_path,
+            _experiment_title(journal, experiment_path),
+            drill_dir,
+            journal,
+            lab,
+            target,
+            str(old.get("started_at") or ""),
+            str(old.get("ended_at") or _iso()),
+            status=forced,
+        )
+        if forced:
+            entry["complete"] = False
+        rendered.append(entry)
+        progress(f"report: {name}: {entry['status']}")
+    summary["drills"] = rendered
+    summary["reported_at"] = _iso()
+    write_atomic(
+        run_dir / "summary.json",
+        redact.redact_text(json.dumps(summary, indent=2, default=str), secrets),
+    )
+    statuses = [d.get("status") for d in rendered]
+    if not summary.get("complete"):
+        verdict = "INCOMPLETE"
+    elif summary.get("stopped_by"):
+        verdict = "STOPPED"
+    elif all(s == "passed" for s in statuses):
+        verdict = "PASSED"
+    else:
+        verdict = "DEVIATED"
+    render_index(run_dir, summary, verdict)
+    write_atomic(run_dir / "junit.xml", junit_xml(summary))
+    redact.scrub_tree(run_dir, secrets, skip=[run_dir / "lab"] if lab_running else [])
+    write_manifest(run_dir)
+    progress(f"report {verdict}: {run_dir / 'index.html'}")
+    return 0
 
 
 def default_plan_path() -> Path:

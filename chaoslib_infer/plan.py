@@ -77,10 +77,15 @@ def load_plan(path: Path) -> Plan:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read plan: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "YAML"
         raise ConfigError(f"{path}: {where}: invalid YAML") from exc
+    except (ValueError, TypeError, IndexError, AttributeError, RecursionError) as exc:
+        # PyYAML's constructors raise these on e.g. "2001-13-45" dates, "!!int x", bad merge keys
+        raise ConfigError(f"{path}: YAML: invalid value ({type(exc).__name__})") from exc
     if not isinstance(raw, dict):
         raise _fail(path, "top level", "expected a mapping with 'drills'")
     name = raw.get("name", path.stem)
@@ -96,8 +101,8 @@ def load_plan(path: Path) -> Plan:
             if not isinstance(value, typ) or isinstance(value, bool):
                 raise _fail(path, f"lab.{key}", f"expected {typ.__name__}, got {value!r}")
             setattr(lab, key, value)
-    for key in sorted(set(lab_raw) - {"replicas", "engine", "memory_limit_mb"}):
-        if not key.isidentifier():
+    for key in sorted(set(lab_raw) - {"replicas", "engine", "memory_limit_mb"}, key=str):
+        if not isinstance(key, str) or not key.isidentifier():
             raise _fail(path, f"lab.{key}", "unknown field")
         lab.options[key] = lab_raw[key]
     if lab.engine not in ENGINES:
@@ -122,7 +127,10 @@ def load_plan(path: Path) -> Plan:
         seen.add(dname)
         if not isinstance(exp, str) or not exp:
             raise _fail(path, f"{where}.experiment", "expected a path to an experiment file")
-        exp_path = (path.parent / exp).resolve()
+        try:
+            exp_path = (path.parent / exp).resolve()
+        except (OSError, ValueError) as exc:
+            raise _fail(path, f"{where}.experiment", f"invalid path {exp!r}") from exc
         if not exp_path.is_file():
             raise _fail(path, f"{where}.experiment", f"no such file: {exp_path}")
         dvars = item.get("vars") or {}

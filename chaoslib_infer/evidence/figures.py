@@ -114,6 +114,8 @@ def drill_figures(
     Returns:
         ``figures``: common figures plus the fault kind's own (e.g. ``interruption_s``,
         ``restart_s``); ``ground_truth``: the lab's record of the fault (unix seconds, counts).
+        A kind whose ``compute`` raises (e.g. on the partial data of a killed run) is reported
+        in ``figures["figure_errors"]`` (``{kind: "Error: message"}``) instead of failing all.
     """
     rpath = run_dir / "records.jsonl"
     records = read_records(rpath) if rpath.exists() else []
@@ -133,7 +135,11 @@ def drill_figures(
             )
         except ModuleNotFoundError:
             continue
-        f_fig, f_ground = module.compute(ctx)
+        try:
+            f_fig, f_ground = module.compute(ctx)
+        except Exception as exc:  # partial data (a killed run): keep the other figures
+            figures.setdefault("figure_errors", {})[kind] = f"{type(exc).__name__}: {exc}"
+            continue
         figures.update(f_fig)
         ground.update(f_ground)
     return figures, ground

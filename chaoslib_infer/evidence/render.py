@@ -114,10 +114,28 @@ def render_drill(
     return md, html
 
 
-def render_index(out_dir: Path, summary: dict[str, Any], verdict: str) -> Path:
-    """Write the game day's ``index.html`` scorecard linking every drill's evidence."""
+def render_index(
+    out_dir: Path,
+    summary: dict[str, Any],
+    verdict: str,
+    pricing: dict[str, Any] | None = None,
+) -> Path:
+    """Write the game day's self-contained ``index.html``: the tiered scorecard
+    (:mod:`chaoslib_infer.evidence.scorecard`; ``pricing`` default ``summary["pricing"]``), each
+    drill's row and timeline (inlined), linking every drill's evidence."""
+    from chaoslib_infer.evidence.scorecard import build_scorecard
+
     path = out_dir / "index.html"
+    timelines = {}
+    for d in summary.get("drills") or []:
+        png = out_dir / str(d.get("name")) / "timeline.png"
+        if d.get("name") and "/" not in str(d["name"]) and png.is_file():
+            timelines[d["name"]] = base64.b64encode(png.read_bytes()).decode("ascii")
+    card = build_scorecard(summary, out_dir, pricing)
     write_atomic(
-        path, _ENV.get_template("index.html.j2").render(summary=summary, verdict=verdict, fmt=fmt)
+        path,
+        _ENV.get_template("index.html.j2").render(
+            summary=summary, verdict=verdict, fmt=fmt, scorecard=card, timelines=timelines
+        ),
     )
     return path

@@ -15,6 +15,10 @@ chaos drills observe on a real vLLM replica:
   attention), freed when the sequence ends or the client disconnects, so a cgroup memory limit
   produces a real kernel OOM kill under long contexts.
 * Ledger: one JSON line per generation started (ground truth for served requests / duplicates).
+* Fault modes (lab-only, see "Fault modes" below): ``hang``, ``reset_after_k``, ``stall``,
+  ``error_in_stream``, ``empty``, ``garbled``, ``truncated``, ``slowdown``,
+  ``crash_on_long_prompt``; set at run time through ``POST /admin/faults`` or per request with the
+  ``X-Chaos-Fault`` header. Every sabotaged request gets a ``"event": "fault"`` ledger line.
 
 Prompt tokens are approximated as ``max(1, ceil(len(text) / 4))`` characters-per-token over the
 concatenated message contents (chat) or the prompt string (completions); a prompt given as a list
@@ -29,16 +33,20 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import json
+import logging
 import math
 import os
 import random
+import signal
 import socket
+import struct
 import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +114,7 @@ class EngineConfig:
     zero_latency: bool = False
     output_tokens: int = 32
     graceful_shutdown_s: float = 5.0
+    admin_faults: bool = True
 
     def __post_init__(self) -> None:
         """Validate values.
@@ -199,6 +208,375 @@ def generate_tokens(request_id: str, n: int) -> list[str]:
         else:
             out.append(rng.choice(_WORDS))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Fault modes (lab-only)
+# --------------------------------------------------------------------------------------------
+# Lab-only control plane. ``/admin/faults`` answers only when fault injection is enabled (the
+# default; ``--no-admin-faults`` turns it and the ``X-Chaos-Fault`` header off) and only to peers on
+# a loopback address (403 otherwise). The lab binds every replica on 127.0.0.1, so the endpoint is
+# reachable on the replica's own port; never expose a replica port beyond the lab.
+
+#: Fault modes, in the order they are documented.
+FAULT_MODES: tuple[str, ...] = (
+    "hang",
+    "reset_after_k",
+    "stall",
+    "error_in_stream",
+    "empty",
+    "garbled",
+    "truncated",
+    "slowdown",
+    "crash_on_long_prompt",
+)
+#: Request header sabotaging one request: ``X-Chaos-Fault: mode;k=3;t=2`` (see ``parse_fault_header``).
+FAULT_HEADER = "x-chaos-fault"
+#: Exit status of a replica that ``crash_on_long_prompt`` (``how=exit``) killed.
+CRASH_EXIT_CODE = 70
+
+#: Per mode: accepted parameters and their defaults (k: tokens sent first; t: stall seconds;
+#: n: prompt-token threshold; factor: ITL growth per request served; how: variant).
+FAULT_PARAMS: dict[str, dict[str, Any]] = {
+    "hang": {},
+    "reset_after_k": {"k": 3},
+    "stall": {"k": 3, "t": 2.0},
+    "error_in_stream": {"k": 1},
+    "empty": {},
+    "garbled": {"k": 1, "how": "both"},
+    "truncated": {"k": 3},
+    "slowdown": {"factor": 0.05},
+    "crash_on_long_prompt": {"n": 1024, "how": "exit"},
+}
+_FAULT_HOW: dict[str, tuple[str, ...]] = {
+    "garbled": ("fffd", "bytes", "both"),
+    "crash_on_long_prompt": ("exit", "kill"),
+}
+_FAULT_KEYS = frozenset({"mode", "probability", "ttl_s", "params", "seed"})
+
+
+@dataclass
+class FaultSpec:
+    """One fault mode armed on the engine (admin endpoint) or carried by one request (header).
+
+    Attributes:
+        mode: one of :data:`FAULT_MODES`.
+        params: the mode's parameters (:data:`FAULT_PARAMS`, defaults filled in).
+        probability: chance (0..1) that a request it applies to is sabotaged.
+        ttl_s: seconds after ``set_at`` when an admin fault expires by itself (None: never).
+        source: ``"admin"`` or ``"header"``.
+        set_at: unix seconds when it was set.
+        served_at_set: generations the engine had started when it was set (``slowdown`` counts
+            requests served from there; a header fault counts from the engine's start).
+        fault_id: short random id.
+    """
+
+    mode: str
+    params: dict[str, Any]
+    probability: float = 1.0
+    ttl_s: float | None = None
+    source: str = "admin"
+    set_at: float = field(default_factory=time.time)
+    served_at_set: int = 0
+    fault_id: str = field(default_factory=lambda: os.urandom(4).hex())
+    _expires: float | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        """Arm the expiry clock (monotonic)."""
+        if self.ttl_s is not None:
+            self._expires = time.monotonic() + self.ttl_s
+
+    def expired(self) -> bool:
+        """True once ``ttl_s`` has passed."""
+        return self._expires is not None and time.monotonic() >= self._expires
+
+    def remaining_s(self) -> float | None:
+        """Seconds until it expires (None: no ``ttl_s``)."""
+        return None if self._expires is None else max(0.0, self._expires - time.monotonic())
+
+    def applies(self, prompt_tokens: int) -> bool:
+        """Whether this fault concerns a request with ``prompt_tokens`` prompt tokens."""
+        if self.mode == "crash_on_long_prompt":
+            return prompt_tokens > int(self.params["n"])
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able description (what ``GET /admin/faults`` lists)."""
+        out: dict[str, Any] = {
+            "id": self.fault_id,
+            "mode": self.mode,
+            **self.params,
+            "probability": self.probability,
+            "ttl_s": self.ttl_s,
+            "source": self.source,
+            "set_at": self.set_at,
+        }
+        remaining = self.remaining_s()
+        if remaining is not None:
+            out["expires_in_s"] = round(remaining, 3)
+        return out
+
+
+def _fault_value(mode: str, key: str, value: Any, text: bool) -> Any:
+    """Validate one parameter (``text``: it came from the header as a string).
+
+    Raises:
+        RequestError: 400 on a bad value.
+    """
+    bad = RequestError(400, f"fault {mode}: bad value for {key!r}: {value!r}")
+    if key in ("k", "n"):
+        if text:
+            try:
+                value = int(str(value), 10)
+            except ValueError:
+                raise bad from None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad
+        return value
+    if key in ("t", "factor", "probability", "ttl_s"):
+        if text:
+            try:
+                value = float(str(value))
+            except ValueError:
+                raise bad from None
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise bad
+        value = float(value)
+        if not math.isfinite(value) or value < 0:
+            raise bad
+        if key == "probability" and value > 1:
+            raise bad
+        if key == "ttl_s" and value == 0:
+            raise bad
+        return value
+    if key == "how":
+        choices = _FAULT_HOW.get(mode, ())
+        if not isinstance(value, str) or value.lower() not in choices:
+            raise RequestError(400, f"fault {mode}: how must be one of {', '.join(choices)}")
+        return value.lower()
+    raise bad  # pragma: no cover - keys are checked by the caller
+
+
+def parse_fault(fields: Mapping[str, Any], source: str = "admin", text: bool = False) -> FaultSpec:
+    """Validate a fault description into a :class:`FaultSpec`.
+
+    Args:
+        fields: ``{"mode": ..., <mode params>..., "probability": 0..1, "ttl_s": s | None}``; the
+            mode's parameters may also be nested under ``"params"``. Mode names are
+            case-insensitive and ``-`` stands for ``_``.
+        source: ``"admin"`` or ``"header"`` (a header cannot carry ``ttl_s``).
+        text: values are strings to convert (the header form).
+
+    Returns:
+        The fault, parameters defaulted from :data:`FAULT_PARAMS`.
+
+    Raises:
+        RequestError: 400 on an unknown mode, an unknown parameter or a bad value.
+    """
+    if not isinstance(fields, Mapping):
+        raise RequestError(400, "a fault must be a JSON object with a 'mode'")
+    raw_mode = fields.get("mode")
+    if not isinstance(raw_mode, str) or not raw_mode.strip():
+        raise RequestError(400, f"a fault needs a 'mode', one of {', '.join(FAULT_MODES)}")
+    mode = raw_mode.strip().lower().replace("-", "_")
+    if mode not in FAULT_PARAMS:
+        raise RequestError(400, f"unknown fault mode {raw_mode!r}; known: {', '.join(FAULT_MODES)}")
+    merged: dict[str, Any] = {k: v for k, v in fields.items() if k != "params"}
+    nested = fields.get("params")
+    if nested is not None:
+        if not isinstance(nested, Mapping):
+            raise RequestError(400, "'params' must be an object")
+        for k, v in nested.items():
+            if k in merged:
+                raise RequestError(400, f"fault {mode}: parameter {k!r} given twice")
+            merged[k] = v
+    allowed = FAULT_PARAMS[mode]
+    params = dict(allowed)
+    probability, ttl_s = 1.0, None
+    for key, value in merged.items():
+        if key == "mode" or (key == "seed" and source == "admin"):
+            continue
+        if key == "probability":
+            probability = _fault_value(mode, key, value, text)
+        elif key == "ttl_s" and source == "admin":
+            ttl_s = None if value is None else _fault_value(mode, key, value, text)
+        elif key in allowed:
+            params[key] = _fault_value(mode, key, value, text)
+        else:
+            known = ", ".join(sorted(set(allowed) | {"probability"}))
+            raise RequestError(400, f"fault {mode}: unknown parameter {key!r} (accepted: {known})")
+    return FaultSpec(mode=mode, params=params, probability=probability, ttl_s=ttl_s, source=source)
+
+
+def parse_fault_header(value: str) -> FaultSpec:
+    """Parse an ``X-Chaos-Fault`` header value.
+
+    Syntax: ``mode[;key=value]...``, e.g. ``stall;k=3;t=2`` or ``garbled; how=bytes``. Blanks
+    around parts are ignored, as are empty parts (``hang;``); keys and the mode are
+    case-insensitive; ``p`` is short for ``probability``; ``mode=stall`` is accepted as the first
+    part. Parameters are those of :data:`FAULT_PARAMS` plus ``probability`` (no ``ttl_s``).
+
+    Returns:
+        The fault (``source="header"``).
+
+    Raises:
+        RequestError: 400 on an empty header, an unknown mode or parameter, a part without
+            ``=``, a parameter given twice, or a bad value.
+    """
+    parts = [p.strip() for p in value.split(";")]
+    parts = [p for p in parts if p]
+    if not parts:
+        raise RequestError(400, "empty X-Chaos-Fault header")
+    head = parts[0]
+    if head.lower().startswith("mode="):
+        head = head[5:].strip()
+    fields: dict[str, Any] = {"mode": head}
+    for part in parts[1:]:
+        key, sep, val = part.partition("=")
+        key = key.strip().lower().replace("-", "_")
+        val = val.strip().strip("\"'")
+        if not sep or not key or not val:
+            raise RequestError(400, f"X-Chaos-Fault: malformed parameter {part!r} (want key=value)")
+        if key == "p":
+            key = "probability"
+        if key in fields:
+            raise RequestError(400, f"X-Chaos-Fault: parameter {key!r} given twice")
+        fields[key] = val
+    return parse_fault(fields, source="header", text=True)
+
+
+class _FaultBoard:
+    """The faults armed on one engine through the admin endpoint (one per mode)."""
+
+    def __init__(self) -> None:
+        self._faults: dict[str, FaultSpec] = {}
+        self.rng = random.Random()
+
+    def set(self, spec: FaultSpec) -> None:
+        """Arm ``spec``, replacing a fault of the same mode."""
+        self._faults.pop(spec.mode, None)
+        self._faults[spec.mode] = spec
+
+    def clear(self, mode: str | None = None) -> list[FaultSpec]:
+        """Disarm one mode (or every mode); returns what was armed."""
+        if mode is None:
+            out = list(self._faults.values())
+            self._faults.clear()
+            return out
+        spec = self._faults.pop(mode, None)
+        return [spec] if spec is not None else []
+
+    def active(self) -> list[FaultSpec]:
+        """Armed faults, expired ones dropped."""
+        for mode in [m for m, f in self._faults.items() if f.expired()]:
+            del self._faults[mode]
+        return list(self._faults.values())
+
+    def roll(self, spec: FaultSpec) -> bool:
+        """True when a request is sabotaged by ``spec`` (its probability)."""
+        return spec.probability >= 1.0 or self.rng.random() < spec.probability
+
+    def pick(self, prompt_tokens: int) -> FaultSpec | None:
+        """The first armed fault that applies to the request and wins its probability roll."""
+        for spec in self.active():
+            if spec.applies(prompt_tokens) and self.roll(spec):
+                return spec
+        return None
+
+
+def _is_loopback(client: Any) -> bool:
+    """True when an ASGI ``client`` tuple is a loopback address."""
+    if not client:
+        return False
+    try:
+        return ipaddress.ip_address(str(client[0])).is_loopback
+    except ValueError:
+        return False
+
+
+def _arm_reset(scope: Scope) -> bool:
+    """Make the close of this request's TCP connection an abort (RST), via ``SO_LINGER`` 0.
+
+    Finds the connection's socket among the process's file descriptors by its local port and peer
+    address (ASGI does not expose the transport). Returns False when there is no such socket (an
+    in-process ASGI transport): the close is then a plain one, still without a complete reply.
+    """
+    client, server = scope.get("client"), scope.get("server")
+    if not client or not server:
+        return False
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue
+        with sock:
+            try:
+                if sock.type != socket.SOCK_STREAM:
+                    continue
+                peer, local = sock.getpeername(), sock.getsockname()
+            except OSError:
+                continue
+            if (
+                isinstance(peer, tuple)
+                and tuple(peer[:2]) == (client[0], client[1])
+                and local[1] == server[1]
+            ):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return True
+    return False
+
+
+class _AbortLogFilter(logging.Filter):
+    """Drops uvicorn's "returned without completing response" error for injected resets only."""
+
+    pending = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Return False for the log line of an injected reset."""
+        if _AbortLogFilter.pending > 0 and "without completing response" in record.getMessage():
+            _AbortLogFilter.pending -= 1
+            return False
+        return True
+
+
+_ABORT_LOG_FILTER = _AbortLogFilter()
+
+
+class _HangResponse:
+    """ASGI response of the ``hang`` fault: sends nothing until the client leaves, or until the
+    hang is cleared (``DELETE /admin/faults``) or its ``ttl_s`` runs out: then a 503, so no hung
+    connection outlives the fault (a load balancer keeps its side open after the client left)."""
+
+    def __init__(self, hung: set[asyncio.Future[None]], spec: FaultSpec) -> None:
+        self.hung = hung
+        self.spec = spec
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        released: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.hung.add(released)
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        watcher = asyncio.ensure_future(watch())
+        timeout = self.spec.remaining_s()
+        try:
+            await asyncio.wait({watcher, released}, timeout=timeout, return_when="FIRST_COMPLETED")
+            if not watcher.done():
+                body = error_body(503, "engine fault hang cleared: request dropped")
+                await JSONResponse(body, status_code=503)(scope, receive, send)
+        finally:
+            watcher.cancel()
+            self.hung.discard(released)
+            if not released.done():
+                released.cancel()
 
 
 class _Metrics:
@@ -375,6 +753,8 @@ class _Engine:
         self.scheduler = _Scheduler(config.max_num_seqs, config.max_waiting)
         self.kv_tokens = 0
         self.generations_started = 0
+        self.faults = _FaultBoard()
+        self.hung: set[asyncio.Future[None]] = set()
         self.metrics = _Metrics(config.model)
         m = config.model
         self.metrics.running.labels(m).set_function(lambda: self.scheduler.running)
@@ -410,6 +790,83 @@ class _Engine:
         if self.config.zero_latency or i >= n:
             return 0.0
         return self.config.warmup_penalty_s * (n - i) / n  # linear decay: full, ..., 1/n
+
+    def _ledger_line(self, entry: dict[str, Any]) -> None:
+        if self._ledger_fd is not None:
+            os.write(self._ledger_fd, (json.dumps(entry) + "\n").encode())
+
+    def record_fault(self, spec: FaultSpec, request_id: str) -> None:
+        """Append the ledger line of a request sabotaged by ``spec`` (ground truth).
+
+        Line: ``{"t", "event": "fault", "mode", "replica", "request_id", "pid", "source",
+        "params"}``.
+        """
+        self._ledger_line(
+            {
+                "t": time.time(),
+                "event": "fault",
+                "mode": spec.mode,
+                "replica": self.config.replica_id,
+                "request_id": request_id,
+                "pid": os.getpid(),
+                "source": spec.source,
+                "params": spec.params,
+            }
+        )
+
+    def record_admin(self, action: str, specs: list[FaultSpec]) -> None:
+        """Ledger line ``{"t", "event": "fault_set"|"fault_clear", "replica", "modes", "pid"}``."""
+        self._ledger_line(
+            {
+                "t": time.time(),
+                "event": f"fault_{action}",
+                "replica": self.config.replica_id,
+                "modes": [f.mode for f in specs],
+                "faults": [f.to_json() for f in specs],
+                "pid": os.getpid(),
+            }
+        )
+
+    def choose_fault(self, header: str | None, prompt_tokens: int) -> FaultSpec | None:
+        """The fault sabotaging a request: its ``X-Chaos-Fault`` header, else an armed fault.
+
+        Raises:
+            RequestError: 400 on a malformed header.
+        """
+        if header is not None:
+            spec = parse_fault_header(header)
+            ok = spec.applies(prompt_tokens) and self.faults.roll(spec)
+            return spec if ok else None
+        return self.faults.pick(prompt_tokens)
+
+    def release_hung(self) -> int:
+        """End every request held by a ``hang`` fault (they get a 503); returns how many."""
+        n = 0
+        for fut in list(self.hung):
+            if not fut.done():
+                fut.set_result(None)
+                n += 1
+        return n
+
+    def itl_scale(self, spec: FaultSpec | None) -> float:
+        """ITL multiplier: ``1 + factor * requests served since the slowdown was set``."""
+        if spec is None or spec.mode != "slowdown":
+            return 1.0
+        served = max(0, self.generations_started - spec.served_at_set)
+        return 1.0 + float(spec.params["factor"]) * served
+
+    def crash(self, spec: FaultSpec, prompt_tokens: int) -> None:
+        """Kill this process (``crash_on_long_prompt``): ``os._exit`` or SIGKILL to itself."""
+        how = spec.params.get("how", "exit")
+        print(
+            f"lab-engine fault crash_on_long_prompt: prompt_tokens={prompt_tokens} > "
+            f"n={spec.params['n']}; replica={self.config.replica_id} pid={os.getpid()} dies ({how})",
+            file=sys.stderr,
+            flush=True,
+        )
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(CRASH_EXIT_CODE)
 
     def close(self) -> None:
         """Close the ledger file."""
@@ -447,13 +904,19 @@ class _GenerationResponse:
     """ASGI response that queues, generates and streams (or returns) one completion.
 
     A watcher task listens for ``http.disconnect``; on disconnect the generation is cancelled and
-    the KV bytes and the scheduler slot are freed.
+    the KV bytes and the scheduler slot are freed. ``fault`` (optional) sabotages the reply: see
+    "Fault modes".
     """
 
-    def __init__(self, engine: _Engine, job: _Job, ticket: _Ticket) -> None:
+    def __init__(
+        self, engine: _Engine, job: _Job, ticket: _Ticket, fault: FaultSpec | None = None
+    ) -> None:
         self.engine = engine
         self.job = job
         self.ticket = ticket
+        self.fault = fault
+        self.mode = fault.mode if fault is not None else None
+        self.itl_scale = engine.itl_scale(fault)
         self.disconnected = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -474,6 +937,9 @@ class _GenerationResponse:
                 await self._stream(send)
             else:
                 await self._whole(send)
+            if self.mode == "reset_after_k":
+                _arm_reset(scope)  # returning without completing: uvicorn closes -> RST
+                _AbortLogFilter.pending += 1
         except asyncio.CancelledError:
             if not self.disconnected:
                 raise
@@ -482,9 +948,27 @@ class _GenerationResponse:
             watcher.cancel()
             self.engine.scheduler.release(self.ticket)
 
+    def _limit(self) -> int | None:
+        """Tokens to generate when the fault cuts the reply short (None: all of them)."""
+        if self.mode in ("reset_after_k", "truncated", "error_in_stream"):
+            assert self.fault is not None
+            return int(self.fault.params["k"])
+        return 0 if self.mode == "empty" else None
+
     async def _generate(self, emit: Callable[[str], Awaitable[None]] | None) -> list[str]:
-        """Wait for a slot, then produce the tokens on their deadlines; returns the tokens."""
+        """Wait for a slot, then produce the tokens on their deadlines; returns the tokens.
+
+        Faults: ``stall`` shifts every deadline from token ``k`` on by ``t`` seconds; ``slowdown``
+        scales the inter-token latency; a fault that cuts the reply stops after ``_limit()`` tokens.
+        """
         eng, job, cfg = self.engine, self.job, self.engine.config
+        limit = self._limit()
+        n_tokens = job.max_tokens if limit is None else min(limit, job.max_tokens)
+        itl = cfg.itl_s * self.itl_scale
+        stall_at, stall_s = -1, 0.0
+        if self.mode == "stall":
+            assert self.fault is not None
+            stall_at, stall_s = int(self.fault.params["k"]), float(self.fault.params["t"])
         await eng.scheduler.wait(self.ticket)
         loop = asyncio.get_running_loop()
         penalty = eng.record_generation(job.request_id)
@@ -497,11 +981,15 @@ class _GenerationResponse:
             t0 = loop.time()
             first = t0 + penalty + job.prompt_tokens * cfg.prefill_s_per_token
             last_t = 0.0
-            for k, tok in enumerate(generate_tokens(job.request_id, job.max_tokens)):
+            for k, tok in enumerate(generate_tokens(job.request_id, n_tokens)):
+                if k == stall_at:
+                    first += stall_s  # this and every later deadline move by the stall
+                    if cfg.zero_latency:
+                        await asyncio.sleep(stall_s)
                 if cfg.zero_latency:
                     await asyncio.sleep(0)
                 else:
-                    delay = first + k * cfg.itl_s - loop.time()
+                    delay = first + k * itl - loop.time()
                     await asyncio.sleep(delay if delay > 0 else 0)
                 kv.grow(1)
                 produced.append(tok)
@@ -514,7 +1002,11 @@ class _GenerationResponse:
                     m.itl.labels(cfg.model).observe(now - last_t)
                 last_t = now
             m.e2e.labels(cfg.model).observe(time.perf_counter() - job.arrival)
-            m.success.labels(cfg.model, job.finish_reason).inc()
+            if limit is None:
+                reason = job.finish_reason
+            else:
+                reason = "stop" if self.mode == "empty" else "abort"
+            m.success.labels(cfg.model, reason).inc()
         except asyncio.CancelledError:
             if self.disconnected:
                 m.success.labels(cfg.model, "abort").inc()
@@ -523,6 +1015,20 @@ class _GenerationResponse:
             m.generation_tokens.labels(cfg.model).inc(len(produced))
             kv.release()
         return produced
+
+    def _garble_how(self, index: int) -> str | None:
+        """How output token ``index`` is garbled (``"fffd"``/``"bytes"``), or None."""
+        if self.mode != "garbled":
+            return None
+        assert self.fault is not None
+        k, how = int(self.fault.params["k"]), str(self.fault.params["how"])
+        if how == "both":
+            return "fffd" if index == k else ("bytes" if index == k + 1 else None)
+        return how if index == k else None
+
+    def _fault_error(self) -> dict[str, Any]:
+        assert self.fault is not None
+        return error_body(500, f"engine fault injected ({self.fault.mode}): generation failed")
 
     async def _stream(self, send: Send) -> None:
         job, model = self.job, self.engine.config.model
@@ -552,22 +1058,38 @@ class _GenerationResponse:
                 ],
             }
             await send(_sse(role))
+        emitted = 0
 
         async def emit(tok: str) -> None:
-            body = (
-                b"data: "
-                + (prefix + json.dumps(tok, ensure_ascii=False) + suffix).encode()
-                + b"\n\n"
-            )
+            nonlocal emitted
+            how = self._garble_how(emitted)
+            emitted += 1
+            if how is None:
+                content = json.dumps(tok, ensure_ascii=False).encode()
+            elif how == "fffd":  # a literal U+FFFD: the server itself produced a broken character
+                content = json.dumps(tok + "\ufffd", ensure_ascii=False).encode()
+            else:  # raw bytes that are not UTF-8 at all inside the JSON string
+                content = json.dumps(tok, ensure_ascii=False).encode()[:-1] + b'\xff\xfe"'
+            body = b"data: " + prefix.encode() + content + suffix.encode() + b"\n\n"
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
         tokens = await self._generate(emit)
+        if self.mode == "reset_after_k":
+            return  # the caller aborts the connection
+        if self.mode == "truncated":  # clean end of the HTTP body: no finish_reason, no [DONE]
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        if self.mode == "error_in_stream":
+            out = _sse(self._fault_error())["body"] + b"data: [DONE]\n\n"
+            await send({"type": "http.response.body", "body": out, "more_body": False})
+            return
+        finish = "stop" if self.mode == "empty" else job.finish_reason
         if job.chat:
             final_choice: dict[str, Any] = {
                 "index": 0,
                 "delta": {},
                 "logprobs": None,
-                "finish_reason": job.finish_reason,
+                "finish_reason": finish,
                 "stop_reason": None,
             }
         else:
@@ -575,7 +1097,7 @@ class _GenerationResponse:
                 "index": 0,
                 "text": "",
                 "logprobs": None,
-                "finish_reason": job.finish_reason,
+                "finish_reason": finish,
                 "stop_reason": None,
             }
         out = _sse({**base, "choices": [final_choice]})["body"]
@@ -587,14 +1109,19 @@ class _GenerationResponse:
     async def _whole(self, send: Send) -> None:
         job, model = self.job, self.engine.config.model
         tokens = await self._generate(None)
-        text = "".join(tokens)
+        garble = [self._garble_how(i) for i in range(len(tokens))]
+        marks = {"fffd": "\ufffd", "bytes": "\x00GARBLED\x00"}
+        text = "".join(tok + marks[g] if g else tok for tok, g in zip(tokens, garble, strict=True))
+        finish: str | None = "stop" if self.mode == "empty" else job.finish_reason
+        if self.mode == "truncated":
+            finish = None
         choice: dict[str, Any]
         if job.chat:
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text, "tool_calls": []},
                 "logprobs": None,
-                "finish_reason": job.finish_reason,
+                "finish_reason": finish,
                 "stop_reason": None,
             }
         else:
@@ -602,7 +1129,7 @@ class _GenerationResponse:
                 "index": 0,
                 "text": text,
                 "logprobs": None,
-                "finish_reason": job.finish_reason,
+                "finish_reason": finish,
                 "stop_reason": None,
             }
         body = {
@@ -613,7 +1140,10 @@ class _GenerationResponse:
             "choices": [choice],
             "usage": _usage(job, len(tokens)),
         }
+        if self.mode == "error_in_stream":  # a 200 whose body is an error object
+            body = self._fault_error()
         payload = json.dumps(body, ensure_ascii=False).encode()
+        payload = payload.replace(b"\\u0000GARBLED\\u0000", b"\xff\xfe")
         await send(
             {
                 "type": "http.response.start",
@@ -624,6 +1154,10 @@ class _GenerationResponse:
                 ],
             }
         )
+        if self.mode == "reset_after_k":  # half the body, then the caller aborts the connection
+            half = payload[: len(payload) // 2]
+            await send({"type": "http.response.body", "body": half, "more_body": True})
+            return
         await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
@@ -765,12 +1299,21 @@ def build_app(config: EngineConfig) -> Starlette:
             return _error_response(400, f"invalid JSON body: {exc}")
         try:
             job = _parse_job(body, chat, request.state.request_id, config)
+            fault = None
+            if config.admin_faults:
+                fault = engine.choose_fault(request.headers.get(FAULT_HEADER), job.prompt_tokens)
         except RequestError as exc:
             return _error_response(exc.status, exc.message)
+        if fault is not None:
+            engine.record_fault(fault, job.request_id)
+            if fault.mode == "crash_on_long_prompt":
+                engine.crash(fault, job.prompt_tokens)
+            if fault.mode == "hang":  # engine loop dead: accepted, never answered
+                return _HangResponse(engine.hung, fault)
         ticket = engine.scheduler.try_admit()
         if ticket is None:
             return _error_response(config.queue_full_status, "waiting queue is full")
-        return _GenerationResponse(engine, job, ticket)
+        return _GenerationResponse(engine, job, ticket, fault)
 
     async def chat_completions(request: Request) -> Any:
         return await completions(request, chat=True)
@@ -801,6 +1344,54 @@ def build_app(config: EngineConfig) -> Starlette:
         data = generate_latest(engine.metrics.registry)
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
+    async def admin_faults(request: Request) -> Response:
+        # Lab-only endpoint (see "Fault modes"): loopback peers only, off with --no-admin-faults.
+        if not config.admin_faults:
+            return _error_response(404, "fault injection is disabled (--no-admin-faults)")
+        if not _is_loopback(request.client):
+            return _error_response(403, "/admin/faults answers loopback clients only")
+        if request.method == "POST":
+            try:
+                fields = json.loads(await request.body())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                return _error_response(400, f"invalid JSON body: {exc}")
+            try:
+                spec = parse_fault(fields)
+            except RequestError as exc:
+                return _error_response(exc.status, exc.message)
+            if isinstance(fields.get("seed"), int):
+                engine.faults.rng.seed(fields["seed"])
+            spec.served_at_set = engine.generations_started
+            engine.faults.set(spec)
+            engine.record_admin("set", [spec])
+        elif request.method == "DELETE":
+            mode = request.query_params.get("mode")
+            if mode is not None:
+                mode = mode.strip().lower().replace("-", "_")
+                if mode not in FAULT_PARAMS:
+                    return _error_response(400, f"unknown fault mode {mode!r}")
+            cleared = engine.faults.clear(mode)
+            released = engine.release_hung() if mode in (None, "hang") else 0
+            engine.record_admin("clear", cleared)
+            return JSONResponse(
+                {
+                    "replica": config.replica_id,
+                    "pid": os.getpid(),
+                    "cleared": [f.to_json() for f in cleared],
+                    "released_hung_requests": released,
+                    "faults": [f.to_json() for f in engine.faults.active()],
+                }
+            )
+        out: dict[str, Any] = {
+            "replica": config.replica_id,
+            "pid": os.getpid(),
+            "faults": [f.to_json() for f in engine.faults.active()],
+            "modes": list(FAULT_MODES),
+        }
+        if request.method == "POST":
+            out["fault"] = spec.to_json()
+        return JSONResponse(out)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
@@ -813,10 +1404,12 @@ def build_app(config: EngineConfig) -> Starlette:
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/admin/faults", admin_faults, methods=["GET", "POST", "DELETE"]),
         ],
         lifespan=lifespan,
     )
     app.state.engine = engine
+    logging.getLogger("uvicorn.error").addFilter(_ABORT_LOG_FILTER)
     app.add_middleware(_HeadersMiddleware, replica_id=config.replica_id)  # type: ignore[arg-type]
     return app
 
@@ -865,6 +1458,12 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
     p.add_argument("--zero-latency", action="store_true", help="no delays at all")
     p.add_argument("--output-tokens", type=int, default=d.output_tokens)
     p.add_argument("--graceful-shutdown-s", type=float, default=d.graceful_shutdown_s)
+    p.add_argument(
+        "--no-admin-faults",
+        dest="admin_faults",
+        action="store_false",
+        help="disable the lab-only /admin/faults endpoint and the X-Chaos-Fault header",
+    )
     a = p.parse_args(argv)
     try:
         return EngineConfig(
@@ -886,6 +1485,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
             zero_latency=a.zero_latency,
             output_tokens=a.output_tokens,
             graceful_shutdown_s=a.graceful_shutdown_s,
+            admin_faults=a.admin_faults,
         )
     except ValueError as exc:
         p.error(str(exc))

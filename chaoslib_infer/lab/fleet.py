@@ -10,6 +10,7 @@ Layout of ``state_dir`` (nothing is written outside it, apart from the lab's cgr
     ledger.jsonl             engine ledger, shared by every replica (ground truth, sim engine)
     events.jsonl             start / ready / exit / fault records (ground truth)
     faults.json              active faults (memory hogs)
+    placement.json           replica -> node (labs with nodes; see chaoslib_infer.lab.nodes)
     logs/                    replica, HAProxy stderr and recorder logs
 
 Process tree: ``supervisord`` (in cgroup ``ctl``) supervises every replica (``cgexec`` moves
@@ -59,6 +60,8 @@ REQUEST_LOG = "haproxy-requests.log"
 SUPERVISOR_SOCK = "supervisor.sock"
 HAPROXY_SOCK = "haproxy.sock"
 MAX_REPLICAS = 32
+#: dead-man TTL of a fault record without ``ttl_s`` (seconds; see chaoslib_infer.safety.deadman)
+DEFAULT_FAULT_TTL_S = 120.0
 MIN_MEMORY_MB = 32
 TICK_S = 0.02  # supervisord wake-up period (see recorder.tick_forever)
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -216,8 +219,10 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _http_status(port: int, path: str = "/health", timeout_s: float = 0.5) -> int | None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+def _http_status(
+    port: int, path: str = "/health", timeout_s: float = 0.5, host: str = "127.0.0.1"
+) -> int | None:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
         conn.request("GET", path)
         return conn.getresponse().status
@@ -268,9 +273,23 @@ def _tail(path: Path, lines: int = 1) -> str:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    """Durable atomic write: temporary sibling, fsync, rename, fsync of the directory.
+
+    A reader (or a process killed mid-write) sees either the old or the new file, never half of
+    one; after return the new content survives a machine crash (faults.json is the rollback ledger).
+    """
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(data, indent=2) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def _conf_value(argv: list[str]) -> str:
@@ -319,6 +338,16 @@ startsecs=0
 stopwaitsecs=1
 stdout_logfile=NONE
 stderr_logfile=NONE
+
+[program:watchdog]
+command={watchdog}
+priority=2
+autorestart=true
+startsecs=0
+stopwaitsecs=2
+redirect_stderr=true
+stdout_logfile={logs}/watchdog.log
+stdout_logfile_maxbytes=0
 
 [program:haproxy]
 command={haproxy}
@@ -377,12 +406,37 @@ class Lab:
         memory_limit_mb: int = 512,
         engine_args: dict[str, object] | None = None,
         ready_timeout_s: float = 60.0,
+        standby: int = 0,
+        autoscale: bool = False,
+        scale_out_queue: float = 4.0,
+        scale_out_after_s: float = 1.0,
+        scale_out_cooldown_s: float = 10.0,
+        nodes: int | None = None,
+        spare_node: bool | None = None,
+        gateway_retry: bool = False,
     ) -> Lab:
         """Start a lab and wait until every replica is ready and HAProxy answers.
 
+        ``standby`` replicas are configured but not started (supervisord ``autostart=false``,
+        HAProxy server in maintenance); ``autoscale`` runs the scale-out policy over them, with
+        ``scale_out_queue`` (queue depth, requests), ``scale_out_after_s`` and
+        ``scale_out_cooldown_s`` (seconds): see :mod:`chaoslib_infer.lab.scaling`.
+
+        ``nodes=N`` (N >= 1) groups the replicas round-robin into N nodes, each a network
+        namespace, plus one empty spare node unless ``spare_node`` is False (see
+        :mod:`chaoslib_infer.lab.nodes`); ``None``/0 keeps every replica on loopback.
+
+        ``gateway_retry=True`` makes HAProxy retry a request that a replica refused or answered
+        503 (before any generation) on another replica, redispatching on every retry (``retry-on
+        conn-failure 503``, ``retries 3``, ``option redispatch 1``), and eject a replica at its
+        first connection error (``observe layer7 error-limit 1 on-error mark-down``, ``fastinter
+        100ms``); the default gateway relies on its health checks alone (``inter 500ms fall 2``),
+        so a restarted replica that is still loading answers 503s to clients until it is DOWN.
+
         Raises:
             LabError: bad arguments, missing HAProxy, no memory cgroup, lab already running in
-                ``state_dir``, or not ready in time (everything started is torn down first).
+                ``state_dir``, or not ready in time (everything started is torn down first);
+                with nodes: ``ip`` missing or network namespaces not permitted.
         """
         if not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
             raise LabError(f"replicas must be between 1 and {MAX_REPLICAS}, got {replicas!r}")
@@ -394,9 +448,18 @@ class Lab:
             )
         if ready_timeout_s <= 0:
             raise LabError(f"ready_timeout_s must be positive, got {ready_timeout_s}")
+        from chaoslib_infer.lab import scaling
+
+        scaling_meta = scaling.scaling_options(
+            replicas, standby, autoscale, scale_out_queue, scale_out_after_s,
+            scale_out_cooldown_s, MAX_REPLICAS,
+        )  # fmt: skip
         state_dir = Path(state_dir).resolve()
         ledger = state_dir / LEDGER_FILE
-        engine_command(engine, "r0", 1, ledger, engine_args)  # validates the engine name
+        sample_argv = engine_command(engine, "r0", 1, ledger, engine_args)  # validates the name
+        from chaoslib_infer.lab import nodes as lab_nodes
+
+        n_nodes, spare = lab_nodes.validate_nodes(nodes, spare_node, sample_argv)
         haproxy_bin = hap.find_haproxy()
         if haproxy_bin is None:
             raise LabError("haproxy not found: apt-get install haproxy")
@@ -416,7 +479,7 @@ class Lab:
         elif not _port_free(port):
             raise LabError(f"port {port} on 127.0.0.1 is already in use")
         ports: list[int] = []
-        while len(ports) < replicas:
+        while len(ports) < replicas + standby:
             p = _free_port()
             if p != port and p not in ports:
                 ports.append(p)
@@ -428,6 +491,8 @@ class Lab:
             SUPERVISORD_LOG,
             FAULTS_FILE,
             "supervisord.out",
+            scaling.QUEUE_SAMPLES,
+            "placement.json",
         ):
             with contextlib.suppress(FileNotFoundError):
                 (state_dir / name).unlink()
@@ -438,7 +503,7 @@ class Lab:
 
         lab_id = secrets.token_hex(4)
         root = hierarchy.base / f"chaos-infer-{lab_id}"
-        names = [f"r{i}" for i in range(replicas)]
+        names = [f"r{i}" for i in range(replicas + standby)]
         meta: dict[str, Any] = {
             "lab_id": lab_id,
             "state_dir": str(state_dir),
@@ -447,14 +512,21 @@ class Lab:
             "engine": engine,
             "engine_args": dict(engine_args or {}),
             "health_path": health_path(engine),
+            "gateway_retry": bool(gateway_retry),
             "memory_limit_bytes": memory_limit_mb << 20,
             "cgroup_version": hierarchy.version,
             "cgroup_root": str(root),
             "ctl_cgroup": str(root / "ctl"),
             "replicas": [
-                {"name": n, "port": p, "cgroup": str(root / n)}
-                for n, p in zip(names, ports, strict=True)
+                {
+                    "name": n,
+                    "port": p,
+                    "cgroup": str(root / n),
+                    **({"standby": True} if i >= replicas else {}),
+                }
+                for i, (n, p) in enumerate(zip(names, ports, strict=True))
             ],
+            "scaling": scaling_meta,
             "pids": {},
             "started_at": time.time(),
             "ready_at": None,
@@ -462,6 +534,8 @@ class Lab:
         }
         lab = cls(state_dir, meta)
         try:
+            if n_nodes:
+                lab_nodes.plan_nodes(meta, n_nodes, spare)
             lab._start(haproxy_bin)
             lab._wait_ready(ready_timeout_s)
         except BaseException as exc:
@@ -484,15 +558,28 @@ class Lab:
         _write_json(sd / LAB_FILE, meta)
 
         cfg = sd / "haproxy.cfg"
+        from chaoslib_infer.lab import scaling
+
         cfg.write_text(
-            hap.render_config(
-                meta["lab_id"],
-                int(meta["port"]),
-                [(r["name"], int(r["port"])) for r in meta["replicas"]],
-                sd / HAPROXY_SOCK,
-                health_path=self._health_path(),
+            scaling.mark_standby_servers(
+                hap.render_config(
+                    meta["lab_id"],
+                    int(meta["port"]),
+                    [(r["name"], int(r["port"])) for r in meta["replicas"]],
+                    sd / HAPROXY_SOCK,
+                    health_path=self._health_path(),
+                    retry_elsewhere=bool(meta.get("gateway_retry")),
+                ),
+                [r["name"] for r in meta["replicas"] if r.get("standby")],
             )
         )
+        lab_nodes: Any = None
+        if meta.get("nodes"):  # namespaces first; replicas on nodes listen on the node address
+            from chaoslib_infer.lab import nodes as lab_nodes
+
+            lab_nodes.setup_nodes(self)
+            hosts = {r["name"]: (r["host"], int(r["port"])) for r in meta["replicas"]}
+            cfg.write_text(lab_nodes.haproxy_config(cfg.read_text(), hosts))
         check = subprocess.run(
             [haproxy_bin, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True, timeout=10
         )
@@ -514,9 +601,21 @@ class Lab:
                 "--",
                 *cmd,
             ]
-            programs.append(
-                _PROGRAM.format(name=rep["name"], command=_conf_value(wrapped), logs=sd / "logs")
+            if lab_nodes is not None:  # cgroup, then the node's namespace, then the engine
+                wrapped = lab_nodes.program_command(sd, rep, cmd)
+            block = _PROGRAM.format(
+                name=rep["name"], command=_conf_value(wrapped), logs=sd / "logs"
             )
+            if rep.get("standby"):  # configured, started by the autoscaler or a drill
+                block = block.replace("autostart=true", "autostart=false")
+            programs.append(block)
+        programs.append(
+            scaling.supervisor_program(
+                meta,
+                sd,
+                [sys.executable, "-m", "chaoslib_infer.lab.scaling", "--state-dir", str(sd)],
+            )
+        )
         conf = sd / "supervisord.conf"
         conf.write_text(
             _SUPERVISORD_CONF.format(
@@ -530,6 +629,9 @@ class Lab:
                 ),
                 ticker=_conf_value(
                     [sys.executable, "-m", "chaoslib_infer.lab.recorder", "--tick-s", f"{TICK_S:g}"]
+                ),
+                watchdog=_conf_value(
+                    [sys.executable, "-m", "chaoslib_infer.safety.deadman", "--state-dir", str(sd)]
                 ),
                 haproxy=_conf_value([haproxy_bin, "-db", "-f", str(cfg)]),
                 request_log=sd / REQUEST_LOG,
@@ -622,14 +724,17 @@ class Lab:
                 return f"{name} is {info['statename']}"
         exits: dict[str, list[dict[str, Any]]] = {}
         for ev in self.events():
-            if ev.get("event") == "exit":
+            if ev.get("event") == "exit" and not ev.get("expected"):  # not a supervisord stop
                 exits.setdefault(ev["replica"], []).append(ev)
         for name, evs in exits.items():
             if len(evs) >= 3:
                 last = _tail(sd / "logs" / f"{name}.log")
                 return f"FATAL:{name} keeps exiting ({evs[-1]['cause']}): {last or 'no output'}"
         for rep in self.meta["replicas"]:
-            if _http_status(int(rep["port"]), self._health_path()) != 200:
+            if rep.get("standby"):
+                continue
+            host = self.replica_host(rep["name"])
+            if _http_status(int(rep["port"]), self._health_path(), host=host) != 200:
                 return f"{rep['name']} {self._health_path()} not 200 (log: {_tail(sd / 'logs' / (rep['name'] + '.log')) or 'empty'})"
         try:
             stats = hap.show_stat(sd / HAPROXY_SOCK)
@@ -675,7 +780,7 @@ class Lab:
 
     def replica_names(self) -> list[str]:
         """``["r0", "r1", ...]``."""
-        return [r["name"] for r in self.meta["replicas"]]
+        return [r["name"] for r in self.meta["replicas"] if not r.get("standby")]
 
     def engine_name(self) -> str:
         """Engine the replicas run (``"sim"`` | ``"llama-cpp"``)."""
@@ -719,6 +824,27 @@ class Lab:
         pids["replicas"] = {n: infos.get(n, {}).get("pid") or None for n in self.replica_names()}
         return pids
 
+    def replica_host(self, name: str) -> str:
+        """Address replica ``name`` listens on: its node's IP, or 127.0.0.1 without nodes."""
+        if not self.meta.get("nodes"):
+            return "127.0.0.1"
+        from chaoslib_infer.lab.netns import replica_host
+
+        return replica_host(self.state_dir, name)
+
+    def lose_node(
+        self, node: str = "auto", down_s: float = 60.0, reschedule_after_s: float = 3.0
+    ) -> dict[str, Any]:
+        """Lose a whole node (network cut, replicas killed; rescheduled onto a spare node after
+        ``reschedule_after_s``, node back after ``down_s``): see :mod:`chaoslib_infer.lab.nodes`.
+
+        Raises:
+            LabError: see :func:`chaoslib_infer.lab.nodes.lose_node`.
+        """
+        from chaoslib_infer.lab import nodes as lab_nodes
+
+        return lab_nodes.lose_node(self, node, down_s, reschedule_after_s)
+
     def replica_pid(self, name: str) -> int | None:
         """Current pid of a replica's engine (None when not running)."""
         self._replica(name)
@@ -751,16 +877,26 @@ class Lab:
                     "pid": info.get("pid") or None,
                     "state": info.get("statename", "DOWN" if not running else "UNKNOWN"),
                     "healthy": running
-                    and _http_status(int(rep["port"]), self._health_path(), 0.5) == 200,
+                    and _http_status(
+                        int(rep["port"]), self._health_path(), 0.5, self.replica_host(name)
+                    )
+                    == 200,
+                    "host": self.replica_host(name),
                     "haproxy_status": srv.get("status") or None,
                     "cgroup": rep["cgroup"],
                     "memory_bytes": cg.usage_bytes(),
                     "memory_limit_bytes": cg.limit_bytes(),
                     "oom_kills": cg.oom_kills(),
                     "restarts": max(0, starts.get(name, 0) - 1),
+                    "standby": bool(rep.get("standby")),
                 }
             )
         hinfo = infos.get("haproxy", {})
+        node_info: dict[str, Any] = {}
+        if self.meta.get("nodes"):
+            from chaoslib_infer.lab import nodes as lab_nodes
+
+            node_info["nodes"] = lab_nodes.node_status(self)
         return {
             "url": self.url,
             "engine": self.engine_name(),
@@ -771,6 +907,7 @@ class Lab:
             "haproxy": {"pid": hinfo.get("pid") or None, "state": hinfo.get("statename", "DOWN")},
             "cgroup_version": self.meta["cgroup_version"],
             "replicas": reps,
+            **node_info,
             "active_faults": self._active_faults(),
         }
 
@@ -814,15 +951,28 @@ class Lab:
             record: JSON-able mapping with at least ``kind`` and ``module``: the module that injected
                 it, which must define ``undo_fault(lab, record) -> str | None`` (idempotent; returns a
                 description of what it undid) and ``fault_active(lab, record) -> bool``. Put in it
-                everything the undo needs (pids, paths, previous values). ``injected_at`` is added.
+                everything the undo needs (pids, paths, previous values). ``injected_at`` is added,
+                and ``ttl_s`` (:data:`DEFAULT_FAULT_TTL_S` when absent): the lab's dead-man
+                watchdog undoes the fault once ``injected_at + ttl_s`` has passed, even if the
+                runner that injected it was killed (``chaoslib_infer.safety.deadman``).
 
         Returns:
             The fault id (also stored as ``record["id"]``).
         """
         if "kind" not in record or "module" not in record:
             raise LabError("a fault record needs 'kind' and 'module'")
+        ttl = record.get("ttl_s")
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0
+        ):
+            raise LabError(f"a fault record's ttl_s must be a positive number, got {ttl!r}")
         fault_id = f"{record['kind']}-{os.urandom(4).hex()}"
-        entry = {**record, "id": fault_id, "injected_at": record.get("injected_at", time.time())}
+        entry = {
+            **record,
+            "id": fault_id,
+            "injected_at": record.get("injected_at", time.time()),
+            "ttl_s": float(ttl if ttl is not None else DEFAULT_FAULT_TTL_S),
+        }
         with self._faults() as faults:
             faults.append(entry)
         append_event(
@@ -1103,6 +1253,10 @@ class Lab:
         for cand in cands:
             if cand and _alive(int(cand)) and str(self.state_dir) in _cmdline(int(cand)):
                 _kill(int(cand))
+        if self.meta.get("nodes"):  # namespaces, veths, guard route (processes are gone)
+            from chaoslib_infer.lab import nodes as lab_nodes
+
+            errors += lab_nodes.teardown_nodes(self.meta)
         try:
             remove_tree(root)
         except CgroupError as exc:

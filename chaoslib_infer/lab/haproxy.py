@@ -65,10 +65,17 @@ backend engines
     balance leastconn
     option httpchk GET {health_path}
     http-check expect status 200
-    default-server inter 500ms fall 2 rise 2 maxconn {maxconn}
+    default-server inter 500ms fall 2 rise 2 maxconn {maxconn}{server_extra}
     http-response set-header X-Lab-Server %s
-{servers}
+{backend_extra}{servers}
 """
+
+#: ``retry_elsewhere``: retry a request that a replica refused or answered 503 (not generated yet:
+#: no duplicate generation) on another replica, redispatching on every retry, and mark a replica
+#: DOWN at its first connection failure (``observe layer7``), checking every 100 ms while a server
+#: changes state.
+_RETRY_BACKEND = "    retries 3\n    option redispatch 1\n    retry-on conn-failure 503\n"
+_RETRY_SERVER = " fastinter 100ms observe layer7 error-limit 1 on-error mark-down"
 
 
 def find_haproxy() -> str | None:
@@ -86,8 +93,13 @@ def render_config(
     stats_socket: Path,
     maxconn: int = 32,
     health_path: str = "/health",
+    retry_elsewhere: bool = False,
 ) -> str:
-    """Render haproxy.cfg for a frontend on 127.0.0.1:``port`` and ``(name, port)`` servers."""
+    """Render haproxy.cfg for a frontend on 127.0.0.1:``port`` and ``(name, port)`` servers.
+
+    ``retry_elsewhere`` adds :data:`_RETRY_BACKEND` / :data:`_RETRY_SERVER` (``Lab.up(gateway_retry=
+    True)``); without it HAProxy relies on its health checks alone (``inter 500ms fall 2``).
+    """
     lines = [f"    server {name} 127.0.0.1:{sport} check" for name, sport in servers]
     return _CONFIG.format(
         lab_id=lab_id,
@@ -97,6 +109,8 @@ def render_config(
         maxconn=maxconn,
         health_path=health_path,
         servers="\n".join(lines),
+        server_extra=_RETRY_SERVER if retry_elsewhere else "",
+        backend_extra=_RETRY_BACKEND if retry_elsewhere else "",
     )
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from chaoslib_infer.lab.cgroups import MemoryCgroup
+from chaoslib_infer.lab.netns import replica_host
 
 __all__ = ["Recorder", "append_event", "main", "read_events"]
 
@@ -187,8 +188,8 @@ class Recorder:
             self.emit(record)
 
     # -- readiness ------------------------------------------------------------------------
-    def _healthy(self, port: int) -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=0.25)
+    def _healthy(self, port: int, host: str = "127.0.0.1") -> bool:
+        conn = http.client.HTTPConnection(host, port, timeout=0.25)
         try:
             conn.request("GET", self.health_path)
             return conn.getresponse().status == 200
@@ -202,7 +203,8 @@ class Recorder:
         with self.lock:
             waiting = [n for n, w in self.awaiting_ready.items() if w]
         for name in waiting:
-            if self._healthy(self.ports[name]):
+            # a replica on a lab node listens on its node's address (placement.json)
+            if self._healthy(self.ports[name], replica_host(self.state_dir, name)):
                 with self.lock:
                     if not self.awaiting_ready[name]:
                         continue

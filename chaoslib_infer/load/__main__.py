@@ -11,6 +11,8 @@ Prints one progress line every 5 s to stderr (``sent, ok, failed, in flight``) a
 line to stdout at the end. SIGTERM/SIGINT: stop sending, cancel in-flight attempts (they are
 dropped, not recorded: the service did not fail them), flush the records file, exit 0.
 Exit 2 with one error line on bad arguments or an unwritable output file.
+``$CHAOS_INFER_API_KEY``, when set, is sent as ``Authorization: Bearer`` (unless ``--header``
+sets Authorization): the key stays off the command line.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -131,6 +134,10 @@ def _main(argv: list[str] | None, early: list[int]) -> int:
             parser.error(f"--header must be K:V, got {h!r}")
         k, v = h.split(":", 1)
         headers[k.strip()] = v.strip()
+    # API key from the environment only (never in argv, where `ps` shows it); see safety/redact.py
+    api_key = os.environ.get("CHAOS_INFER_API_KEY", "").strip()
+    if api_key and not any(k.lower() == "authorization" for k in headers):
+        headers["Authorization"] = f"Bearer {api_key}"
     try:
         spec = LoadSpec(
             url=args.url,

@@ -130,23 +130,23 @@ class RecordWriter:
 
 
 def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Yield the records of a JSONL file; see ``read_records`` for the tolerance rules."""
+    """Yield the records of a JSONL file, streaming line by line (constant memory); see
+    ``read_records`` for the tolerance rules."""
+    bad: int | None = None
     with open(path, "rb") as fh:
-        data = fh.read()
-    lines = data.split(b"\n")
-    last = len(lines) - 1
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            if i == last or (i == last - 1 and not lines[last].strip()):
-                return  # truncated last line of a killed writer
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}: line {i + 1} is not a JSON object")
-        yield obj
+        for i, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            if bad is not None:
+                raise ValueError(f"{path}: line {bad} is not valid JSON")
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                bad = i  # tolerated only when nothing but blank lines follows
+                continue
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}: line {i} is not a JSON object")
+            yield obj
 
 
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -1,0 +1,138 @@
+"""Figures of the ``engine-fault`` kind: sabotaged requests, how many the client caught, and how
+long the health endpoint disagreed with the completions.
+
+Ground truth: the engine's own ledger (one ``"event": "fault"`` line per sabotaged request, written
+by the sim engine when it sabotages it) and the lab's exit events (``crash_on_long_prompt``).
+Client view: the load records' error classes, and the health samples/checks that
+:func:`chaoslib_infer.activities.health.health_disagreement_check` wrote to the run folder.
+Definitions: ``shared/measurement.md`` (failure classes, health disagreement) and
+:mod:`chaoslib_infer.measure.health`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaoslib_infer.evidence.figures import DrillContext, read_jsonl
+from chaoslib_infer.measure.health import health_disagreement, replica_of_requests
+
+__all__ = ["EXPECTED_CLASSES", "compute"]
+
+#: Error classes a client should record for a request sabotaged by each mode (empty: the mode
+#: shows in latency, not in an error class).
+EXPECTED_CLASSES: dict[str, frozenset[str]] = {
+    # http_5xx: the 503 a hung request gets when the hang is cleared, or a proxy's 504
+    "hang": frozenset({"timeout_ttft", "timeout_total", "http_5xx"}),
+    "reset_after_k": frozenset({"reset"}),
+    "stall": frozenset({"timeout_idle", "timeout_total"}),
+    "error_in_stream": frozenset({"stream_error"}),
+    "empty": frozenset({"empty"}),
+    "garbled": frozenset({"garbled"}),
+    "truncated": frozenset({"truncated"}),
+    "slowdown": frozenset(),
+    "crash_on_long_prompt": frozenset({"reset", "connect", "timeout_connect", "http_5xx"}),
+}
+
+
+def _health_disagreement_s(ctx: DrillContext) -> float | None:
+    """Recompute each logged health check over its own samples; None when no check ran."""
+    checks = read_jsonl(ctx.run_dir / "health_checks.jsonl")
+    if not checks:
+        return None
+    samples = read_jsonl(ctx.run_dir / "health_samples.jsonl")
+    replica_of = replica_of_requests(ctx.ledger)
+    total = 0.0
+    for chk in checks:
+        lo, hi = float(chk.get("started_at") or 0.0), float(chk.get("ended_at") or 0.0)
+        mine = [
+            s
+            for s in samples
+            if s.get("replica") == chk.get("replica") and lo <= float(s.get("t") or 0.0) <= hi
+        ]
+        res = health_disagreement(
+            mine,
+            ctx.records,
+            window_s=float(chk.get("window_s") or 1.0),
+            replica_of=replica_of,
+            min_failed_ratio=float(chk.get("min_failed_ratio") or 1.0),
+        )
+        total += float(res["disagreement_s"])
+    return total
+
+
+def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return ``(figures, ground_truth)`` for the engine faults of the run.
+
+    Figures: ``sabotaged_requests`` (this drill's requests the engine sabotaged, from its ledger),
+    ``caught_requests`` (of those, requests whose record failed with the mode's expected class,
+    :data:`EXPECTED_CLASSES`), ``missed_requests`` (sabotaged by a mode with an expected class but
+    not caught), ``sabotaged_by_mode``/``caught_by_mode`` (counts), ``health_disagreement_s``
+    (seconds, recomputed from the health checks' samples; None when no check ran).
+    Ground truth: ``fault_at`` (first fault armed, unix s), ``cleared_at``, ``replicas``, ``modes``,
+    ``sabotaged_request_ids`` (count per replica), ``replica_exits`` (lab exit events of those
+    replicas after the fault: ``{"replica", "t", "cause"}``).
+    """
+    sets = [
+        f for f in ctx.faults if f.get("kind") == "engine-fault" and f.get("phase") != "cleared"
+    ]
+    clears = [
+        f for f in ctx.faults if f.get("kind") == "engine-fault" and f.get("phase") == "cleared"
+    ]
+    ids = {r.get("request_id") for r in ctx.records}
+    ids.discard(None)
+    sabotaged: dict[str, str] = {}
+    by_replica: dict[str, int] = {}
+    for e in ctx.ledger:
+        if e.get("event") != "fault" or e.get("request_id") not in ids:
+            continue
+        rid = str(e["request_id"])
+        if rid not in sabotaged:
+            by_replica[str(e.get("replica"))] = by_replica.get(str(e.get("replica")), 0) + 1
+        sabotaged[rid] = str(e.get("mode"))
+    classes: dict[str, set[str]] = {}
+    for r in ctx.records:
+        if not r.get("ok") and r.get("error_class"):
+            classes.setdefault(str(r.get("request_id")), set()).add(str(r["error_class"]))
+    sab_by_mode: dict[str, int] = {}
+    caught_by_mode: dict[str, int] = {}
+    missed = 0
+    for rid, mode in sabotaged.items():
+        sab_by_mode[mode] = sab_by_mode.get(mode, 0) + 1
+        expected = EXPECTED_CLASSES.get(mode, frozenset())
+        if expected and classes.get(rid, set()) & expected:
+            caught_by_mode[mode] = caught_by_mode.get(mode, 0) + 1
+        elif expected:
+            missed += 1
+    figures: dict[str, Any] = {
+        "sabotaged_requests": len(sabotaged),
+        "caught_requests": sum(caught_by_mode.values()),
+        "missed_requests": missed,
+        "sabotaged_by_mode": sab_by_mode,
+        "caught_by_mode": caught_by_mode,
+        "health_disagreement_s": _health_disagreement_s(ctx),
+    }
+    fault_at = min((float(f["fault_at"]) for f in sets if f.get("fault_at")), default=None)
+    replicas = sorted({str(f.get("replica")) for f in sets})
+    ground: dict[str, Any] = {
+        "fault_at": fault_at,
+        "cleared_at": min(
+            (
+                float(f["fault_at"])
+                for f in clears
+                if f.get("fault_at") and (fault_at is None or float(f["fault_at"]) >= fault_at)
+            ),
+            default=None,
+        ),
+        "replicas": replicas,
+        "modes": sorted({str(f.get("mode")) for f in sets}),
+        "sabotaged_request_ids": by_replica,
+        "replica_exits": [
+            {"replica": e.get("replica"), "t": e.get("t"), "cause": e.get("cause")}
+            for e in ctx.lab_events
+            if e.get("event") == "exit"
+            and e.get("replica") in replicas
+            and fault_at is not None
+            and float(e.get("t") or 0.0) >= fault_at
+        ],
+    }
+    return figures, ground

@@ -1,0 +1,130 @@
+"""Figures of the ``quota-cut`` fault: does the quota (by default the capacity formula's instance
+count for the drill's own load) carry the load within the SLO?
+
+Definitions: the capacity formula of ``shared/domain.md`` ("Capacity planning"); SLO figures as in
+``shared/measurement.md`` over the requests *sent* while the cap was in place. Ground truth: the
+lab's fault ledger events (cut recorded, cap cleared), its exit/ready events for the stopped
+replicas, and HAProxy's request log (which replicas served requests during the cut).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from chaoslib_infer.evidence.figures import DrillContext, num
+from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.measure.metrics import window_stats
+
+__all__ = ["compute"]
+
+
+def _hypothesis_after(run_dir: Path) -> bool | None:
+    """The after-method steady-state verdict from the run's journal (None if not run)."""
+    try:
+        journal = json.loads((run_dir / "journal.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    after = (journal.get("steady_states") or {}).get("after") or {}
+    met = after.get("steady_state_met")
+    return bool(met) if met is not None else None
+
+
+def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return ``(figures, ground_truth)`` for the last ``quota-cut`` fault of the run.
+
+    Figures: ``planned_instances`` (formula), ``instances_held`` (the quota Q), ``held_at_quota``
+    (the after-method hypothesis verdict at Q: True / False / None when not evaluated),
+    ``quota_source``, the formula inputs (``offered_rps``, ``expected_latency_s``,
+    ``max_concurrency_per_instance``, ``redundancy_factor``, ``capacity_raw``), ``replicas_stopped``,
+    ``cut_s`` (seconds to drain and stop them) and the SLO figures over requests sent while the cap
+    held: ``quota_requests``, ``quota_availability``, ``quota_error_rate``, ``quota_timeout_rate``,
+    ``quota_p50_e2e_s``, ``quota_p95_e2e_s``, ``quota_p99_e2e_s``.
+    Ground truth: ``fault_at``, ``cut_done_at``, ``restored_at`` (cap cleared in the fault ledger),
+    ``quota``, ``kept``, ``stopped``, ``stopped_exits`` (the lab's exit events of the stopped
+    replicas), ``servers_serving_during_cut`` (HAProxy log: servers that were sent requests while
+    the cap held), ``instances_serving_during_cut``, ``restored_ready_at`` (ready events after the
+    rollback), ``scale_outs_during_cut`` (autoscaler triggers while capped; 0 expected).
+    """
+    fault = ctx.last_fault("quota-cut")
+    if fault is None:
+        return {}, {}
+    fault_at = float(fault["fault_at"])
+    cut_done = float(fault.get("cut_done_at") or fault_at)
+    stopped = [str(n) for n in fault.get("stopped") or []]
+    restored_at = next(
+        (
+            float(e["t"])
+            for e in ctx.lab_events
+            if e.get("event") == "fault"
+            and e.get("phase") == "cleared"
+            and e.get("fault_id") == fault.get("fault_id")
+        ),
+        None,
+    )
+    end = restored_at
+    if end is None:
+        end = max((float(r["sent_at"]) for r in ctx.records if r.get("sent_at")), default=cut_done)
+    at_q = window_stats(ctx.records, start=cut_done, end=end)
+    figures: dict[str, Any] = {
+        "planned_instances": int(fault["planned_instances"]),
+        "instances_held": int(fault["quota"]),
+        "held_at_quota": _hypothesis_after(ctx.run_dir),
+        "quota_source": fault.get("quota_source"),
+        "offered_rps": num(fault.get("offered_rps")),
+        "expected_latency_s": num(fault.get("expected_latency_s")),
+        "max_concurrency_per_instance": fault.get("max_concurrency_per_instance"),
+        "redundancy_factor": num(fault.get("redundancy_factor")),
+        "capacity_raw": num(fault.get("capacity_raw")),
+        "capacity_formula": fault.get("formula"),
+        "replicas_stopped": len(stopped),
+        "cut_s": cut_done - fault_at,
+        "quota_requests": int(at_q.get("requests") or 0),
+        "quota_availability": num(at_q.get("availability")),
+        "quota_error_rate": num(at_q.get("error_rate")),
+        "quota_timeout_rate": num(at_q.get("timeout_rate")),
+        "quota_p50_e2e_s": num(at_q.get("p50_e2e_s")),
+        "quota_p95_e2e_s": num(at_q.get("p95_e2e_s")),
+        "quota_p99_e2e_s": num(at_q.get("p99_e2e_s")),
+    }
+    exits = [
+        e
+        for e in ctx.lab_events
+        if e.get("event") == "exit"
+        and e.get("replica") in stopped
+        and fault_at - 0.5 <= float(e["t"]) <= (restored_at or float("inf"))
+    ]
+    ready = {
+        e["replica"]: float(e["t"])
+        for e in ctx.lab_events
+        if e.get("event") == "ready" and e.get("replica") in stopped and float(e["t"]) >= cut_done
+    }
+    serving: set[str] = set()
+    lab_dir = fault.get("lab_dir")
+    if lab_dir:
+        for entry in hap.parse_request_log(Path(str(lab_dir)) / "haproxy-requests.log"):
+            t = entry.forwarded_t
+            if t is not None and cut_done <= t < end and entry.server != "<NOSRV>":
+                serving.add(entry.server)
+    scale_outs = [
+        e
+        for e in ctx.lab_events
+        if e.get("event") == "scale_out_triggered" and fault_at <= float(e["t"]) < end
+    ]
+    ground: dict[str, Any] = {
+        "fault_at": fault_at,
+        "cut_done_at": cut_done,
+        "restored_at": restored_at,
+        "quota": int(fault["quota"]),
+        "kept": fault.get("kept"),
+        "stopped": stopped,
+        "stopped_exits": [
+            {"replica": e["replica"], "t": e["t"], "expected": e.get("expected")} for e in exits
+        ],
+        "servers_serving_during_cut": sorted(serving),
+        "instances_serving_during_cut": len(serving),
+        "restored_ready_at": ready,
+        "scale_outs_during_cut": len(scale_outs),
+    }
+    return figures, ground

@@ -1,0 +1,344 @@
+"""The game day's scorecard, in the seed's tiers (``shared/domain.md``, "Priorities").
+
+Tier 1, stability, comes first: error rate, P99 latency, recovery time, disaster tolerance. Tier 2,
+performance and cost: QPS, P50 latency, cost per request (only when a price is given). Tier 3, model
+quality, is out of scope: this project measures the service, not the model.
+
+Inputs are ``summary.json`` (each drill's ``figures`` and ``hypothesis``) and, where the run folder
+is at hand, each drill's ``records.jsonl`` (for achieved QPS and output tokens). References are the
+seed's acceptance references (``chaoslib_infer.measure.slo.Thresholds`` defaults): error rate below
+0.1%, P99 at most 10 s, P50 within 2 s (chat), recovery "minutes at most" (read here as 5 minutes).
+
+Definitions used:
+
+- **error rate**: failed attempts / attempted requests over all drills together (faults included:
+  a drill's own hypothesis judges its steady state; this row shows what users saw overall).
+- **P99**: the worst drill's P99 E2E latency over its successful requests (seconds).
+- **recovery time**: per drill the first present of ``recovery_s`` (back inside the baseline
+  bands), ``interruption_s`` (first to last user-visible failure), ``restart_s``; the worst drill.
+- **disaster tolerance**: drills whose steady-state hypothesis held after the fault / drills run.
+- **QPS**: successful requests per second of load time (first send to last end) of each drill: the
+  throughput achieved at the drill's offered load, not the saturation peak.
+- **cost per request**: ``price_per_1k_tokens x mean output tokens of successful requests / 1000``,
+  or ``price_per_instance_hour x replicas x load hours / successful requests``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from chaoslib_infer.load.records import read_records
+
+__all__ = [
+    "ERROR_RATE_REFERENCE",
+    "P50_REFERENCE_S",
+    "P99_REFERENCE_S",
+    "RECOVERY_REFERENCE_S",
+    "build_scorecard",
+    "drill_load_stats",
+]
+
+#: Acceptance references (shared/domain.md, "Acceptance metrics").
+ERROR_RATE_REFERENCE = 0.001
+P99_REFERENCE_S = 10.0
+P50_REFERENCE_S = 2.0
+#: "Recovery time: minutes at most" read as five minutes.
+RECOVERY_REFERENCE_S = 300.0
+_RECOVERY_FIGURES = ("recovery_s", "interruption_s", "restart_s")
+
+MODEL_QUALITY_NOTE = (
+    "Out of scope: chaoslib-infer measures the inference service (latency, throughput, "
+    "stability), not the model. Judge model quality with offline evaluations (e.g. MMLU, "
+    "HumanEval, your own task set) on the same model and quantisation."
+)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _ts(value: Any) -> float | None:
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value:
+        try:
+            return dt.datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def drill_load_stats(drill_dir: Path) -> dict[str, Any] | None:
+    """Achieved throughput of one drill from its ``records.jsonl``.
+
+    Returns:
+        ``{"ok", "attempts", "load_s", "qps", "mean_output_tokens"}`` (``load_s`` seconds from the
+        first send to the last end; ``qps`` successful requests per second of it), or ``None``
+        without records.
+    """
+    path = drill_dir / "records.jsonl"
+    if not path.is_file():
+        return None
+    records = read_records(path)
+    if not records:
+        return None
+    starts = [float(r["sent_at"]) for r in records if r.get("sent_at") is not None]
+    ends = [float(r["end_at"]) for r in records if r.get("end_at") is not None]
+    ok = [r for r in records if r.get("ok")]
+    load_s = (max(ends) - min(starts)) if starts and ends else 0.0
+    tokens = [int(r.get("output_tokens") or 0) for r in ok]
+    return {
+        "ok": len(ok),
+        "attempts": len(records),
+        "load_s": load_s,
+        "qps": (len(ok) / load_s) if load_s > 0 else None,
+        "mean_output_tokens": (sum(tokens) / len(tokens)) if tokens else None,
+    }
+
+
+def _row(
+    metric: str,
+    value: float | None,
+    unit: str,
+    reference: str,
+    passed: bool | None,
+    note: str = "",
+) -> dict[str, Any]:
+    return {
+        "metric": metric,
+        "value": value,
+        "unit": unit,
+        "reference": reference,
+        "passed": passed,
+        "note": note,
+    }
+
+
+def _recovery(figures: dict[str, Any]) -> tuple[float | None, str | None]:
+    for name in _RECOVERY_FIGURES:
+        value = _num(figures.get(name))
+        if value is not None:
+            return value, name
+    return None, None
+
+
+def _tier_verdict(rows: list[dict[str, Any]]) -> str:
+    judged = [r["passed"] for r in rows if r["passed"] is not None]
+    if not judged:
+        return "NO DATA"
+    return "PASS" if all(judged) else "FAIL"
+
+
+def build_scorecard(
+    summary: dict[str, Any],
+    run_dir: Path | None = None,
+    pricing: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Score a game day in the seed's three tiers.
+
+    Args:
+        summary: the ``summary.json`` mapping (``drills[].figures``, ``hypothesis``, ``target``).
+        run_dir: the game-day folder; each ``<drill>/records.jsonl`` there gives QPS and tokens.
+        pricing: ``{"price_per_1k_tokens": float}`` and/or ``{"price_per_instance_hour": float}``
+            plus an optional ``"currency"`` (default ``"USD"``); ``None``: ``summary["pricing"]``.
+
+    Returns:
+        ``{"tiers": [{"tier", "name", "verdict", "rows", "drills"}, ...], "pricing"}``; rows are
+        ``{"metric", "value", "unit", "reference", "passed", "note"}`` (``passed`` ``None`` where
+        nothing is judged), ``drills`` per-drill figures. Tier 3 has ``"out_of_scope": True`` and a
+        ``note``.
+    """
+    drills = [d for d in summary.get("drills") or [] if isinstance(d, dict)]
+    pricing = pricing if pricing is not None else summary.get("pricing")
+    pricing = {k: v for k, v in (pricing or {}).items() if v is not None} or None
+    replicas = _num((summary.get("target") or {}).get("replicas"))
+
+    per_drill: list[dict[str, Any]] = []
+    total_req = 0.0
+    total_failed = 0.0
+    for d in drills:
+        fig = d.get("figures") or {}
+        rec_value, rec_name = _recovery(fig)
+        requests = _num(fig.get("requests")) or 0.0
+        err = _num(fig.get("error_rate"))
+        if err is not None and requests:
+            total_req += requests
+            total_failed += err * requests
+        load = drill_load_stats(run_dir / str(d.get("name"))) if run_dir is not None else None
+        qps = load["qps"] if load else None
+        if qps is None and requests:
+            start, end = _ts(d.get("started_at")), _ts(d.get("ended_at"))
+            avail = _num(fig.get("availability"))
+            if start is not None and end is not None and end > start and avail is not None:
+                qps = requests * avail / (end - start)
+        hyp = d.get("hypothesis") or {}
+        per_drill.append(
+            {
+                "name": d.get("name"),
+                "status": d.get("status"),
+                "requests": int(requests),
+                "error_rate": err,
+                "p50_e2e_s": _num(fig.get("p50_e2e_s")),
+                "p99_e2e_s": _num(fig.get("p99_e2e_s")),
+                "recovery_s": rec_value,
+                "recovery_figure": rec_name,
+                "tolerated": hyp.get("after") if isinstance(hyp, dict) else None,
+                "qps": qps,
+                "qps_source": "records" if load and load["qps"] is not None else "summary",
+                "load": load,
+            }
+        )
+
+    err_all = (total_failed / total_req) if total_req else None
+    p99s = [p["p99_e2e_s"] for p in per_drill if p["p99_e2e_s"] is not None]
+    recs = [p for p in per_drill if p["recovery_s"] is not None]
+    worst_rec = max(recs, key=lambda p: p["recovery_s"]) if recs else None
+    tolerated = [p for p in per_drill if p["tolerated"] is not None]
+    held = sum(1 for p in tolerated if p["tolerated"])
+    stability = [
+        _row(
+            "error rate",
+            err_all,
+            "ratio",
+            f"< {ERROR_RATE_REFERENCE:.1%}",
+            None if err_all is None else err_all < ERROR_RATE_REFERENCE,
+            "failed / attempted over all drills, fault windows included",
+        ),
+        _row(
+            "P99 E2E latency",
+            max(p99s) if p99s else None,
+            "s",
+            f"<= {P99_REFERENCE_S:g} s",
+            (max(p99s) <= P99_REFERENCE_S) if p99s else None,
+            "worst drill, successful requests",
+        ),
+        _row(
+            "recovery time",
+            worst_rec["recovery_s"] if worst_rec else None,
+            "s",
+            f"minutes at most (<= {RECOVERY_REFERENCE_S:g} s)",
+            (worst_rec["recovery_s"] <= RECOVERY_REFERENCE_S) if worst_rec else None,
+            f"worst drill: {worst_rec['name']} ({worst_rec['recovery_figure']})"
+            if worst_rec
+            else "no drill measured a recovery",
+        ),
+        _row(
+            "disaster tolerance",
+            (held / len(tolerated)) if tolerated else None,
+            "ratio",
+            "every drill's hypothesis holds after the fault",
+            (held == len(tolerated)) if tolerated else None,
+            f"{held} of {len(tolerated)} drills held"
+            + (
+                f" ({len(per_drill) - len(tolerated)} not evaluated)"
+                if len(tolerated) < len(per_drill)
+                else ""
+            ),
+        ),
+    ]
+
+    qps_values = [p["qps"] for p in per_drill if p["qps"] is not None]
+    p50s = [p["p50_e2e_s"] for p in per_drill if p["p50_e2e_s"] is not None]
+    performance = [
+        _row(
+            "QPS (achieved)",
+            max(qps_values) if qps_values else None,
+            "req/s",
+            "plan production at 70% of the saturation peak",
+            None,
+            "highest drill; at the drill's offered load, not the saturation peak "
+            "(run the three-phase load test for that)",
+        ),
+        _row(
+            "P50 E2E latency",
+            max(p50s) if p50s else None,
+            "s",
+            f"<= {P50_REFERENCE_S:g} s (chat)",
+            (max(p50s) <= P50_REFERENCE_S) if p50s else None,
+            "worst drill",
+        ),
+    ]
+    performance.append(_cost_row(per_drill, pricing, replicas))
+    tiers = [
+        {
+            "tier": 1,
+            "name": "Stability",
+            "rows": stability,
+            "verdict": _tier_verdict(stability),
+            "drills": per_drill,
+        },
+        {
+            "tier": 2,
+            "name": "Performance and cost",
+            "rows": performance,
+            "verdict": _tier_verdict(performance),
+            "drills": per_drill,
+        },
+        {
+            "tier": 3,
+            "name": "Model quality",
+            "rows": [],
+            "verdict": "OUT OF SCOPE",
+            "out_of_scope": True,
+            "note": MODEL_QUALITY_NOTE,
+            "drills": [],
+        },
+    ]
+    return {"tiers": tiers, "pricing": pricing}
+
+
+def _cost_row(
+    per_drill: list[dict[str, Any]], pricing: dict[str, Any] | None, replicas: float | None
+) -> dict[str, Any]:
+    if not pricing:
+        return _row(
+            "cost per request",
+            None,
+            "",
+            "lower is better",
+            None,
+            "not computed: no price given (price_per_1k_tokens or price_per_instance_hour)",
+        )
+    currency = str(pricing.get("currency") or "USD")
+    loads = [p["load"] for p in per_drill if p.get("load")]
+    per_1k = _num(pricing.get("price_per_1k_tokens"))
+    if per_1k is not None:
+        ok = sum(load["ok"] for load in loads)
+        tokens = sum((load["mean_output_tokens"] or 0.0) * load["ok"] for load in loads)
+        if ok:
+            mean_tokens = tokens / ok
+            return _row(
+                "cost per request",
+                per_1k * mean_tokens / 1000.0,
+                currency,
+                "lower is better",
+                None,
+                f"{per_1k:g} {currency} per 1k output tokens x {mean_tokens:.1f} mean output "
+                "tokens per successful request",
+            )
+    per_hour = _num(pricing.get("price_per_instance_hour"))
+    if per_hour is not None and replicas:
+        ok = sum(load["ok"] for load in loads)
+        hours = sum(load["load_s"] for load in loads) / 3600.0
+        if ok:
+            return _row(
+                "cost per request",
+                per_hour * replicas * hours / ok,
+                currency,
+                "lower is better",
+                None,
+                f"{per_hour:g} {currency} per instance-hour x {replicas:g} instances x "
+                f"{hours * 3600:.0f} s of load / {ok} successful requests",
+            )
+    return _row(
+        "cost per request",
+        None,
+        currency,
+        "lower is better",
+        None,
+        "not computed: a price was given but no drill records (requests, tokens) to divide by",
+    )

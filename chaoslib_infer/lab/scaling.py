@@ -1,0 +1,800 @@
+"""Replica caps, standby replicas and the lab's scale-out policy.
+
+Standby replicas (``Lab.up(..., standby=N)``) are configured but not started: a supervisord program
+with ``autostart=false`` and an HAProxy server declared ``disabled`` (maintenance). They are listed in
+``lab.json`` with ``"standby": true`` and are left out of ``Lab.replica_names()`` (the lab's initial,
+serving size), so readiness checks ignore them while the recorder still writes their
+start / ready / exit events.
+
+The scale-out policy (``Lab.up(..., autoscale=True)``) is the supervisord program ``autoscaler``
+(``python -m chaoslib_infer.lab.scaling --state-dir DIR``). Every ``sample_s`` (0.25 s) it reads the
+queue depth: HAProxy's backend ``qcur`` plus every running engine's ``vllm:num_requests_waiting``
+(``/metrics``). When the depth stays above ``scale_out_queue`` for ``scale_out_after_s`` seconds, and
+``scale_out_cooldown_s`` has passed since the last scale-out, it starts one standby replica (which
+pays its cold start: weight-load delay, then warm-up), enables it in HAProxy once its health
+endpoint answers 200, and waits for the first request it serves. It never grows the serving fleet
+beyond an active replica cap (a ``quota-cut`` fault). Ground truth, appended to ``events.jsonl``::
+
+    {"t", "event": "scale_out_triggered", "replica", "queue_depth", "haproxy_qcur",
+     "engines_waiting", "above_since", "threshold"}
+    {"t", "event": "scale_out_ready", "replica"}       health endpoint 200 after the start
+    {"t", "event": "scale_out_enabled", "replica"}     HAProxy server out of maintenance
+    {"t", "event": "scale_out_serving", "replica", "recorded_at"}
+        t = first request the replica served after the trigger (engine ledger / HAProxy log,
+        see ``Lab.served``); recorded_at = when the autoscaler wrote the line.
+
+Queue-depth samples go to ``state_dir/queue-depth.jsonl`` (``{"t", "depth", "haproxy_qcur",
+"engines_waiting"}``, one line per sample).
+
+Each scale-out is put in the lab's fault ledger (``kind: scale-out``, this module) before the standby
+starts, so any drill's ``clear-lab-faults`` rollback (and ``Lab.down``) returns the lab to its initial
+size. The ``quota-cut`` fault (a replica cap) and the ``traffic-spike`` fault are undone here too:
+see :func:`undo_fault` / :func:`fault_active`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import math
+import sys
+import threading
+import time
+import xmlrpc.client
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.lab.fleet import HAPROXY_SOCK, Lab, LabError, _rpc
+from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
+
+__all__ = [
+    "MODULE",
+    "QUEUE_SAMPLES",
+    "ScaleOutPolicy",
+    "Autoscaler",
+    "cap_replicas",
+    "fault_active",
+    "main",
+    "mark_standby_servers",
+    "max_concurrency_per_instance",
+    "queue_depth",
+    "replica_cap",
+    "restore_replicas",
+    "scaling_options",
+    "serving_replicas",
+    "standby_names",
+    "start_replica",
+    "stop_replica",
+    "supervisor_program",
+    "undo_fault",
+]
+
+#: ``module`` of every fault record this file owns (the lab imports it for undo).
+MODULE = "chaoslib_infer.lab.scaling"
+#: Queue-depth samples of the autoscaler, in the lab's state directory.
+QUEUE_SAMPLES = "queue-depth.jsonl"
+SAMPLE_S = 0.25
+_BACKEND = "engines"
+
+
+# --------------------------------------------------------------------------------------------
+# Lab.up options
+# --------------------------------------------------------------------------------------------
+def scaling_options(
+    replicas: int,
+    standby: int = 0,
+    autoscale: bool = False,
+    scale_out_queue: float = 4.0,
+    scale_out_after_s: float = 1.0,
+    scale_out_cooldown_s: float = 10.0,
+    max_replicas: int = 32,
+) -> dict[str, Any]:
+    """Validate the scaling options of ``Lab.up`` and return them for ``lab.json["scaling"]``.
+
+    Args:
+        replicas: serving replicas at start (the lab's initial size).
+        standby: replicas configured but not started (0..).
+        autoscale: run the ``autoscaler`` program (needs ``standby >= 1``).
+        scale_out_queue: queue depth (requests: HAProxy backend queue + engines' waiting requests)
+            above which the policy counts the service as overloaded.
+        scale_out_after_s: seconds the depth must stay above ``scale_out_queue``.
+        scale_out_cooldown_s: seconds between two scale-outs.
+        max_replicas: the lab's limit on replicas + standby.
+
+    Returns:
+        ``{"standby", "autoscale", "scale_out_queue", "scale_out_after_s", "scale_out_cooldown_s",
+        "sample_s"}``.
+
+    Raises:
+        LabError: a value out of range, a non-number, or ``autoscale`` without a standby replica.
+    """
+    if isinstance(standby, bool) or not isinstance(standby, int) or standby < 0:
+        raise LabError(f"standby must be an integer >= 0, got {standby!r}")
+    if replicas + standby > max_replicas:
+        raise LabError(
+            f"replicas + standby must be at most {max_replicas}, got {replicas + standby}"
+        )
+    if not isinstance(autoscale, bool):
+        raise LabError(f"autoscale must be true or false, got {autoscale!r}")
+    if autoscale and standby < 1:
+        raise LabError("autoscale needs at least one standby replica (standby: 1)")
+    for name, value in (
+        ("scale_out_queue", scale_out_queue),
+        ("scale_out_after_s", scale_out_after_s),
+        ("scale_out_cooldown_s", scale_out_cooldown_s),
+    ):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise LabError(f"{name} must be a number, got {value!r}")
+        if value < 0:
+            raise LabError(f"{name} must be >= 0, got {value!r}")
+    return {
+        "standby": standby,
+        "autoscale": autoscale,
+        "scale_out_queue": float(scale_out_queue),
+        "scale_out_after_s": float(scale_out_after_s),
+        "scale_out_cooldown_s": float(scale_out_cooldown_s),
+        "sample_s": SAMPLE_S,
+    }
+
+
+def mark_standby_servers(config: str, names: Iterable[str]) -> str:
+    """Return haproxy.cfg text with each standby ``server`` line declared ``disabled`` (MAINT).
+
+    Args:
+        config: the rendered configuration (``haproxy.render_config``).
+        names: standby server names.
+
+    Raises:
+        LabError: a name has no ``server`` line in the configuration.
+    """
+    lines = config.splitlines(keepends=True)
+    for name in names:
+        hits = [i for i, ln in enumerate(lines) if ln.split()[:2] == ["server", name]]
+        if len(hits) != 1:
+            raise LabError(f"haproxy.cfg has {len(hits)} 'server {name}' lines, expected 1")
+        i = hits[0]
+        body = lines[i].rstrip("\n")
+        lines[i] = body + " disabled" + lines[i][len(body) :]
+    return "".join(lines)
+
+
+_AUTOSCALER_PROGRAM = """
+[program:autoscaler]
+command={command}
+priority=20
+autostart={autostart}
+autorestart=true
+startsecs=0
+stopwaitsecs=2
+redirect_stderr=true
+stdout_logfile={logs}/autoscaler.log
+stdout_logfile_maxbytes=0
+"""
+
+
+def supervisor_program(meta: dict[str, Any], state_dir: Path, command: list[str]) -> str:
+    """supervisord ``[program:autoscaler]`` block for ``meta["scaling"]`` ('' without standby).
+
+    Args:
+        meta: the lab's ``lab.json`` mapping.
+        state_dir: the lab's state directory (logs go to ``state_dir/logs``).
+        command: the autoscaler's argv (quoted for supervisord here).
+
+    Returns:
+        The block, with ``autostart`` true only when ``autoscale`` is on (so
+        ``supervisorctl start autoscaler`` can still turn it on later).
+    """
+    scaling = meta.get("scaling") or {}
+    if not scaling.get("standby"):
+        return ""
+    import shlex
+
+    return _AUTOSCALER_PROGRAM.format(
+        command=shlex.join(command).replace("%", "%%"),
+        autostart="true" if scaling.get("autoscale") else "false",
+        logs=state_dir / "logs",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Runtime state: supervisord, HAProxy, engines
+# --------------------------------------------------------------------------------------------
+def standby_names(lab: Lab) -> list[str]:
+    """Names of the lab's standby replicas (configured, not started at lab start)."""
+    return [r["name"] for r in lab.meta["replicas"] if r.get("standby")]
+
+
+def _all_names(lab: Lab) -> list[str]:
+    return [r["name"] for r in lab.meta["replicas"]]
+
+
+def _infos(lab: Lab) -> dict[str, dict[str, Any]]:
+    try:
+        return {p["name"]: p for p in _rpc(lab.state_dir, 2.0).supervisor.getAllProcessInfo()}
+    except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
+        raise LabError(f"supervisord of the lab in {lab.state_dir} not answering: {exc}") from exc
+
+
+def _stat_rows(lab: Lab) -> dict[str, dict[str, str]]:
+    """``show stat`` rows of the ``engines`` backend, servers and ``BACKEND``, by svname."""
+    text = hap.stats_command(lab.state_dir / HAPROXY_SOCK, "show stat")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("# "):
+        return {}
+    header = lines[0][2:].split(",")
+    out: dict[str, dict[str, str]] = {}
+    for ln in lines[1:]:
+        row = dict(zip(header, ln.split(","), strict=False))
+        if row.get("pxname") == _BACKEND:
+            out[row.get("svname", "")] = row
+    return out
+
+
+def _hap(lab: Lab, command: str) -> None:
+    answer = hap.stats_command(lab.state_dir / HAPROXY_SOCK, command).strip()
+    if answer:
+        raise LabError(f"haproxy refused {command!r}: {answer.splitlines()[0]}")
+
+
+def _in_maint(row: dict[str, str] | None) -> bool:
+    return bool(row) and str((row or {}).get("status", "")).startswith("MAINT")
+
+
+def serving_replicas(lab: Lab) -> list[str]:
+    """Replicas that take traffic now: RUNNING under supervisord and not in HAProxy maintenance
+    (lab order: initial replicas first, then standby).
+
+    Raises:
+        LabError: supervisord or HAProxy not answering.
+    """
+    infos = _infos(lab)
+    try:
+        rows = _stat_rows(lab)
+    except OSError as exc:
+        raise LabError(f"haproxy stats socket not answering: {exc}") from exc
+    return [
+        n
+        for n in _all_names(lab)
+        if infos.get(n, {}).get("statename") == "RUNNING" and not _in_maint(rows.get(n))
+    ]
+
+
+def replica_cap(lab: Lab) -> int | None:
+    """The active replica cap: the lowest ``quota`` of the ``quota-cut`` faults in the lab's fault
+    ledger, or None when there is none."""
+    try:
+        faults = json.loads((lab.state_dir / "faults.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    quotas = [int(f["quota"]) for f in faults if f.get("kind") == "quota-cut" and "quota" in f]
+    return min(quotas) if quotas else None
+
+
+def _engine_waiting(host: str, port: int, timeout_s: float = 0.2) -> float | None:
+    """Sum of ``vllm:num_requests_waiting`` on one engine's /metrics (None: no such metric)."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        body = resp.read().decode(errors="replace")
+        if resp.status != 200:
+            return None
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    total: float | None = None
+    for line in body.splitlines():
+        if line.startswith("vllm:num_requests_waiting"):
+            with contextlib.suppress(ValueError, IndexError):
+                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def queue_depth(lab: Lab) -> dict[str, Any]:
+    """One queue-depth sample: HAProxy backend ``qcur`` + every running engine's waiting requests.
+
+    Returns:
+        ``{"t" (unix s), "depth" (requests), "haproxy_qcur", "engines_waiting": {replica: n}}``.
+
+    Raises:
+        LabError: supervisord or HAProxy not answering.
+    """
+    t = time.time()
+    infos = _infos(lab)
+    try:
+        rows = _stat_rows(lab)
+    except OSError as exc:
+        raise LabError(f"haproxy stats socket not answering: {exc}") from exc
+    try:
+        qcur = int(rows.get("BACKEND", {}).get("qcur") or 0)
+    except ValueError:
+        qcur = 0
+    waiting: dict[str, float] = {}
+    for rep in lab.meta["replicas"]:
+        if infos.get(rep["name"], {}).get("statename") != "RUNNING":
+            continue
+        w = _engine_waiting(lab.replica_host(rep["name"]), int(rep["port"]))
+        if w is not None:
+            waiting[rep["name"]] = w
+    return {
+        "t": t,
+        "depth": qcur + sum(waiting.values()),
+        "haproxy_qcur": qcur,
+        "engines_waiting": waiting,
+    }
+
+
+def max_concurrency_per_instance(lab: Lab) -> int:
+    """Concurrent requests one replica serves (``max_concurrency_per_instance`` of the capacity
+    formula): the engine's ``max_num_seqs`` (sim engine default 16); 1 for the llama.cpp server,
+    which serves one request at a time, unless ``max_num_seqs`` is given in the engine args."""
+    args = lab.meta.get("engine_args") or {}
+    if "max_num_seqs" in args:
+        return int(args["max_num_seqs"])
+    if lab.engine_name() == "sim":
+        from chaoslib_infer.lab.engine import EngineConfig
+
+        return EngineConfig().max_num_seqs
+    return 1
+
+
+# --------------------------------------------------------------------------------------------
+# Starting and stopping replicas
+# --------------------------------------------------------------------------------------------
+def _healthy(lab: Lab, name: str) -> bool:
+    port = int(lab._replica(name)["port"])
+    conn = http.client.HTTPConnection(lab.replica_host(name), port, timeout=0.25)
+    try:
+        conn.request("GET", str(lab.meta.get("health_path") or "/health"))
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def _rpc_start(lab: Lab, name: str) -> None:
+    try:
+        _rpc(lab.state_dir, 5.0).supervisor.startProcess(name, False)
+    except xmlrpc.client.Fault as exc:
+        if "ALREADY_STARTED" not in exc.faultString:
+            raise LabError(f"supervisord could not start {name}: {exc.faultString}") from exc
+    except (OSError, http.client.HTTPException) as exc:
+        raise LabError(f"supervisord not answering while starting {name}: {exc}") from exc
+
+
+def start_replica(
+    lab: Lab, name: str, timeout_s: float = 30.0, keep_going: Callable[[], bool] | None = None
+) -> dict[str, Any]:
+    """Start a stopped replica through supervisord, wait until it is healthy, enable it in HAProxy.
+
+    Args:
+        lab: the lab.
+        name: replica name (initial or standby).
+        timeout_s: seconds to wait for the health endpoint.
+        keep_going: optional callable checked while waiting; when it returns False the start is
+            abandoned (the replica is stopped again) and ``enabled_at`` is None.
+
+    Returns:
+        ``{"replica", "started_at", "ready_at", "enabled_at"}`` (unix s).
+
+    Raises:
+        LabError: unknown replica, supervisord/HAProxy error, or not healthy within ``timeout_s``.
+    """
+    lab._replica(name)
+    started_at = time.time()
+    _rpc_start(lab, name)
+    deadline = time.monotonic() + timeout_s
+    while not _healthy(lab, name):
+        if keep_going is not None and not keep_going():
+            stop_replica(lab, name, drain_timeout_s=0.0)
+            return {"replica": name, "started_at": started_at, "ready_at": None, "enabled_at": None}
+        state = _infos(lab).get(name, {}).get("statename")
+        if state in ("FATAL", "BACKOFF"):
+            raise LabError(f"{name} failed to start ({state}); see {lab.state_dir}/logs/{name}.log")
+        if time.monotonic() > deadline:
+            raise LabError(f"{name} not healthy within {timeout_s:g} s of its start")
+        time.sleep(0.02)
+    ready_at = time.time()
+    if keep_going is not None and not keep_going():
+        stop_replica(lab, name, drain_timeout_s=0.0)
+        return {"replica": name, "started_at": started_at, "ready_at": ready_at, "enabled_at": None}
+    _hap(lab, f"set server {_BACKEND}/{name} state ready")
+    return {
+        "replica": name,
+        "started_at": started_at,
+        "ready_at": ready_at,
+        "enabled_at": time.time(),
+    }
+
+
+def stop_replica(lab: Lab, name: str, drain_timeout_s: float = 5.0) -> dict[str, Any]:
+    """Take a replica out of service: HAProxy maintenance, drain, then stop it through supervisord.
+
+    Args:
+        lab: the lab.
+        name: replica name.
+        drain_timeout_s: seconds to wait for its in-flight requests (HAProxy ``scur``) to end
+            before stopping it anyway.
+
+    Returns:
+        ``{"replica", "maint_at", "drained" (bool), "stopped_at", "pid"}`` (unix s; pid of the
+        stopped process, None when it was not running).
+
+    Raises:
+        LabError: unknown replica, or supervisord/HAProxy not answering.
+    """
+    lab._replica(name)
+    try:
+        _hap(lab, f"set server {_BACKEND}/{name} state maint")
+    except OSError as exc:
+        raise LabError(f"haproxy stats socket not answering: {exc}") from exc
+    maint_at = time.time()
+    deadline = time.monotonic() + drain_timeout_s
+    drained = False
+    while True:
+        try:
+            scur = int(_stat_rows(lab).get(name, {}).get("scur") or 0)
+        except (OSError, ValueError):
+            scur = 0
+        if scur == 0:
+            drained = True
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    pid = _infos(lab).get(name, {}).get("pid") or None
+    try:
+        _rpc(lab.state_dir, 10.0).supervisor.stopProcess(name, True)
+    except xmlrpc.client.Fault as exc:
+        if "NOT_RUNNING" not in exc.faultString:
+            raise LabError(f"supervisord could not stop {name}: {exc.faultString}") from exc
+        pid = None
+    except (OSError, http.client.HTTPException) as exc:
+        raise LabError(f"supervisord not answering while stopping {name}: {exc}") from exc
+    return {
+        "replica": name,
+        "maint_at": maint_at,
+        "drained": drained,
+        "stopped_at": time.time(),
+        "pid": pid,
+    }
+
+
+def _back_in_standby(lab: Lab, name: str, infos: dict[str, Any], rows: dict[str, Any]) -> bool:
+    return infos.get(name, {}).get("statename") != "RUNNING" and _in_maint(rows.get(name))
+
+
+# --------------------------------------------------------------------------------------------
+# Replica cap (quota cut)
+# --------------------------------------------------------------------------------------------
+def cap_replicas(lab: Lab, quota: int, drain_timeout_s: float = 5.0, **info: Any) -> dict[str, Any]:
+    """Lower the number of serving replicas to ``quota``: the replicas beyond it are put in HAProxy
+    maintenance, drained and stopped through supervisord. The cap is recorded in the lab's fault
+    ledger *before* anything changes (kind ``quota-cut``); :func:`undo_fault` restores every stopped
+    replica (start, health, enable). The autoscaler respects the cap while it is recorded.
+
+    Args:
+        lab: the lab.
+        quota: replicas allowed (>= 1).
+        drain_timeout_s: per-replica drain bound in seconds (see :func:`stop_replica`).
+        **info: JSON-able extras stored in the fault record (e.g. the capacity plan).
+
+    Returns:
+        ``{"fault_id", "quota", "kept", "stopped", "cut_at", "cut_done_at", "stops": [...]}``
+        (unix s); ``stopped`` is empty when ``quota`` is not below the serving count.
+
+    Raises:
+        LabError: quota < 1, a cap already active, or supervisord/HAProxy errors.
+    """
+    if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
+        raise LabError(f"quota must be an integer >= 1, got {quota!r}")
+    if replica_cap(lab) is not None:
+        raise LabError("a quota-cut is already active in this lab; clear it first")
+    serving = serving_replicas(lab)
+    kept, stopped = serving[:quota], serving[quota:]
+    cut_at = time.time()
+    fault_id = lab.add_fault(
+        {
+            "kind": "quota-cut",
+            "module": MODULE,
+            "replica": None,
+            "quota": quota,
+            "kept": kept,
+            "stopped": stopped,
+            "serving_before": serving,
+            **info,
+        }
+    )
+    for name in stopped:  # no new requests to any of them first, then drain and stop each
+        _hap(lab, f"set server {_BACKEND}/{name} state maint")
+    stops = [stop_replica(lab, name, drain_timeout_s) for name in stopped]
+    return {
+        "fault_id": fault_id,
+        "quota": quota,
+        "kept": kept,
+        "stopped": stopped,
+        "serving_before": serving,
+        "cut_at": cut_at,
+        "cut_done_at": time.time(),
+        "stops": stops,
+    }
+
+
+def restore_replicas(lab: Lab, names: list[str], timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """Start and enable every replica of ``names`` that is not serving (in parallel).
+
+    Returns:
+        One :func:`start_replica` result per replica that had to be restored.
+
+    Raises:
+        LabError: a replica did not come back within ``timeout_s``.
+    """
+    infos = _infos(lab)
+    rows = _stat_rows(lab)
+    todo = [
+        n for n in names if infos.get(n, {}).get("statename") != "RUNNING" or _in_maint(rows.get(n))
+    ]
+    if not todo:
+        return []
+    with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+        return list(pool.map(lambda n: start_replica(lab, n, timeout_s), todo))
+
+
+# --------------------------------------------------------------------------------------------
+# Fault ledger hooks (called by Lab.clear_faults / remove_fault / status)
+# --------------------------------------------------------------------------------------------
+def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
+    """Undo a fault this module recorded (idempotent).
+
+    - ``quota-cut``: start and enable every replica it stopped.
+    - ``scale-out``: put the scaled-out replica back in standby (maintenance, drain, stop).
+    - ``traffic-spike``: return the lab to its initial size (every standby replica back in standby).
+
+    Returns:
+        What was done, or None when nothing was left to undo.
+
+    Raises:
+        LabError: a replica could not be restored or stopped.
+    """
+    kind = record.get("kind")
+    if not lab._supervisord_alive():
+        return None
+    if kind == "quota-cut":
+        done = restore_replicas(lab, list(record.get("stopped") or []))
+        if not done:
+            return None
+        restored = ", ".join(d["replica"] for d in done)
+        return (
+            f"quota-cut to {record.get('quota')}: restored {restored} (started, healthy, enabled)"
+        )
+    names = [str(record["replica"])] if kind == "scale-out" else standby_names(lab)
+    infos = _infos(lab)
+    rows = _stat_rows(lab)
+    todo = [n for n in names if not _back_in_standby(lab, n, infos, rows)]
+    for name in todo:
+        stop_replica(lab, name, drain_timeout_s=5.0)
+    if not todo:
+        return None
+    return f"{kind}: {', '.join(todo)} back in standby (maintenance, stopped)"
+
+
+def fault_active(lab: Lab, record: dict[str, Any]) -> bool:
+    """True while the recorded fault still changes the lab (see :func:`undo_fault`)."""
+    if not lab._supervisord_alive():
+        return False
+    infos = _infos(lab)
+    rows = _stat_rows(lab)
+    kind = record.get("kind")
+    if kind == "quota-cut":
+        return any(
+            infos.get(n, {}).get("statename") != "RUNNING" or _in_maint(rows.get(n))
+            for n in record.get("stopped") or []
+        )
+    if kind == "scale-out":
+        return not _back_in_standby(lab, str(record["replica"]), infos, rows)
+    if kind == "traffic-spike" and time.time() < float(record.get("spike_end_at") or 0.0):
+        return True
+    return any(not _back_in_standby(lab, n, infos, rows) for n in standby_names(lab))
+
+
+# --------------------------------------------------------------------------------------------
+# The scale-out policy
+# --------------------------------------------------------------------------------------------
+@dataclass
+class ScaleOutPolicy:
+    """Decide when to scale out from queue-depth samples (pure: no I/O; times in seconds).
+
+    Attributes:
+        threshold: depth (requests) above which the service counts as overloaded.
+        after_s: how long the depth must stay above ``threshold`` without a break.
+        cooldown_s: minimum time between two scale-outs (from trigger to trigger).
+    """
+
+    threshold: float
+    after_s: float
+    cooldown_s: float
+    above_since: float | None = None
+    last_fired: float | None = None
+
+    def observe(self, t: float, depth: float) -> bool:
+        """Feed one sample; True when a scale-out is due now (call :meth:`fired` if one starts)."""
+        if depth > self.threshold:
+            if self.above_since is None:
+                self.above_since = t
+        else:
+            self.above_since = None
+        if self.above_since is None or t - self.above_since < self.after_s:
+            return False
+        return self.last_fired is None or t - self.last_fired >= self.cooldown_s
+
+    def fired(self, t: float) -> None:
+        """A scale-out started at ``t``: start the cooldown and require a new overload period."""
+        self.last_fired = t
+        self.above_since = None
+
+
+class Autoscaler:
+    """The ``autoscaler`` program: sample the queue depth, apply :class:`ScaleOutPolicy`, bring up
+    standby replicas (one at a time) and record the ground truth (see the module docstring)."""
+
+    def __init__(self, lab: Lab) -> None:
+        """Args: lab: the lab whose ``lab.json["scaling"]`` holds the policy options."""
+        opts = lab.meta.get("scaling") or {}
+        self.lab = lab
+        self.policy = ScaleOutPolicy(
+            float(opts.get("scale_out_queue", 4.0)),
+            float(opts.get("scale_out_after_s", 1.0)),
+            float(opts.get("scale_out_cooldown_s", 10.0)),
+        )
+        self.sample_s = float(opts.get("sample_s", SAMPLE_S))
+        self.events = lab.state_dir / EVENTS_FILE
+        self.samples = lab.state_dir / QUEUE_SAMPLES
+        self.busy: threading.Thread | None = None
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        append_event(self.events, record)
+
+    def _candidate(self) -> str | None:
+        """A standby replica that is stopped and in maintenance, unless the cap forbids growing."""
+        infos = _infos(self.lab)
+        rows = _stat_rows(self.lab)
+        serving = [
+            n
+            for n in _all_names(self.lab)
+            if infos.get(n, {}).get("statename") == "RUNNING" and not _in_maint(rows.get(n))
+        ]
+        cap = replica_cap(self.lab)
+        if cap is not None and len(serving) >= cap:
+            return None
+        for name in standby_names(self.lab):
+            if _back_in_standby(self.lab, name, infos, rows):
+                return name
+        return None
+
+    def _fault_recorded(self, fault_id: str) -> bool:
+        try:
+            faults = json.loads((self.lab.state_dir / "faults.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return False
+        return any(f.get("id") == fault_id for f in faults)
+
+    def _bring_up(
+        self, name: str, sample: dict[str, Any], triggered_at: float, above_since: float | None
+    ) -> None:
+        lab = self.lab
+        fault_id = lab.add_fault(
+            {"kind": "scale-out", "module": MODULE, "replica": name, "triggered_at": triggered_at}
+        )
+        self._emit(
+            {
+                "t": triggered_at,
+                "event": "scale_out_triggered",
+                "replica": name,
+                "queue_depth": sample["depth"],
+                "haproxy_qcur": sample["haproxy_qcur"],
+                "engines_waiting": sample["engines_waiting"],
+                "above_since": above_since,
+                "threshold": self.policy.threshold,
+            }
+        )
+        try:
+            up = start_replica(lab, name, 60.0, keep_going=lambda: self._fault_recorded(fault_id))
+        except LabError as exc:
+            print(f"autoscaler: scale-out of {name} failed: {exc}", file=sys.stderr, flush=True)
+            return
+        if up["ready_at"] is not None:
+            self._emit({"t": up["ready_at"], "event": "scale_out_ready", "replica": name})
+        if up["enabled_at"] is None:
+            print(f"autoscaler: scale-out of {name} rolled back", file=sys.stderr, flush=True)
+            return
+        self._emit({"t": up["enabled_at"], "event": "scale_out_enabled", "replica": name})
+        deadline = time.monotonic() + 30.0
+        first: float | None = None
+        while time.monotonic() < deadline and self._fault_recorded(fault_id):
+            first = lab.served(name, after=triggered_at)
+            if first is not None:
+                break
+            time.sleep(0.05)
+        if first is None:
+            return
+        # The HAProxy log line of a request is written when it ends: give it time to land, then
+        # take the earliest of the ledger and the log.
+        time.sleep(2.0)
+        first = lab.served(name, after=triggered_at) or first
+        self._emit(
+            {"t": first, "event": "scale_out_serving", "replica": name, "recorded_at": time.time()}
+        )
+
+    def step(self) -> dict[str, Any]:
+        """Take one sample, write it, and start a scale-out when the policy says so.
+
+        Returns:
+            The sample (see :func:`queue_depth`), with ``"scale_out": name`` when one started.
+        """
+        sample = queue_depth(self.lab)
+        with open(self.samples, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(sample, separators=(",", ":")) + "\n")
+        busy = self.busy is not None and self.busy.is_alive()
+        if self.policy.observe(sample["t"], sample["depth"]) and not busy:
+            name = self._candidate()
+            if name is not None:
+                t = sample["t"]
+                self.busy = threading.Thread(
+                    target=self._bring_up,
+                    args=(name, sample, t, self.policy.above_since),
+                    name=f"scale-out-{name}",
+                )
+                self.busy.start()
+                sample["scale_out"] = name
+                self.policy.fired(t)
+        return sample
+
+    def run_forever(self) -> None:
+        """Sample every ``sample_s`` seconds (absolute deadlines) until killed."""
+        next_t = time.monotonic()
+        while True:
+            try:
+                self.step()
+            except (LabError, OSError) as exc:
+                print(f"autoscaler: sample failed: {exc}", file=sys.stderr, flush=True)
+            next_t += self.sample_s
+            delay = next_t - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                next_t = time.monotonic()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m chaoslib_infer.lab.scaling --state-dir DIR`` (the autoscaler)."""
+    parser = argparse.ArgumentParser(prog="python -m chaoslib_infer.lab.scaling")
+    parser.add_argument("--state-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        lab = Lab.attach(args.state_dir)
+    except LabError as exc:
+        print(f"autoscaler: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(
+        f"autoscaler: lab {lab.meta.get('lab_id')} policy {lab.meta.get('scaling')}",
+        file=sys.stderr,
+        flush=True,
+    )
+    Autoscaler(lab).run_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""``chaos-infer load`` commands: ``three-phase``, ``soak``, ``ceiling``.
+
+The target is ``--target URL`` (default the lab's HAProxy front at ``http://127.0.0.1:8800``) or
+``--lab-dir DIR`` (a running lab: its front URL, and every replica's ``/metrics`` is scraped).
+Exit status: 0 done (and, with ``--strict``, every check passed and nothing flagged / the soak is
+valid), 1 a check failed or the soak is invalid under ``--strict``, 2 bad input or refused by the
+client-ceiling rule.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["load_group"]
+
+_DEFAULT_URL = "http://127.0.0.1:8800"
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    click.echo(f"chaos-infer: error: {msg}", err=True)
+    sys.exit(code)
+
+
+def _resolve(target: str | None, lab_dir: Path | None) -> tuple[str, list[str]]:
+    if lab_dir is None:
+        url = target or _DEFAULT_URL
+        return url, [url.rstrip("/").removesuffix("/v1") + "/metrics"]
+    from chaoslib_infer.lab.fleet import Lab
+
+    lab = Lab.attach(lab_dir)
+    murls = []
+    for rep in lab.meta.get("replicas", []):
+        port = rep.get("port")
+        if port and not rep.get("standby"):
+            murls.append(f"http://{lab.replica_host(rep['name'])}:{port}/metrics")
+    return target or lab.url, murls or [lab.url + "/metrics"]
+
+
+def _ceiling(value: float | None) -> float | None:
+    if value is not None:
+        return value if value > 0 else None
+    from .ceiling import load_ceiling
+
+    return load_ceiling()
+
+
+def _target_opts(f: Any) -> Any:
+    f = click.option("--target", default=None, help=f"base URL (default {_DEFAULT_URL})")(f)
+    f = click.option(
+        "--lab-dir", type=click.Path(path_type=Path), default=None, help="lab state dir"
+    )(f)
+    f = click.option(
+        "--out", type=click.Path(path_type=Path), required=True, help="output directory"
+    )(f)
+    f = click.option("--model", default="chaos-sim", show_default=True)(f)
+    f = click.option("--timeout-s", type=float, default=60.0, show_default=True)(f)
+    f = click.option(
+        "--client-ceiling", type=float, default=None,
+        help="client ceiling req/s (default: saved by `load ceiling --save`; 0 disables the rule)",
+    )(f)  # fmt: skip
+    f = click.option(
+        "--strict", is_flag=True, help="exit 1 when a check fails or a flag is raised"
+    )(f)
+    return f
+
+
+@click.group("load")
+def load_group() -> None:
+    """Measurement runs: three-phase load test, realistic soak, client ceiling."""
+
+
+@load_group.command("three-phase")
+@_target_opts
+@click.option("--single-n", type=int, default=1000, show_default=True)
+@click.option("--ramp", default="50,200,500", show_default=True, help="closed-loop concurrencies")
+@click.option("--step-s", type=float, default=30.0, show_default=True)
+@click.option("--burst-rps", type=float, default=None, help="default 2x the ramp's peak ok/s")
+@click.option("--burst-s", type=float, default=30.0, show_default=True)
+@click.option("--max-tokens", type=int, default=32, show_default=True)
+@click.option("--shards", type=int, default=1, show_default=True, help="processes for the burst")
+@click.option("--scrape-interval-s", type=float, default=0.5, show_default=True)
+def three_phase(
+    target: str | None,
+    lab_dir: Path | None,
+    out: Path,
+    model: str,
+    timeout_s: float,
+    client_ceiling: float | None,
+    strict: bool,
+    single_n: int,
+    ramp: str,
+    step_s: float,
+    burst_rps: float | None,
+    burst_s: float,
+    max_tokens: int,
+    shards: int,
+    scrape_interval_s: float,
+) -> None:
+    """Single stream, concurrency ramp, burst; prints the acceptance table per step."""
+    from .ceiling import CeilingRefused
+    from .phases import ThreePhaseSpec, render_table, run_three_phase
+
+    try:
+        steps = tuple(int(x) for x in ramp.split(",") if x.strip())
+    except ValueError:
+        _fail(f"--ramp must be comma-separated integers, got {ramp!r}")
+    url, murls = _resolve(target, lab_dir)
+    spec = ThreePhaseSpec(
+        url=url, single_n=single_n, ramp=steps, step_s=step_s, burst_rps=burst_rps,
+        burst_s=burst_s, max_tokens=max_tokens, model=model, timeout_s=timeout_s,
+        metrics_urls=murls, scrape_interval_s=scrape_interval_s,
+        ceiling_rps=_ceiling(client_ceiling), shards=shards,
+    )  # fmt: skip
+    try:
+        report = run_three_phase(spec, out, lambda m: click.echo(m, err=True))
+    except (CeilingRefused, ValueError) as exc:
+        _fail(str(exc))
+    click.echo(render_table(report))
+    click.echo(f"report: {out / 'report.json'}")
+    if strict and (not report["passed"] or report["flagged"]):
+        sys.exit(1)
+
+
+@load_group.command("soak")
+@_target_opts
+@click.option("--duration", default="30m", show_default=True, help="e.g. 30m, 90s, 1h")
+@click.option("--rate", type=float, required=True, help="peak mean rate, req/s")
+@click.option("--mix", default="short:70,mid:25,long:5", show_default=True)
+@click.option("--burstiness", default="poisson", show_default=True, help="poisson or gamma:K")
+@click.option("--headroom", type=float, default=1.0, show_default=True, help="rate multiplier")
+@click.option("--lag-p99-max-ms", type=float, default=50.0, show_default=True)
+@click.option("--max-concurrency", type=int, default=1024, show_default=True)
+@click.option("--max-tokens-scale", type=float, default=1.0, show_default=True)
+def soak(
+    target: str | None,
+    lab_dir: Path | None,
+    out: Path,
+    model: str,
+    timeout_s: float,
+    client_ceiling: float | None,
+    strict: bool,
+    duration: str,
+    rate: float,
+    mix: str,
+    burstiness: str,
+    headroom: float,
+    lag_p99_max_ms: float,
+    max_concurrency: int,
+    max_tokens_scale: float,
+) -> None:
+    """Random arrivals and a prompt-length mixture; invalid when the schedule lag P99 is too high."""
+    from .ceiling import CeilingRefused
+    from .soak import SoakSpec, parse_burstiness, parse_mix, run_soak
+
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    try:
+        dur = (
+            float(duration[:-1]) * units[duration[-1]] if duration[-1] in units else float(duration)
+        )
+        spec = SoakSpec(
+            url=_resolve(target, lab_dir)[0], duration_s=dur, rate_rps=rate, mix=parse_mix(mix),
+            gamma_shape=parse_burstiness(burstiness), headroom=headroom,
+            max_concurrency=max_concurrency, lag_p99_max_s=lag_p99_max_ms / 1000, model=model,
+            timeout_s=timeout_s, ceiling_rps=_ceiling(client_ceiling),
+            max_tokens_scale=max_tokens_scale,
+        )  # fmt: skip
+        if not (dur > 0 and rate > 0 and headroom > 0):
+            raise ValueError("--duration, --rate and --headroom must be > 0")
+        report = run_soak(spec, out, lambda m: click.echo(m, err=True))
+    except (CeilingRefused, ValueError, IndexError) as exc:
+        _fail(str(exc))
+    if report["valid"]:
+        click.echo(json.dumps(report["stats"], indent=1))
+    else:
+        click.echo(f"INVALID: {report['invalid_reason']}")
+    click.echo(f"report: {out / 'report.json'}")
+    if strict and not report["valid"]:
+        sys.exit(1)
+
+
+@load_group.command("ceiling")
+@click.option("--target", default=None, help="zero-latency engine URL (default: start one)")
+@click.option("--duration-s", type=float, default=5.0, show_default=True)
+@click.option("--concurrency", type=int, default=32, show_default=True)
+@click.option("--max-tokens", type=int, default=16, show_default=True)
+@click.option("--save", is_flag=True, help="save as the ceiling the refusal rule uses")
+def ceiling(
+    target: str | None, duration_s: float, concurrency: int, max_tokens: int, save: bool
+) -> None:
+    """Highest streamed request rate this client sustains against a zero-latency lab engine."""
+    from .ceiling import CEILING_FILE, measure_ceiling, sim_engine
+
+    if target:
+        res = measure_ceiling(target, duration_s, concurrency, max_tokens)
+    else:
+        with sim_engine(output_tokens=max_tokens) as url:
+            res = measure_ceiling(url, duration_s, concurrency, max_tokens)
+    click.echo(json.dumps(res))
+    if save:
+        CEILING_FILE.parent.mkdir(parents=True, exist_ok=True)
+        CEILING_FILE.write_text(json.dumps(res))
+        click.echo(f"saved: {CEILING_FILE}", err=True)

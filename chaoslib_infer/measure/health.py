@@ -1,0 +1,163 @@
+"""Health disagreement: the health endpoint says "healthy" while completions on that replica fail.
+
+Definition (``shared/measurement.md``, "Drill figures"): intervals where the health endpoint
+reports healthy while completions fail. Made concrete here, per replica:
+
+* The span from the replica's first to its last health sample is cut into windows of ``window_s``
+  seconds (the last one may be shorter).
+* A window is **reported healthy** when every health sample taken in it says healthy (with no sample
+  in it, the last earlier sample stands).
+* The window's **attempts** are the load records attributed to the replica whose active span
+  ``[sent_at, end_at]`` overlaps the window: a request that hangs for 10 s counts in every window
+  it hung through, not only where it was sent or where it timed out.
+* A window **disagrees** when it is reported healthy, has at least one attempt, and at least
+  ``min_failed_ratio`` of its attempts failed (default 1.0: none succeeded while requests were sent
+  to it).
+
+Consecutive disagreeing windows merge into one interval. A record is attributed to a replica by its
+own ``replica`` field (the response's ``X-Replica-Id`` / ``X-Lab-Server``), else through
+``replica_of`` (request id -> replica; see :func:`replica_of_requests`), which matters for requests
+that never got a response header (a hung engine sends none). Unattributed records are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["health_disagreement", "replica_of_requests"]
+
+Record = Mapping[str, Any]
+
+
+def replica_of_requests(
+    ledger_entries: Iterable[Mapping[str, Any]] = (),
+    routed: Iterable[tuple[str | None, str | None]] = (),
+) -> dict[str, str]:
+    """Map request ids to the replica that received them, from server-side logs.
+
+    Args:
+        ledger_entries: engine ledger lines (``{"event": "generation"|"fault", "replica",
+            "request_id"}``; other events are ignored).
+        routed: ``(request_id, server)`` pairs from the load balancer's request log (HAProxy's
+            ``<NOSRV>`` and empty names are ignored). These win over the ledger.
+
+    Returns:
+        ``{request_id: replica}``.
+    """
+    out: dict[str, str] = {}
+    for e in ledger_entries:
+        if e.get("event", "generation") not in ("generation", "fault"):
+            continue
+        rid, rep = e.get("request_id"), e.get("replica")
+        if isinstance(rid, str) and isinstance(rep, str) and rep:
+            out[rid] = rep
+    for rid, server in routed:
+        if rid and server and not server.startswith("<"):
+            out[rid] = server
+    return out
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def health_disagreement(
+    health_samples: Iterable[Mapping[str, Any]],
+    records: Iterable[Record],
+    window_s: float = 1.0,
+    replica_of: Mapping[str, str] | None = None,
+    min_failed_ratio: float = 1.0,
+) -> dict[str, Any]:
+    """Seconds and intervals where health said healthy while that replica's completions failed.
+
+    Args:
+        health_samples: ``{"t": unix s, "replica": str, "healthy": bool}`` (any order).
+        records: load attempt records (``docs/contracts.md`` section 3; unix seconds).
+        window_s: window length in seconds (> 0).
+        replica_of: request id -> replica for records without a ``replica``.
+        min_failed_ratio: share of a window's attempts that must have failed (0 < r <= 1).
+
+    Returns:
+        ``{"disagreement_s": float (seconds, all replicas), "intervals": [{"replica", "start",
+        "end" (unix s), "duration_s", "attempts", "failed"}], "by_replica": {replica: seconds},
+        "windows": int (windows considered), "windows_judged": int (windows with attempts),
+        "windows_healthy": int (windows reported healthy)}``.
+
+    Raises:
+        ValueError: ``window_s`` <= 0 or ``min_failed_ratio`` outside (0, 1].
+    """
+    if not (isinstance(window_s, int | float) and math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window_s must be > 0, got {window_s!r}")
+    if not 0 < min_failed_ratio <= 1:
+        raise ValueError(f"min_failed_ratio must be in (0, 1], got {min_failed_ratio!r}")
+    by_rep: dict[str, list[tuple[float, bool]]] = {}
+    for s in health_samples:
+        t, rep = _num(s.get("t")), s.get("replica")
+        if t is None or not isinstance(rep, str):
+            continue
+        by_rep.setdefault(rep, []).append((t, bool(s.get("healthy"))))
+    spans: dict[str, list[tuple[int, float, float, bool]]] = {}
+    mapping = replica_of or {}
+    for idx, r in enumerate(records):
+        rep = r.get("replica") or mapping.get(str(r.get("request_id")))
+        sent = _num(r.get("sent_at"))
+        if not rep or sent is None or str(rep) not in by_rep:
+            continue
+        end = _num(r.get("end_at"))
+        end = sent if end is None else max(end, sent)
+        spans.setdefault(str(rep), []).append((idx, sent, end, bool(r.get("ok"))))
+
+    intervals: list[dict[str, Any]] = []
+    per_rep: dict[str, float] = {}
+    n_windows = n_judged = n_healthy = 0
+    for rep in sorted(by_rep):
+        samples = sorted(by_rep[rep])
+        t0, t_last = samples[0][0], samples[-1][0]
+        rep_spans = spans.get(rep, [])
+        total = 0.0
+        current: dict[str, Any] | None = None
+        i = 0
+        a = t0
+        while a < t_last:
+            b = min(a + window_s, t_last)
+            last_window = b >= t_last
+            n_windows += 1
+            inside = [h for t, h in samples if a <= t < b or (last_window and t == b)]
+            if not inside:
+                inside = [h for t, h in samples if t < a][-1:]
+            healthy = bool(inside) and all(inside)
+            hits = [(idx, ok) for idx, s, e, ok in rep_spans if s < b and e >= a]
+            attempts = [ok for _, ok in hits]
+            failed = sum(1 for ok in attempts if not ok)
+            n_healthy += healthy
+            n_judged += bool(attempts)
+            bad = bool(attempts) and failed > 0 and failed >= min_failed_ratio * len(attempts)
+            if healthy and bad:
+                total += b - a
+                if current is None:  # the previous window did not disagree
+                    current = {"replica": rep, "start": a, "end": b, "_ids": {}}
+                    intervals.append(current)
+                current["end"] = b
+                current["_ids"].update(hits)
+            else:
+                current = None
+            i += 1
+            a = t0 + i * window_s
+        per_rep[rep] = total
+    for iv in intervals:
+        ids = iv.pop("_ids")
+        iv["duration_s"] = iv["end"] - iv["start"]
+        iv["attempts"] = len(ids)
+        iv["failed"] = sum(1 for ok in ids.values() if not ok)
+    return {
+        "disagreement_s": sum(per_rep.values()),
+        "intervals": intervals,
+        "by_replica": per_rep,
+        "windows": n_windows,
+        "windows_judged": n_judged,
+        "windows_healthy": n_healthy,
+    }

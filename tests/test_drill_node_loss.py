@@ -1,0 +1,225 @@
+"""The node-loss drill end to end: ``chaos-infer drill run node-loss`` on a lab with nodes, its
+figures against the lab's ground truth, a fragile configuration that deviates, and the oom-kill
+drill on the same (node) lab right after a node loss.
+
+The default plan (drills/gameday.yaml) is the lead's; these tests point ``CHAOS_INFER_PLAN`` at a
+plan in a temporary folder (``<tmp>/drills/gameday.yaml``, with ``<tmp>/experiments`` linked to the
+repository's experiments, since ``drill run`` finds the experiments next to the plan's folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from chaoslib_infer.lab import netns
+from chaoslib_infer.load.records import read_records
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.lab]
+
+
+def _plan(tmp: Path, drills: list[dict[str, Any]], **lab: Any) -> Path:
+    (tmp / "drills").mkdir(parents=True, exist_ok=True)
+    if not (tmp / "experiments").exists():
+        (tmp / "experiments").symlink_to(ROOT / "experiments")
+    plan = {
+        "name": "nodes-gameday",
+        "lab": {"replicas": 3, "engine": "sim", "memory_limit_mb": 512, "nodes": 3, **lab},
+        "drills": drills,
+    }
+    path = tmp / "drills" / "gameday.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    return path
+
+
+def _cli(*args: str, plan: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "CHAOS_INFER_PLAN": str(plan)},
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def _events(lab_dir: Path) -> list[dict[str, Any]]:
+    text = (lab_dir / "events.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _nothing_left(lab_dir: Path) -> None:
+    """No lab process, namespace, veth or guard route is left behind."""
+    lab_id = json.loads((lab_dir / "lab.json").read_text())["lab_id"]
+    pids = {int(e["pid"]) for e in _events(lab_dir) if e.get("pid")}
+    assert [p for p in pids if _alive(p)] == []
+    assert netns.list_namespaces(f"{netns.NS_PREFIX}-{lab_id}-") == []
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"ci{lab_id}" not in links
+    faults = json.loads((lab_dir / "faults.json").read_text())
+    assert faults == [], faults
+
+
+def _check_node_loss(drill: dict[str, Any], run_dir: Path, lab_dir: Path) -> None:
+    """Figures of a passed node-loss drill against the lab's ground truth."""
+    assert drill["status"] == "passed", json.dumps(drill, indent=1)[:4000]
+    assert drill["hypothesis"] == {"before": True, "after": True}
+    fig, gt = drill["figures"], drill["ground_truth"]
+    fault_at = gt["fault_at"]
+    lost = gt["lost_replica_names"]
+    # the lab's own record of the loss
+    assert gt["node"] == "n0" and lost == ["r0"]
+    assert gt["node_down_at"] == fault_at
+    assert 0 <= gt["replicas_killed_at"] - fault_at < 1.0
+    assert gt["node_up_by"] == "rollback" and gt["node_up_at"] > gt["replica_serving_again_at"]
+    for replica in lost:
+        move = gt["rescheduled"][replica]
+        assert (move["from_node"], move["to_node"]) == ("n0", "n3")  # n3 is the spare node
+        assert 3.0 <= move["t"] - fault_at < 3.5  # node_reschedule_after_s: 3
+        assert 0 < gt["lb_ejected_at"][replica] - fault_at < 3.5  # health checks failed first
+        assert move["t"] < gt["replica_ready_at"][replica] <= gt["replica_serving_at"][replica]
+        exits = [
+            e
+            for e in _events(lab_dir)
+            if e.get("event") == "exit" and e["replica"] == replica and e["t"] >= fault_at
+        ]
+        assert exits[0]["status"] == "signal:SIGKILL" and exits[0]["t"] - fault_at < 1.0
+    # figures: counts exact, client view vs ground truth
+    assert fig["lost_replicas"] == len(lost) == 1
+    assert fig["moved_replicas"] == 1
+    assert (
+        abs(fig["replacement_serving_s_ground_truth"] - (gt["replica_serving_again_at"] - fault_at))
+        < 1e-6
+    )
+    assert fig["replacement_serving_s"] is not None
+    assert abs(fig["replacement_serving_s"] - fig["replacement_serving_s_ground_truth"]) <= 0.5
+    assert 0 < fig["lb_ejection_s_ground_truth"] < 3.5
+    records = read_records(run_dir / "records.jsonl")
+    assert fig["requests"] == len(records) > 100
+    assert fig["duplicates"] == 0
+    failed = sorted(
+        (r for r in records if not r["ok"] and r["end_at"] >= fault_at), key=lambda r: r["end_at"]
+    )
+    assert [r for r in records if not r["ok"] and r["end_at"] < fault_at] == []
+    assert fig["failed_requests"] == len(failed)
+    if failed:
+        window = failed[-1]["end_at"] - failed[0]["end_at"]
+        assert abs(fig["interruption_s"] - window) <= 0.25
+        # every failure is the node loss's doing: sent before HAProxy ejected the dead replica
+        assert max(r["sent_at"] for r in failed) <= max(gt["lb_ejected_at"].values()) + 0.25
+    else:
+        assert fig["interruption_s"] == 0.0
+    # the streams the dead node was generating (engine ledger) all failed at the client
+    failed_ids = {r["request_id"] for r in failed}
+    assert set(gt["lost_inflight_request_ids"]) <= failed_ids
+    assert gt["lost_inflight_requests"] == len([r for r in failed if r["replica"] in lost])
+    assert fig["recovery_s"] is not None and 0 <= fig["recovery_s"] <= 10
+
+
+def test_drill_run_node_loss_figures_match_ground_truth(tmp_path: Path) -> None:
+    plan = _plan(
+        tmp_path / "plan", [{"name": "node-loss", "experiment": "../experiments/node-loss.yaml"}]
+    )
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = _cli("drill", "run", "node-loss", "--out", str(out), plan=plan)
+    wall = time.monotonic() - t0
+    print(f"\nnode-loss drill wall time (lab up + drill + lab down): {wall:.1f} s")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert wall < 70
+    summary = json.loads((out / "summary.json").read_text())
+    drill = summary["drills"][0]
+    _check_node_loss(drill, out / "node-loss", out / "lab")
+    journal = json.loads((out / "node-loss" / "journal.json").read_text())
+    assert [r["activity"]["name"] for r in journal["rollbacks"]] == ["clear-lab-faults"]
+    assert journal["rollbacks"][0]["status"] == "succeeded"
+    assert any("network restored" in n for n in journal["rollbacks"][0]["output"])
+    after = {
+        p["activity"]["name"]: p["output"] for p in journal["steady_states"]["after"]["probes"]
+    }
+    assert after["all-replicas-in-service"]["placement"]["r0"] == "n3"
+    assert after["all-replicas-in-service"]["value"] == 3
+    for name in ("evidence.md", "evidence.html", "timeline.png", "journal.json"):
+        assert (out / "node-loss" / name).stat().st_size > 0, name
+    _nothing_left(out / "lab")
+
+
+def test_node_loss_deviates_when_rescheduling_is_slower_than_the_drill(tmp_path: Path) -> None:
+    """Fragile: the orchestrator evicts after 60 s: the lost replica is not back when the drill
+    checks its hypothesis, so the drill deviates (capacity), and the rollback still makes the lab
+    whole."""
+    plan = _plan(
+        tmp_path / "plan",
+        [
+            {
+                "name": "node-loss",
+                "experiment": "../experiments/node-loss.yaml",
+                "vars": {"node_reschedule_after_s": 60, "replacement_timeout_s": 4},
+            }
+        ],
+    )
+    out = tmp_path / "out"
+    proc = _cli("drill", "run", "node-loss", "--out", str(out), plan=plan)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    drill = json.loads((out / "summary.json").read_text())["drills"][0]
+    assert drill["status"] == "deviated"
+    assert drill["hypothesis"] == {"before": True, "after": False}
+    journal = json.loads((out / "node-loss" / "journal.json").read_text())
+    after = {p["activity"]["name"]: p for p in journal["steady_states"]["after"]["probes"]}
+    capacity = after["all-replicas-in-service"]["output"]
+    assert capacity["passed"] is False and capacity["missing"] == ["r0"] and capacity["value"] == 2
+    probe = journal["run"][1]
+    assert probe["activity"]["name"] == "wait-for-replacements-serving"
+    assert probe["status"] == "failed"
+    assert "r0 on n0" in "".join(probe["exception"])
+    gt = drill["ground_truth"]
+    assert gt["rescheduled"] == {} and drill["figures"]["moved_replicas"] == 0
+    assert gt["node_up_by"] == "rollback"
+    events = _events(out / "lab")
+    restarted = [e for e in events if e.get("event") == "start" and e["replica"] == "r0"]
+    assert restarted[-1]["t"] > gt["node_up_at"]  # the rollback restarted r0 on its node
+    _nothing_left(out / "lab")
+
+
+def test_gameday_on_a_node_lab_runs_oom_kill_after_node_loss(tmp_path: Path) -> None:
+    """The game-day lab with nodes: node loss first, then the oom-kill drill on the lab the
+    rollback left whole (r0 now lives on the former spare node)."""
+    plan = _plan(
+        tmp_path / "plan",
+        [
+            {"name": "node-loss", "experiment": "../experiments/node-loss.yaml"},
+            {"name": "oom-kill", "experiment": "../experiments/oom-kill.yaml"},
+        ],
+    )
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = _cli("gameday", str(plan), "--out", str(out), plan=plan, timeout=300)
+    print(f"\nnode-loss + oom-kill game day wall time: {time.monotonic() - t0:.1f} s")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [d["name"] for d in summary["drills"]] == ["node-loss", "oom-kill"]
+    _check_node_loss(summary["drills"][0], out / "node-loss", out / "lab")
+    oom = summary["drills"][1]
+    assert oom["status"] == "passed", json.dumps(oom, indent=1)[:3000]
+    gt = oom["ground_truth"]
+    assert gt["replica"] == "r0" and gt["death_cause"] == "oom"
+    assert gt["fault_at"] <= gt["replica_died_at"] < gt["replica_serving_again_at"]
+    fig = oom["figures"]
+    assert abs(fig["restart_s"] - (gt["replica_serving_again_at"] - gt["replica_died_at"])) <= 0.5
+    _nothing_left(out / "lab")

@@ -1,0 +1,202 @@
+"""End to end: the simultaneous-restarts drill against the real lab.
+
+``chaos-infer drill run simultaneous-restarts`` with a plan whose lab (3 sim replicas) runs the
+retrying gateway (``gateway_retry: true``: HAProxy retries refused / 503 requests elsewhere), so
+the survivor can carry the restart period; with ``restart_k: all`` nothing can, and the drill
+deviates. Figures are checked against the lab's ground truth (events.jsonl, the engine ledger) and
+recomputed from the records: shares and counts exact, interruption within 0.25 s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
+from chaoslib_infer.lab.haproxy import find_haproxy
+from chaoslib_infer.load.records import read_records
+
+ROOT = Path(__file__).resolve().parent.parent
+DRILL = "simultaneous-restarts"
+
+
+def _skip() -> str | None:
+    if find_haproxy() is None:
+        return "haproxy not installed"
+    try:
+        detect_hierarchy()
+    except CgroupError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = [pytest.mark.lab, pytest.mark.skipif(_skip() is not None, reason=_skip() or "")]
+
+
+def _run_drill(tmp_path: Path, drill_vars: dict[str, Any]) -> tuple[int, Path, str]:
+    """``chaos-infer drill run`` with a plan of our own (``$CHAOS_INFER_PLAN``)."""
+    (tmp_path / "drills").mkdir()
+    (tmp_path / "experiments").symlink_to(ROOT / "experiments")
+    plan = {
+        "name": "restarts-test",
+        "lab": {"replicas": 3, "engine": "sim", "memory_limit_mb": 512, "gateway_retry": True},
+        "drills": [
+            {"name": DRILL, "experiment": f"../experiments/{DRILL}.yaml", "vars": drill_vars}
+        ],
+    }
+    path = tmp_path / "drills" / "gameday.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", "drill", "run", DRILL, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env={**os.environ, "CHAOS_INFER_PLAN": str(path)},
+    )
+    return proc.returncode, out, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _interruption(records: list[dict[str, Any]], fault_at: float, settle_s: float = 5.0) -> float:
+    """The measurement.md definition, written again (see test_drill_upstream_timeout)."""
+    ends = sorted((r["end_at"], bool(r["ok"])) for r in records if r["end_at"] >= fault_at)
+    fails = [t for t, ok in ends if not ok]
+    if not fails:
+        return 0.0
+    for i, f in enumerate(fails):
+        nxt = fails[i + 1] if i + 1 < len(fails) else math.inf
+        if nxt > f + settle_s and any(ok and f < t <= f + settle_s for t, ok in ends):
+            return f - fails[0]
+    return fails[-1] - fails[0]
+
+
+def _check_restarts(out: Path, gt: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
+    """Ground truth against events.jsonl and the engine ledger; returns the events."""
+    events = _jsonl(out / "lab" / "events.jsonl")
+    ledger = _jsonl(out / "lab" / "ledger.jsonl")
+    fault_at = gt["fault_at"]
+    assert sorted(gt["restarts"]) == targets
+    for name, row in gt["restarts"].items():
+        exits = [
+            e for e in events
+            if e["event"] == "exit" and e["replica"] == name
+            and fault_at - 1 <= e["t"] <= gt["all_serving_at"]  # not the lab's own shutdown
+        ]  # fmt: skip
+        assert len(exits) == 1 and exits[0]["cause"] == "signal:SIGKILL", exits
+        assert (
+            row["died_at"] == exits[0]["t"] and fault_at - 0.01 <= row["died_at"] <= fault_at + 0.5
+        )
+        start = next(
+            e for e in events
+            if e["event"] == "start" and e["replica"] == name and e["t"] >= row["died_at"]
+        )  # fmt: skip
+        assert row["new_pid"] == start["pid"] != exits[0]["pid"]
+        assert row["started_at"] <= row["ready_at"] <= row["serving_again_at"]
+        first_gen = min(g["t"] for g in ledger if g["replica"] == name and g["t"] > row["died_at"])
+        assert abs(row["serving_again_at"] - first_gen) <= 0.05
+        assert row["restart_s"] == pytest.approx(row["serving_again_at"] - row["died_at"])
+    died = [row["died_at"] for row in gt["restarts"].values()]
+    assert max(died) - min(died) <= 0.1, "the restarts were not simultaneous"
+    for name in gt["survivors"]:
+        assert not [e for e in events if e["replica"] == name and e["event"] in ("exit", "start")
+                    and fault_at - 1 <= e["t"] <= gt["all_serving_at"]]  # fmt: skip
+    assert gt["all_serving_at"] == max(r["serving_again_at"] for r in gt["restarts"].values())
+    return events
+
+
+def _after_run_checks(out: Path) -> None:
+    status = subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", "lab", "status", "--json", "--state-dir",
+         str(out / "lab")],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["active_faults"] == []
+    pids = [int(e["pid"]) for e in _jsonl(out / "lab" / "events.jsonl") if e.get("pid")]
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_restarts_with_a_survivor_pass_and_figures_match_ground_truth(tmp_path: Path) -> None:
+    code, out, tail = _run_drill(tmp_path, {})
+    assert code == 0, tail
+    drill = json.loads((out / "summary.json").read_text())["drills"][0]
+    assert drill["status"] == "passed", json.dumps(drill, indent=1)[:3000]
+    assert drill["hypothesis"] == {"before": True, "after": True}
+    fig, gt = drill["figures"], drill["ground_truth"]
+    assert gt["replicas"] == ["r0", "r1"] and gt["survivors"] == ["r2"] and gt["method"] == "kill"
+    _check_restarts(out, gt, ["r0", "r1"])
+    fault_at, end = gt["fault_at"], gt["all_serving_at"]
+    assert fig["all_serving_s"] == pytest.approx(end - fault_at, abs=1e-9)
+    assert 0.5 <= fig["all_serving_s"] <= 10.0  # 1 s engine load delay + health checks
+    assert abs(fig["all_serving_s_client"] - fig["all_serving_s"]) <= 0.5
+
+    records = read_records(out / DRILL / "records.jsonl")
+    window = [r for r in records if fault_at <= r["sent_at"] < end]
+    survivor = [r for r in window if r["replica"] == "r2"]
+    assert fig["window_requests"] == len(window) >= 5
+    assert fig["survivor_requests"] == len(survivor)
+    assert fig["survivor_share_ratio"] == len(survivor) / len(window)
+    assert fig["survivor_share_ratio"] >= 0.5  # the survivor carried the restart period
+    assert fig["window_failed"] == sum(1 for r in window if not r["ok"]) == 0
+    assert fig["window_error_rate"] == 0.0
+    # the only failures: requests already in flight on a killed replica
+    lost = [r for r in records if not r["ok"] and r["end_at"] >= fault_at]
+    assert all(r["sent_at"] < fault_at + 0.05 for r in lost), lost
+    assert abs(fig["interruption_s"] - _interruption(records, fault_at)) <= 0.25
+
+    for name, row in gt["restarts"].items():
+        mine = sorted(
+            (r for r in records if r["ok"] and r["replica"] == name
+             and r["sent_at"] >= row["ready_at"] and r["first_token_at"] is not None),
+            key=lambda r: r["first_byte_at"],
+        )[:3]  # fmt: skip
+        warm = fig["warmup"][name]
+        assert warm["n"] == len(mine) == 3
+        assert warm["ttfts_s"] == pytest.approx([r["first_token_at"] - r["sent_at"] for r in mine])
+    assert fig["survivor_running_max"] >= 1 and fig["survivor_scur_max"] >= 1
+    assert fig["queue_max"] is not None
+    _after_run_checks(out)
+
+
+def test_restarting_every_replica_deviates(tmp_path: Path) -> None:
+    code, out, tail = _run_drill(tmp_path, {"restart_k": "all"})
+    assert code == 1, tail
+    drill = json.loads((out / "summary.json").read_text())["drills"][0]
+    assert drill["status"] == "deviated"
+    assert drill["hypothesis"] == {"before": True, "after": False}
+    fig, gt = drill["figures"], drill["ground_truth"]
+    assert gt["replicas"] == ["r0", "r1", "r2"] and gt["survivors"] == []
+    _check_restarts(out, gt, ["r0", "r1", "r2"])
+    records = read_records(out / DRILL / "records.jsonl")
+    fault_at, end = gt["fault_at"], gt["all_serving_at"]
+    window = [r for r in records if fault_at <= r["sent_at"] < end]
+    failed = [r for r in window if not r["ok"]]
+    assert fig["survivor_share_ratio"] is None and fig["survivor_requests"] == 0
+    assert fig["window_requests"] == len(window)
+    assert fig["window_failed"] == len(failed) >= 3
+    assert all(r["status"] == 503 for r in failed)  # nothing left to route to
+    assert abs(fig["interruption_s"] - _interruption(records, fault_at)) <= 0.25
+    journal = json.loads((out / DRILL / "journal.json").read_text())
+    assert [r["status"] for r in journal["rollbacks"]] == ["succeeded"]
+    _after_run_checks(out)

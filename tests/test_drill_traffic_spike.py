@@ -1,0 +1,185 @@
+"""End to end: ``chaos-infer drill run traffic-spike`` against a real lab, figures against ground
+truth (the autoscaler's events, HAProxy's request log, the load generator's phase summary).
+
+The lab comes from a plan written by the test (``$CHAOS_INFER_PLAN``): 3 replicas x ``max_num_seqs``
+4 (about 24 req/s) plus one standby replica, against the experiment's 8 -> 28 -> 8 req/s profile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.load.records import read_records
+from chaoslib_infer.measure.metrics import window_stats
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.lab]
+SPIKE = {"name": "traffic-spike", "experiment": "../experiments/traffic-spike.yaml"}
+
+
+def _plan(tmp: Path, lab: dict[str, Any]) -> Path:
+    (tmp / "drills").mkdir(parents=True)
+    (tmp / "experiments").symlink_to(ROOT / "experiments")
+    path = tmp / "drills" / "plan.yaml"
+    path.write_text(yaml.safe_dump({"name": "test", "lab": lab, "drills": [SPIKE]}))
+    return path
+
+
+def _drill_run(out: Path, plan: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", "drill", "run", "traffic-spike"]
+        + ["--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env={**os.environ, "CHAOS_INFER_PLAN": str(plan)},
+    )
+
+
+def _events(lab_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (lab_dir / "events.jsonl").read_text().splitlines() if x]
+
+
+def _alive(pids: set[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            out.append(pid)
+    return out
+
+
+def _shed_ground_truth(out: Path, records: list[dict[str, Any]]) -> int:
+    ids = {r["request_id"] for r in records}
+    return sum(
+        1
+        for e in hap.parse_request_log(out / "lab" / "haproxy-requests.log")
+        if e.status in (429, 503) and e.request_id in ids
+    )
+
+
+def _check_common(out: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    drill = json.loads((out / "summary.json").read_text())["drills"][0]
+    fig, gt = drill["figures"], drill["ground_truth"]
+    records = read_records(out / "traffic-spike" / "records.jsonl")
+    # shed requests: the 429/503 records, and HAProxy's log says the same (counts exact)
+    shed = [r for r in records if r["status"] in (429, 503)]
+    assert (
+        fig["shed_requests"] == len(shed) == gt["shed_requests"] == _shed_ground_truth(out, records)
+    )
+    assert fig["shed_429"] + fig["shed_503"] == fig["shed_requests"]
+    # the spike phase comes from the load generator's own summary: 15 s at 28 req/s
+    assert round(gt["spike_end_at"] - gt["fault_at"], 6) == 15.0
+    rates = fig["phase_rates"]
+    assert [p["planned_rps"] for p in rates] == [8.0, 28.0, 8.0]
+    spike_sent = [
+        r
+        for r in records
+        if r["attempt"] == 1 and gt["fault_at"] <= r["intended_at"] < gt["spike_end_at"]
+    ]
+    assert rates[1]["offered_rps"] == pytest.approx(len(spike_sent) / 15.0)
+    assert 20.0 <= rates[1]["offered_rps"] <= 36.0 and rates[0]["offered_rps"] <= 12.0
+    during = window_stats(records, start=gt["fault_at"], end=gt["spike_end_at"])
+    assert fig["p99_e2e_during_spike_s"] == during["p99_e2e_s"]
+    assert (
+        fig["requests_during_spike"]
+        == during["requests"]
+        == len([r for r in records if gt["fault_at"] <= r["sent_at"] < gt["spike_end_at"]])
+    )
+    # every fault the drill (and the autoscaler) recorded was cleared by the rollback, which
+    # returned the lab to its initial size: the standby is stopped again
+    journal = json.loads((out / "traffic-spike" / "journal.json").read_text())
+    assert [r["status"] for r in journal["rollbacks"]] == ["succeeded"]
+    rollback_end = datetime.fromisoformat(journal["rollbacks"][-1]["end"]).timestamp()
+    events = _events(out / "lab")
+    injected = {e["fault_id"] for e in events if e.get("phase") == "injected"}
+    cleared = {e["fault_id"]: e["t"] for e in events if e.get("phase") == "cleared"}
+    assert injected and injected <= set(cleared)
+    assert all(cleared[f] <= rollback_end + 0.01 for f in injected)
+    assert _alive({int(e["pid"]) for e in events if e.get("pid")}) == []
+    return fig, gt, records
+
+
+def test_traffic_spike_scales_out_and_holds_the_slo(tmp_path: Path) -> None:
+    lab = {
+        "replicas": 3,
+        "standby": 1,
+        "autoscale": True,
+        "scale_out_queue": 4,
+        "scale_out_after_s": 1.0,
+        "engine_args": {"max_num_seqs": 4},
+    }
+    out = tmp_path / "out"
+    proc = _drill_run(out, _plan(tmp_path / "plan", lab))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    drill = json.loads((out / "summary.json").read_text())["drills"][0]
+    assert drill["status"] == "passed" and drill["hypothesis"] == {"before": True, "after": True}
+    fig, gt, records = _check_common(out)
+
+    # the lab's own record of the scale-out
+    events = _events(out / "lab")
+    trig = [e for e in events if e.get("event") == "scale_out_triggered"]
+    assert len(trig) == 1 and trig[0]["replica"] == "r3" == gt["scale_out_replica"]
+    serving = [e for e in events if e.get("event") == "scale_out_serving"]
+    ready = [e for e in events if e.get("event") == "scale_out_ready"]
+    assert len(serving) == 1 and len(ready) == 1
+    t_trig, t_ready, t_serving = trig[0]["t"], ready[0]["t"], serving[0]["t"]
+    assert gt["fault_at"] <= t_trig < t_ready <= t_serving < gt["spike_end_at"]
+    assert gt["scale_out_s"] == pytest.approx(t_serving - t_trig, abs=1e-9)
+    # client view (send time of r3's first successful request) vs ground truth: within 0.25 s
+    assert fig["scale_out_s"] is not None
+    assert abs(fig["scale_out_s"] - (t_serving - t_trig)) <= 0.25
+    assert fig["cold_start_s"] == pytest.approx(t_ready - t_trig, abs=1e-9)
+    assert fig["cold_start_s"] >= 1.0  # the sim engine's weight-load delay
+    # the trigger followed the policy: its own samples above 4 for >= 1 s just before it
+    samples = [
+        json.loads(x) for x in (out / "lab" / "queue-depth.jsonl").read_text().splitlines() if x
+    ]
+    before = [s for s in samples if t_trig - 1.0 <= s["t"] <= t_trig]
+    assert len(before) >= 4 and all(s["depth"] > 4 for s in before)
+    assert trig[0]["queue_depth"] > 4
+    assert not any(s["depth"] > 4 for s in samples if s["t"] < gt["fault_at"] - 0.5)
+    # the new replica really served (HAProxy log) and the spike was absorbed
+    assert any(r["replica"] == "r3" and r["ok"] for r in records)
+    assert fig["shed_requests"] == 0 and fig["availability"] == 1.0
+    assert fig["p99_e2e_during_spike_s"] <= 10.0
+    assert fig["recovery_s"] is not None and fig["recovery_s"] <= 6.0
+    # the rollback put r3 back in standby: stopped (expected exit) after the spike
+    exits = [e for e in events if e.get("event") == "exit" and e["replica"] == "r3"]
+    assert len(exits) >= 1 and exits[0]["expected"] is True and exits[0]["t"] > gt["spike_end_at"]
+
+
+def test_traffic_spike_without_autoscaling_and_a_tiny_queue_deviates(tmp_path: Path) -> None:
+    lab = {
+        "replicas": 3,
+        "standby": 1,
+        "autoscale": False,
+        "engine_args": {"max_num_seqs": 4, "max_waiting": 1},
+    }
+    out = tmp_path / "out"
+    proc = _drill_run(out, _plan(tmp_path / "plan", lab))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    drill = json.loads((out / "summary.json").read_text())["drills"][0]
+    assert drill["status"] == "deviated"
+    assert drill["hypothesis"] == {"before": True, "after": False}
+    fig, gt, records = _check_common(out)
+    assert fig["shed_requests"] > 0 and fig["shed_429"] == fig["shed_requests"]
+    shed_times = [r["sent_at"] for r in records if r["status"] == 429]
+    assert all(gt["fault_at"] - 1.0 <= t <= gt["spike_end_at"] + 1.0 for t in shed_times)
+    assert fig["availability_during_spike"] < 0.999
+    assert fig["scale_out_s"] is None and gt["scale_outs"] == 0
+    assert not any(str(e.get("event")).startswith("scale_out") for e in _events(out / "lab"))

@@ -1,0 +1,242 @@
+"""End to end: the upstream-timeout drill (one replica frozen, socket open) against the real lab.
+
+``chaos-infer drill run upstream-timeout`` brings up the default plan's lab (3 sim replicas behind
+HAProxy), runs the experiment and takes the lab down. Figures are checked against the lab's own
+record: HAProxy's ``show stat`` samples (ejection, sessions stuck on the frozen replica), the
+fault ledger and events, and the freezer cgroup. Tolerances: interruption within 0.25 s of an
+independent computation; counts exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
+from chaoslib_infer.lab.haproxy import find_haproxy
+from chaoslib_infer.load.records import read_records
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _skip() -> str | None:
+    if find_haproxy() is None:
+        return "haproxy not installed"
+    try:
+        detect_hierarchy()
+    except CgroupError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = [pytest.mark.lab, pytest.mark.skipif(_skip() is not None, reason=_skip() or "")]
+
+
+def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _lab_pids(lab_dir: Path) -> list[int]:
+    out = []
+    for line in (lab_dir / "events.jsonl").read_text().splitlines():
+        ev = json.loads(line)
+        if ev.get("pid"):
+            out.append(int(ev["pid"]))
+    return out
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _interruption(records: list[dict[str, Any]], fault_at: float, settle_s: float = 5.0) -> float:
+    """The measurement.md definition, written again: first failure after the fault to the last
+    failure followed by ``settle_s`` without failure and with at least one success."""
+    ends = sorted((r["end_at"], bool(r["ok"])) for r in records if r["end_at"] >= fault_at)
+    fails = [t for t, ok in ends if not ok]
+    if not fails:
+        return 0.0
+    for i, f in enumerate(fails):
+        nxt = fails[i + 1] if i + 1 < len(fails) else math.inf
+        if nxt > f + settle_s and any(ok and f < t <= f + settle_s for t, ok in ends):
+            return f - fails[0]
+    return fails[-1] - fails[0]
+
+
+def _limit_s(error: str) -> float:
+    m = re.search(r"(\d+(?:\.\d+)?) s", error)
+    assert m, error
+    return float(m.group(1))
+
+
+def _after_run_checks(out: Path) -> dict[str, Any]:
+    """No active fault, no freezer cgroup, no dead-man timer, no lab process left behind."""
+    status = _cli("lab", "status", "--json", "--state-dir", str(out / "lab"))
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["active_faults"] == []
+    fault = [f for f in _jsonl(out / "upstream-timeout" / "faults.jsonl")][-1]
+    if fault.get("cgroup") and fault.get("freezer") == 1:
+        assert not Path(fault["cgroup"]).exists(), "freezer cgroup left behind"
+    assert not _alive(int(fault["deadman_pid"])), "dead-man timer left behind"
+    assert [p for p in _lab_pids(out / "lab") if _alive(p)] == []
+    return fault
+
+
+def test_upstream_timeout_drill_passes_and_figures_match_ground_truth(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _cli("drill", "run", "upstream-timeout", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    drill = json.loads((out / "summary.json").read_text())["drills"][0]
+    assert drill["status"] == "passed", json.dumps(drill, indent=1)[:3000]
+    assert drill["hypothesis"] == {"before": True, "after": True}
+    fig, gt = drill["figures"], drill["ground_truth"]
+    fault = _after_run_checks(out)
+    records = read_records(out / "upstream-timeout" / "records.jsonl")
+    fault_at, replica = gt["fault_at"], gt["replica"]
+    assert gt["mode"] == "freeze" and gt["freezer"] in (1, 2) and gt["fallback_reason"] is None
+
+    # ejection: HAProxy's own state, sampled every ~50 ms by the action
+    samples = [
+        s for s in _jsonl(out / "upstream-timeout" / "upstream-timeout-samples.jsonl")
+        if s["source"] == "haproxy"
+    ]  # fmt: skip
+    assert all(s["servers"][replica]["status"] == "UP" for s in samples if s["t"] < fault_at)
+    first_down = next(
+        s["t"] for s in samples if s["t"] >= fault_at and s["servers"][replica]["status"] != "UP"
+        and not s["servers"][replica]["status"].startswith("UP")
+    )  # fmt: skip
+    assert gt["ejected_at"] == first_down
+    assert fig["ejection_s"] == pytest.approx(first_down - fault_at, abs=1e-9)
+    assert 1.0 <= fig["ejection_s"] <= 4.5  # inter 500ms, fall 2, timeout check 1s
+    gaps = [b["t"] - a["t"] for a, b in zip(samples, samples[1:], strict=False)]
+    assert max(gaps) < 0.5, "show stat sampling stalled"
+    # nothing new reached the frozen replica once ejected: its sessions only stay or drop
+    after = [s["servers"][replica]["scur"] for s in samples if s["t"] >= first_down]
+    assert all(b <= a for a, b in zip(after, after[1:], strict=False))
+
+    # hung requests: waited on the frozen replica until the *client* gave up
+    hung = [
+        r for r in records
+        if not r["ok"] and r["end_at"] >= fault_at and r["error_class"].startswith("timeout_")
+    ]  # fmt: skip
+    assert fig["hung_requests"] == len(hung) == gt["hung_sessions"] >= 1
+    assert fig["fails_fast"] is False
+    for r in hung:
+        assert r["sent_at"] < gt["ejected_at"] + 0.1  # dispatched before the ejection
+        limit = _limit_s(r["error"])
+        if r["error_class"] == "timeout_idle":
+            last = max([r["first_token_at"] or r["sent_at"], *r["chunk_times"]])
+            assert r["end_at"] - last >= limit - 0.05
+        else:
+            assert r["end_at"] - r["sent_at"] >= limit - 0.05
+    assert fig["hung_request_max_s"] == pytest.approx(
+        max(r["end_at"] - r["sent_at"] for r in hung), abs=1e-9
+    )
+    failed_after = sorted(r["end_at"] for r in records if not r["ok"] and r["end_at"] >= fault_at)
+    assert fig["time_to_first_error_s"] == pytest.approx(failed_after[0] - fault_at, abs=1e-9)
+    # no failure is visible before the client's shortest timeout: the gateway never failed fast
+    assert fig["time_to_first_error_s"] >= min(_limit_s(r["error"]) for r in hung) - 0.05
+    assert abs(fig["interruption_s"] - _interruption(records, fault_at)) <= 0.25
+
+    # the survivors carried everything sent after the ejection, while r0 stayed frozen
+    later = [r for r in records if gt["ejected_at"] + 0.1 <= r["sent_at"] < gt["held_until"]]
+    assert len(later) >= 40 and all(r["ok"] for r in later)
+    assert {r["replica"] for r in later} <= set(fault["survivors"])
+    assert fig["survivor_running_max"] >= 1 and fig["hung_sessions_max"] >= gt["hung_sessions"]
+    # the rollback thawed it: the lab's 'fault cleared' event after the hold
+    assert gt["thawed_at"] is not None and gt["held_until"] <= gt["thawed_at"]
+    assert (out / "upstream-timeout" / "evidence.md").stat().st_size > 0
+
+
+def test_upstream_timeout_drill_deviates_with_a_single_replica(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _cli("drill", "run", "upstream-timeout", "--replicas", "1", "--out", str(out))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    drill = json.loads((out / "summary.json").read_text())["drills"][0]
+    assert drill["status"] == "deviated"
+    assert drill["hypothesis"] == {"before": True, "after": False}
+    journal = json.loads((out / "upstream-timeout" / "journal.json").read_text())
+    after = {
+        p["activity"]["name"]: p["output"] for p in journal["steady_states"]["after"]["probes"]
+    }
+    assert after["availability-meets-slo"]["passed"] is False
+    assert [r["status"] for r in journal["rollbacks"]] == ["succeeded", "succeeded"]
+    fig, gt = drill["figures"], drill["ground_truth"]
+    assert gt["ejected_at"] is not None  # nothing left to route to: HAProxy answers 503 at once
+    records = read_records(out / "upstream-timeout" / "records.jsonl")
+    nosrv = [
+        r for r in records
+        if gt["ejected_at"] + 0.1 <= r["sent_at"] < gt["held_until"] and not r["ok"]
+    ]  # fmt: skip
+    assert nosrv and all(r["status"] == 503 for r in nosrv)
+    assert fig["failed_requests"] >= len(nosrv) > 0
+    _after_run_checks(out)
+
+
+def test_sigint_during_the_freeze_thaws_and_takes_the_lab_down(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chaoslib_infer.cli", "drill", "run", "upstream-timeout",
+         "--replicas", "2", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )  # fmt: skip
+    seen = ""
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "injecting the fault" not in seen:
+            seen += proc.stdout.readline()
+        assert "injecting the fault" in seen, seen
+        faults = out / "upstream-timeout" / "faults.jsonl"
+        while time.monotonic() < deadline and not faults.exists():
+            time.sleep(0.05)
+        time.sleep(1.0)  # frozen now
+        injected = _jsonl(faults)[-1]
+        assert injected["phase"] == "injected"
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, seen + rest
+    journal = json.loads((out / "upstream-timeout" / "journal.json").read_text())
+    assert journal["status"] == "interrupted"
+    assert [r["activity"]["name"] for r in journal["rollbacks"]] == [
+        "thaw-frozen-replica",
+        "clear-lab-faults",
+    ]
+    assert any("thawed" in n for n in journal["rollbacks"][0]["output"])
+    events = _jsonl(out / "lab" / "events.jsonl")
+    cleared = [
+        e for e in events
+        if e.get("event") == "fault" and e.get("fault_id") == injected["fault_id"]
+        and e.get("phase") == "cleared"
+    ]  # fmt: skip
+    assert cleared and cleared[0]["t"] > injected["fault_at"]
+    _after_run_checks(out)

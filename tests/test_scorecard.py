@@ -1,0 +1,178 @@
+"""Scorecard in the seed's tiers, from a hand-made summary and records (exact arithmetic)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaoslib_infer.evidence.render import render_index
+from chaoslib_infer.evidence.scorecard import build_scorecard, drill_load_stats
+
+T0 = 1_800_000_000.0
+
+
+def _records(n_ok: int, n_failed: int, span_s: float, tokens: int) -> list[dict[str, Any]]:
+    """``n_ok`` successes and ``n_failed`` failures spread evenly; load span exactly ``span_s``."""
+    out = []
+    n = n_ok + n_failed
+    for i in range(n):
+        sent = T0 + i * (span_s - 0.5) / max(n - 1, 1)
+        ok = i >= n_failed
+        out.append(
+            {
+                "request_id": f"r{i}",
+                "attempt": 1,
+                "final": True,
+                "intended_at": sent,
+                "sent_at": sent,
+                "status": 200 if ok else 503,
+                "ok": ok,
+                "error_class": None if ok else "http_5xx",
+                "error": None,
+                "first_byte_at": sent + 0.1,
+                "first_token_at": sent + 0.1,
+                "chunk_times": [sent + 0.1],
+                "end_at": sent + 0.5,
+                "output_tokens": tokens if ok else 0,
+                "tokens_source": "usage",
+                "replica": "r0",
+                "text_len": 10,
+            }
+        )
+    return out
+
+
+def _drill(name: str, requests: int, err: float, p50: float, p99: float, after: bool | None,
+           **extra: Any) -> dict[str, Any]:  # fmt: skip
+    return {
+        "name": name,
+        "status": "passed" if after else "deviated",
+        "hypothesis": {"before": True, "after": after},
+        "started_at": "2027-01-15T08:00:00+00:00",
+        "ended_at": "2027-01-15T08:00:50+00:00",
+        "figures": {
+            "requests": requests,
+            "availability": 1 - err,
+            "error_rate": err,
+            "p50_e2e_s": p50,
+            "p99_e2e_s": p99,
+            **extra,
+        },
+        "evidence": f"{name}/evidence.md",
+    }
+
+
+def _run(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    run = tmp_path / "run"
+    for name, recs in (
+        ("node-loss", _records(196, 4, 20.0, 30)),
+        ("quota-cut", _records(100, 0, 10.0, 10)),
+    ):
+        (run / name).mkdir(parents=True)
+        (run / name / "records.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8"
+        )
+    summary = {
+        "plan": "synthetic",
+        "target": {"kind": "lab", "engine": "sim", "replicas": 4},
+        "started_at": "2027-01-15T08:00:00+00:00",
+        "ended_at": "2027-01-15T08:02:00+00:00",
+        "complete": True,
+        "drills": [
+            _drill("node-loss", 200, 0.02, 0.4, 3.5, False, recovery_s=42.0, interruption_s=3.0),
+            _drill("quota-cut", 100, 0.0, 0.6, 1.2, True, interruption_s=7.5),
+            # no records: QPS falls back to the summary (requests x availability / drill time)
+            _drill("traffic-spike", 300, 0.0, 2.5, 12.0, True, restart_s=1.0),
+        ],
+    }
+    return run, summary
+
+
+def test_load_stats_from_records(tmp_path: Path) -> None:
+    run, _ = _run(tmp_path)
+    stats = drill_load_stats(run / "node-loss")
+    assert stats is not None
+    assert stats["ok"] == 196 and stats["attempts"] == 200
+    assert stats["load_s"] == pytest.approx(20.0)
+    assert stats["qps"] == pytest.approx(196 / 20.0)
+    assert stats["mean_output_tokens"] == 30
+    assert drill_load_stats(run / "traffic-spike") is None
+
+
+def test_tiers_in_the_seed_order_with_exact_figures(tmp_path: Path) -> None:
+    run, summary = _run(tmp_path)
+    card = build_scorecard(summary, run)
+    assert [(t["tier"], t["name"]) for t in card["tiers"]] == [
+        (1, "Stability"),
+        (2, "Performance and cost"),
+        (3, "Model quality"),
+    ]
+    stab = {r["metric"]: r for r in card["tiers"][0]["rows"]}
+    assert list(stab) == ["error rate", "P99 E2E latency", "recovery time", "disaster tolerance"]
+    assert stab["error rate"]["value"] == pytest.approx(4 / 600)  # 0.02 x 200 of 600 requests
+    assert stab["error rate"]["passed"] is False
+    assert stab["P99 E2E latency"]["value"] == 12.0 and stab["P99 E2E latency"]["passed"] is False
+    # recovery_s preferred over interruption_s; worst drill wins
+    assert stab["recovery time"]["value"] == 42.0 and stab["recovery time"]["passed"] is True
+    assert "node-loss (recovery_s)" in stab["recovery time"]["note"]
+    assert stab["disaster tolerance"]["value"] == pytest.approx(2 / 3)
+    assert stab["disaster tolerance"]["passed"] is False
+    assert stab["disaster tolerance"]["note"] == "2 of 3 drills held"
+    assert card["tiers"][0]["verdict"] == "FAIL"
+    drills = {d["name"]: d for d in card["tiers"][0]["drills"]}
+    assert drills["quota-cut"]["recovery_figure"] == "interruption_s"
+    assert drills["traffic-spike"]["recovery_figure"] == "restart_s"
+    assert drills["traffic-spike"]["qps_source"] == "summary"
+    assert drills["traffic-spike"]["qps"] == pytest.approx(300 / 50.0)
+
+    perf = {r["metric"]: r for r in card["tiers"][1]["rows"]}
+    assert perf["QPS (achieved)"]["value"] == pytest.approx(100 / 10.0)  # quota-cut's 10 req/s
+    assert perf["QPS (achieved)"]["passed"] is None
+    assert perf["P50 E2E latency"]["value"] == 2.5 and perf["P50 E2E latency"]["passed"] is False
+    assert perf["cost per request"]["value"] is None
+    assert "no price given" in perf["cost per request"]["note"]
+    tier3 = card["tiers"][2]
+    assert tier3["out_of_scope"] is True and tier3["verdict"] == "OUT OF SCOPE"
+    assert "not the model" in tier3["note"]
+
+
+def test_cost_per_request(tmp_path: Path) -> None:
+    run, summary = _run(tmp_path)
+    per_token = build_scorecard(summary, run, {"price_per_1k_tokens": 0.5})
+    cost = next(r for r in per_token["tiers"][1]["rows"] if r["metric"] == "cost per request")
+    mean_tokens = (196 * 30 + 100 * 10) / 296
+    assert cost["value"] == pytest.approx(0.5 * mean_tokens / 1000)
+    assert cost["unit"] == "USD"
+    summary["pricing"] = {"price_per_instance_hour": 3.6, "currency": "EUR"}
+    per_hour = build_scorecard(summary, run)
+    cost = next(r for r in per_hour["tiers"][1]["rows"] if r["metric"] == "cost per request")
+    # 3.6 EUR/h x 4 instances x 30 s of load / 296 successful requests
+    assert cost["value"] == pytest.approx(3.6 * 4 * (30 / 3600) / 296)
+    assert cost["unit"] == "EUR"
+
+
+def test_index_html_shows_the_scorecard_self_contained(tmp_path: Path) -> None:
+    run, summary = _run(tmp_path)
+    summary["pricing"] = {"price_per_1k_tokens": 0.5}
+    html = render_index(run, summary, "DEVIATED").read_text(encoding="utf-8")
+    assert html.index("Tier 1: Stability — FAIL") < html.index("Tier 2: Performance and cost")
+    assert html.index("Tier 2") < html.index("Tier 3: Model quality — OUT OF SCOPE")
+    # ratios as percentages: error rate 4/600, disaster tolerance 2/3
+    assert "<td>error rate</td><td>0.6667 %</td>" in html
+    assert "<td>disaster tolerance</td><td>66.67 %</td>" in html
+    assert "2 of 3 drills held" in html
+    assert "per 1k output tokens" in html
+    assert '<a href="node-loss/evidence.html">' in html
+    # self-contained: nothing fetched from elsewhere
+    assert not re.search(r'(src|href)="(https?:)?//', html)
+    assert "<script" not in html and "<link" not in html
+
+
+def test_empty_summary_has_no_data_verdicts() -> None:
+    card = build_scorecard({"drills": []})
+    assert [t["verdict"] for t in card["tiers"]] == ["NO DATA", "NO DATA", "OUT OF SCOPE"]
+    assert all(r["value"] is None for r in card["tiers"][0]["rows"])
