@@ -390,7 +390,8 @@ def lab_up(
     except (LabError, InferChaosError) as exc:
         _fail(str(exc))
         return
-    click.echo(f"lab up: {the_lab.url} ({replicas} x {engine}); state in {state_dir}")
+    where = f" on {nodes} node(s){' + 1 spare' if spare_node else ''}" if nodes else ""
+    click.echo(f"lab up: {the_lab.url} ({replicas} x {engine}{where}); state in {state_dir}")
     click.echo(
         f"try: curl -s {the_lab.url}/v1/models ; chaos-infer lab status ; chaos-infer lab down"
     )

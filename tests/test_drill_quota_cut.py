@@ -147,7 +147,7 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     lab = {
         **GAMEDAY_LAB,
         "engine_args": {"max_num_seqs": 4, "max_waiting": 4},
-        "scale_out_queue": 2,  # the autoscaler wants to scale out, but the quota forbids it
+        "scale_out_queue": 3,  # the autoscaler wants to scale out, but the quota forbids it
     }
     drill_spec = {
         "name": "quota-cut",
@@ -177,9 +177,10 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
         json.loads(x) for x in (out / "lab" / "queue-depth.jsonl").read_text().splitlines() if x
     ]
     above = [
-        s for s in samples if gt["cut_done_at"] <= s["t"] < gt["restored_at"] and s["depth"] > 2
+        s for s in samples if gt["cut_done_at"] <= s["t"] < gt["restored_at"] and s["depth"] > 3
     ]
     assert len(above) >= 8  # >= 2 s of samples above the threshold while capped
     assert gt["scale_outs_during_cut"] == 0
+    # ... nor while the rollback restored the stopped replicas (the cap is off the ledger then)
     assert not any(e.get("event") == "scale_out_triggered" for e in _events(out / "lab"))
     _check_faults_cleared_by_rollback(out, "quota-cut")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -294,5 +295,33 @@ def test_frozen_lab_replica_is_ejected_and_the_rollback_thaws_it(tmp_path: Path)
         assert any("SIGCONT" in n for n in undone), undone
         assert lab.status()["active_faults"] == []
         assert httpx.get(f"http://127.0.0.1:{port['r1']}/health", timeout=5).status_code == 200
+    finally:
+        lab.down()
+
+
+@pytest.mark.lab
+@pytest.mark.skipif(_lab_skip() is not None, reason=_lab_skip() or "")
+@pytest.mark.skipif(shutil.which("iptables") is None, reason="iptables not installed")
+def test_blackhole_on_a_node_drops_the_replica_port_until_undone(tmp_path: Path) -> None:
+    try:
+        lab = Lab.up(tmp_path / "lab", replicas=2, nodes=2, spare_node=False, ready_timeout_s=60)
+    except LabError as exc:  # no network namespaces here
+        pytest.skip(str(exc))
+    try:
+        r0 = next(r for r in lab.meta["replicas"] if r["name"] == "r0")
+        url = f"http://{r0['host']}:{r0['port']}/health"
+        assert httpx.get(url, timeout=2).status_code == 200
+        rec = fz.freeze_replica(lab, "r0", mode="blackhole", ttl_s=60)
+        assert rec["mode"] == "blackhole" and rec["netns"] and rec["port"] == r0["port"]
+        assert [f["kind"] for f in lab.status()["active_faults"]] == ["upstream-timeout"]
+        with pytest.raises(httpx.ConnectTimeout):  # SYNs dropped: no refusal, no answer
+            httpx.get(url, timeout=1.0)
+        sock = lab.state_dir / HAPROXY_SOCK
+        _wait_for(lambda: not show_stat(sock)["r0"]["status"].startswith("UP"), 8.0, "r0 ejected")
+        assert lab.replica_pid("r0") == rec["pid"]  # the process itself is untouched
+        assert any("removed DROP rule" in n for n in lab.clear_faults())
+        assert lab.status()["active_faults"] == []
+        assert httpx.get(url, timeout=2).status_code == 200
+        assert fz.thaw(rec) is None
     finally:
         lab.down()

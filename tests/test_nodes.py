@@ -366,6 +366,7 @@ def test_dead_man_brings_the_node_back_when_the_runner_dies(tmp_path: Path) -> N
         assert [(e["node"], e["replicas"]) for e in blocked] == [("n0", ["r0"])]
         assert 0.3 <= blocked[0]["t"] - fault_at < 1.0
         assert not [e for e in lab.events() if e.get("event") == "rescheduled"]
+
         def r0_serves() -> float | None:
             _chat(lab.url, f"back-{time.monotonic_ns()}")  # traffic, so that r0 gets some
             return lab.served("r0", after=up["t"])

@@ -276,13 +276,21 @@ def test_killed_runner_watchdog_expires_faults_rollback_and_report(tmp_path: Pat
     short = [r for r in records.values() if float(r["ttl_s"]) < 100]
     assert len(short) == 2
     last_deadline = max(float(r["injected_at"]) + float(r["ttl_s"]) for r in short)
-    _wait_for(lambda: len(_ledger(lab_dir)) == 1, last_deadline - time.time() + 3.0, "watchdog")
-    assert not m1.exists() and m2.exists()
-    expired = {e["fault_id"]: e for e in _events(lab_dir) if e.get("phase") == "expired"}
+
+    def expired_events() -> dict[str, dict[str, Any]]:
+        # the watchdog claims a record, undoes it, then logs "expired": wait for the log
+        return {e["fault_id"]: e for e in _events(lab_dir) if e.get("phase") == "expired"}
+
+    _wait_for(lambda: len(expired_events()) == 2, last_deadline - time.time() + 3.0, "watchdog")
+    expired = expired_events()
     assert set(expired) == {r["id"] for r in short}
+    assert not m1.exists() and m2.exists()
+    assert [r["id"] for r in _ledger(lab_dir)] == [
+        r["id"] for r in records.values() if r not in short
+    ]
     for rec in short:  # undone by the watchdog within one check period of its deadline
         lag = expired[rec["id"]]["t"] - (float(rec["injected_at"]) + float(rec["ttl_s"]))
-        assert 0.0 <= lag <= 1.0, (rec["kind"], lag)
+        assert 0.0 <= lag <= 1.5, (rec["kind"], lag)
     frozen = next(r for r in short if r["kind"] != "test-marker")
     module = importlib.import_module(frozen["module"])
     assert module.fault_active(Lab.attach(lab_dir), frozen) is False

@@ -416,3 +416,22 @@ def test_deadman_deadline() -> None:
     assert deadman.deadline({"injected_at": 100.0}) == 100.0 + DEFAULT_FAULT_TTL_S
     assert deadman.deadline({"injected_at": 100.0, "ttl_s": 5, "deadman_retry_at": 200}) == 200
     assert deadman.deadline({"ttl_s": "x"}) == 0.0
+
+
+def test_guard_interrupts_only_hypotheses_and_method_never_rollbacks() -> None:
+    import sys
+
+    from chaoslib_infer.controls.guard import _interruptible
+
+    def chaoslib_func(name: str, body: str) -> Any:
+        scope: dict[str, Any] = {"__name__": "chaoslib.fake", "sys": sys}
+        exec(f"def {name}(inner=None):\n    {body}\n", scope)
+        return scope[name]
+
+    probe = chaoslib_func("execute_activity", "return sys._getframe()")
+    method = chaoslib_func("run_method", "return inner()")
+    rollback = chaoslib_func("run_rollback", "return inner()")
+    assert _interruptible(method(probe)) is True
+    assert _interruptible(rollback(lambda: method(probe))) is False  # rollbacks always win
+    assert _interruptible(probe()) is False  # outside any phase (e.g. after the experiment)
+    assert _interruptible(sys._getframe()) is False

@@ -19,10 +19,13 @@ from chaoslib_infer.capacity import instances, plan
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.lab.scaling import (
+    HOLD_FILE,
     ScaleOutPolicy,
+    _hold,
     cap_replicas,
     mark_standby_servers,
     replica_cap,
+    scaling_held,
     scaling_options,
     serving_replicas,
     standby_names,
@@ -92,6 +95,16 @@ def test_policy_needs_the_depth_above_threshold_for_the_whole_duration() -> None
 def test_policy_without_a_scale_out_keeps_asking() -> None:
     pol = ScaleOutPolicy(threshold=0, after_s=0.5, cooldown_s=0)
     assert [pol.observe(t / 4, 1) for t in range(5)] == [False, False, True, True, True]
+
+
+def test_undo_holds_the_autoscaler_only_while_it_runs(tmp_path: Path) -> None:
+    lab = Lab(tmp_path, {"replicas": []})
+    assert scaling_held(lab) is False
+    with _hold(lab, "undo quota-cut", max_s=30):
+        assert scaling_held(lab) is True
+    assert scaling_held(lab) is False
+    (tmp_path / HOLD_FILE).write_text(json.dumps({"until": time.time() - 1, "reason": "crashed"}))
+    assert scaling_held(lab) is False  # a hold left by a killed undo expires
 
 
 def test_scaling_options_are_validated() -> None:

@@ -25,9 +25,11 @@ and applies the guards. When one trips it:
    ``time.sleep`` of a pause is cut short) whose handler, installed by this control for the length
    of the experiment, raises ``KeyboardInterrupt``. Chaos Toolkit turns that into journal status
    ``interrupted`` and plays the rollbacks (experiments use ``rollbacks.strategy: always``). The
-   handler never raises while rollbacks are running (it looks for Chaos Toolkit's rollback frames
-   on the stack), so a late signal cannot cut a rollback short. Where the control cannot install a
-   handler (not on the main thread) it falls back to ``_thread.interrupt_main()``;
+   handler only raises inside a steady-state hypothesis or the method (it looks for Chaos
+   Toolkit's frames on the stack), never during rollbacks or the end of the run, so a late signal
+   cannot cut a rollback short; a signal that lands between two phases is ignored and re-sent
+   every 0.2 s until it lands or the guard is disarmed (rollbacks begin). Where the control cannot
+   install a handler (not on the main thread) it falls back to ``_thread.interrupt_main()``;
 3. after the experiment, adds ``stop_condition`` to the journal (``chaos run`` writes it to
    ``journal.json``; the game day copies it to ``summary.json`` and marks the drill ``aborted``).
 """
@@ -64,17 +66,29 @@ INTERRUPT_SIGNAL = signal.SIGUSR1
 logger = logging.getLogger("chaostoolkit")
 
 _ROLLBACK_FUNCS = {"run_rollback", "apply_rollbacks", "run_rollbacks"}
+#: Chaos Toolkit phases a stop condition may cut short (the hypotheses and the method)
+_INTERRUPTIBLE_FUNCS = {
+    "run_gate_hypothesis",
+    "run_steady_state_hypothesis",
+    "run_hypothesis_during_method",
+    "run_deviation_validation_hypothesis",
+    "run_method",
+}
+RETRY_S = 0.2
 
 
-def _in_rollbacks(frame: FrameType | None) -> bool:
-    """True when Chaos Toolkit's rollback code is on the stack of ``frame``."""
+def _interruptible(frame: FrameType | None) -> bool:
+    """True when ``frame`` is inside a hypothesis or the method, and not inside rollbacks."""
+    inside = False
     while frame is not None:
-        if frame.f_code.co_name in _ROLLBACK_FUNCS and str(
-            frame.f_globals.get("__name__", "")
-        ).startswith("chaoslib"):
-            return True
+        if str(frame.f_globals.get("__name__", "")).startswith("chaoslib"):
+            name = frame.f_code.co_name
+            if name in _ROLLBACK_FUNCS:
+                return False
+            if name in _INTERRUPTIBLE_FUNCS:
+                inside = True
         frame = frame.f_back
-    return False
+    return inside
 
 
 class _Guard:
@@ -85,7 +99,7 @@ class _Guard:
         self.records = records
         self.run_dir = run_dir
         self.lock = threading.Lock()
-        self.stopped = threading.Event()
+        self.disarmed = threading.Event()
         self.trip: Trip | None = None
         self.delivered = False
         self.main_ident = threading.main_thread().ident
@@ -101,9 +115,11 @@ class _Guard:
         self.thread.start()
 
     def disarm(self) -> None:
-        """Stop checking (rollbacks begin, or the experiment ends); keep what tripped."""
-        with self.lock:
-            self.stopped.set()
+        """Stop checking and interrupting (rollbacks begin, or the experiment ends); keep what
+        tripped."""
+        self.disarmed.set()
+        with self.lock:  # a trip being recorded right now completes first
+            pass
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout=self.conditions.interval_s + 2.0)
 
@@ -119,7 +135,7 @@ class _Guard:
         c = self.conditions
         tail = RecordTail(self.records, keep_s=c.window_s + 1.0)
         tracker = Tracker(c)
-        while not self.stopped.wait(c.interval_s):
+        while not self.disarmed.wait(c.interval_s):
             now = time.time()
             try:
                 trip = tracker.check(tail.poll(now), now)
@@ -131,29 +147,33 @@ class _Guard:
                 return
 
     def _fire(self, trip: Trip) -> None:
+        """Record the trip, then interrupt the main thread until it takes the interrupt (it is
+        only taken inside a hypothesis or the method) or the guard is disarmed."""
         with self.lock:
-            if self.stopped.is_set():
+            if self.disarmed.is_set():
                 return
             self.trip = trip
-            self.stopped.set()
             _write_trip(self.run_dir, trip)
             logger.warning(
                 f"stop condition {trip.guard} tripped: {trip.reason()}; aborting the drill"
             )
-            if self.installed and self.main_ident is not None:
-                signal.pthread_kill(self.main_ident, INTERRUPT_SIGNAL)
-            else:
-                _thread.interrupt_main()
+        if not (self.installed and self.main_ident is not None):
+            _thread.interrupt_main()
+            return
+        while not self.delivered and not self.disarmed.is_set():
+            signal.pthread_kill(self.main_ident, INTERRUPT_SIGNAL)
+            self.disarmed.wait(RETRY_S)
 
     # -- the signal handler (main thread) ----------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.trip is not None and not self.delivered:
-            self.delivered = True
-            if _in_rollbacks(frame):
-                return  # rollbacks are already playing: never cut them short
-            raise KeyboardInterrupt(f"stop condition {self.trip.guard}: {self.trip.reason()}")
-        if callable(self.previous):
-            self.previous(signum, frame)
+        if self.trip is None:  # not ours: whatever handled this signal before
+            if callable(self.previous):
+                self.previous(signum, frame)
+            return
+        if self.delivered or self.disarmed.is_set() or not _interruptible(frame):
+            return  # rollbacks or the end of the run: never cut them short (retried if early)
+        self.delivered = True
+        raise KeyboardInterrupt(f"stop condition {self.trip.guard}: {self.trip.reason()}")
 
 
 _GUARDS: dict[str, _Guard] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import math
 import os
 from pathlib import Path
@@ -47,6 +48,8 @@ def fmt(value: Any) -> str:
         return "—"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, float) and 1.0e9 < value < 1.0e10:  # a unix time: show it as UTC
+        return dt.datetime.fromtimestamp(value, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
     if isinstance(value, float):
         if math.isnan(value):
             return "—"
@@ -90,6 +93,11 @@ def render_drill(
     """
     figures = drill.get("figures") or {}
     figures_table = [(k, figures[k]) for k in _FIGURE_ORDER if k in figures]
+    figures_table += [
+        (k, v)
+        for k, v in figures.items()
+        if k not in _FIGURE_ORDER and k != "errors_by_class" and not isinstance(v, dict | list)
+    ]
     ground = drill.get("ground_truth") or {}
     ctx = {
         "drill": drill,

@@ -992,13 +992,15 @@ class Lab:
         """Undo (unless ``undo`` is False) and forget one recorded fault. Unknown id: ``None``."""
         with self._faults() as faults:
             found = [f for f in faults if f.get("id") == fault_id]
-            faults[:] = [f for f in faults if f.get("id") != fault_id]
         if not found:
             return None
         f = found[0]
         note = None
         if undo and f.get("module"):
+            # undo first: if it raises, the record stays in the ledger for `chaos-infer rollback`
             note = _fault_module(str(f["module"])).undo_fault(self, f)
+        with self._faults() as faults:
+            faults[:] = [x for x in faults if x.get("id") != fault_id]
         append_event(
             self.state_dir / EVENTS_FILE,
             {

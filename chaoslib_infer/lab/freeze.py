@@ -28,8 +28,9 @@ process state ``T``, or the iptables rule). Dead-man switch: a detached timer pr
 (``python -m chaoslib_infer.lab.freeze deadman``, its own session, outside the lab's cgroups)
 thaws the replica ``ttl_s`` seconds after injection even if the runner that froze it was
 SIGKILLed, and appends a ``{"event": "fault", "phase": "cleared", "by": "deadman"}`` line to the
-lab's ``events.jsonl``; a normal rollback kills the timer. The record also carries ``ttl_s`` for
-the lab's own fault watchdog, where the lab runs one.
+lab's ``events.jsonl``; a normal rollback kills the timer. The timer lives outside the lab's
+supervisord, so it also covers a lab whose supervisord died; the record's ``ttl_s`` additionally
+lets the lab's own watchdog (:mod:`chaoslib_infer.safety.deadman`) undo it.
 """
 
 from __future__ import annotations

@@ -277,9 +277,14 @@ def _node_up(node: dict[str, Any]) -> bool | None:
         return None
 
 
+def _all_replicas(lab: Lab) -> list[str]:
+    """Every configured replica, standby ones (autoscaler) included."""
+    return [str(r["name"]) for r in lab.meta["replicas"]]
+
+
 def _placed_on(lab: Lab, node: str) -> list[str]:
     placement = netns.read_placement(lab.state_dir)
-    return [r for r in lab.replica_names() if (placement.get(r) or {}).get("node") == node]
+    return [r for r in _all_replicas(lab) if (placement.get(r) or {}).get("node") == node]
 
 
 def node_status(lab: Lab) -> list[dict[str, Any]]:
@@ -296,7 +301,7 @@ def node_status(lab: Lab) -> list[dict[str, Any]]:
                 "up": _node_up(node),
                 "replicas": [
                     r
-                    for r in lab.replica_names()
+                    for r in _all_replicas(lab)
                     if (placement.get(r) or {}).get("node") == node["name"]
                 ],
             }
@@ -558,10 +563,15 @@ def lose_node(
     info = _node(lab, name)
     if _node_up(info) is not True:
         raise LabError(f"node {name} is already down")
-    lost = _placed_on(lab, name)
-    if not lost:
-        raise LabError(f"node {name} holds no replica; nothing to lose")
     infos = lab._process_infos()
+    standby = {str(r["name"]) for r in lab.meta["replicas"] if r.get("standby")}
+    lost = [  # a standby replica that is not running has nothing to lose
+        r
+        for r in _placed_on(lab, name)
+        if r not in standby or (infos.get(r) or {}).get("statename") == "RUNNING"
+    ]
+    if not lost:
+        raise LabError(f"node {name} runs no replica; nothing to lose")
     pids: dict[str, int] = {}
     for replica in lost:
         pinfo = infos.get(replica) or {}

@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 import xmlrpc.client
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +54,7 @@ from chaoslib_infer.lab.fleet import HAPROXY_SOCK, Lab, LabError, _rpc
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
 
 __all__ = [
+    "HOLD_FILE",
     "MODULE",
     "QUEUE_SAMPLES",
     "ScaleOutPolicy",
@@ -65,6 +66,7 @@ __all__ = [
     "max_concurrency_per_instance",
     "queue_depth",
     "replica_cap",
+    "scaling_held",
     "restore_replicas",
     "scaling_options",
     "serving_replicas",
@@ -79,6 +81,10 @@ __all__ = [
 MODULE = "chaoslib_infer.lab.scaling"
 #: Queue-depth samples of the autoscaler, in the lab's state directory.
 QUEUE_SAMPLES = "queue-depth.jsonl"
+#: While this file names a future ``until`` (unix s), the autoscaler starts nothing: written by
+#: :func:`undo_fault` while it restores or stops replicas, whose fault record the lab has already
+#: taken out of the ledger (so a cap being lifted cannot be mistaken for spare room).
+HOLD_FILE = "scaling-hold.json"
 SAMPLE_S = 0.25
 _BACKEND = "engines"
 
@@ -555,8 +561,28 @@ def restore_replicas(lab: Lab, names: list[str], timeout_s: float = 30.0) -> lis
 # --------------------------------------------------------------------------------------------
 # Fault ledger hooks (called by Lab.clear_faults / remove_fault / status)
 # --------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _hold(lab: Lab, reason: str, max_s: float = 60.0) -> Iterator[None]:
+    path = lab.state_dir / HOLD_FILE
+    path.write_text(json.dumps({"until": time.time() + max_s, "reason": reason}))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def scaling_held(lab: Lab) -> bool:
+    """True while an undo holds the autoscaler (see :data:`HOLD_FILE`)."""
+    try:
+        hold = json.loads((lab.state_dir / HOLD_FILE).read_text())
+        return time.time() < float(hold["until"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
-    """Undo a fault this module recorded (idempotent).
+    """Undo a fault this module recorded (idempotent); the autoscaler is held meanwhile.
 
     - ``quota-cut``: start and enable every replica it stopped.
     - ``scale-out``: put the scaled-out replica back in standby (maintenance, drain, stop).
@@ -568,9 +594,14 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     Raises:
         LabError: a replica could not be restored or stopped.
     """
-    kind = record.get("kind")
     if not lab._supervisord_alive():
         return None
+    with _hold(lab, f"undo {record.get('kind')} {record.get('id')}"):
+        return _undo(lab, record)
+
+
+def _undo(lab: Lab, record: dict[str, Any]) -> str | None:
+    kind = record.get("kind")
     if kind == "quota-cut":
         done = restore_replicas(lab, list(record.get("stopped") or []))
         if not done:
@@ -667,7 +698,10 @@ class Autoscaler:
         append_event(self.events, record)
 
     def _candidate(self) -> str | None:
-        """A standby replica that is stopped and in maintenance, unless the cap forbids growing."""
+        """A standby replica that is stopped and in maintenance, unless the cap or a hold
+        forbids growing."""
+        if scaling_held(self.lab):
+            return None
         infos = _infos(self.lab)
         rows = _stat_rows(self.lab)
         serving = [
@@ -738,7 +772,8 @@ class Autoscaler:
         )
 
     def step(self) -> dict[str, Any]:
-        """Take one sample, write it, and start a scale-out when the policy says so.
+        """Take one sample, write it, and start a scale-out when the policy says so (never while
+        an undo holds the autoscaler; the overload must then last a full ``after_s`` again).
 
         Returns:
             The sample (see :func:`queue_depth`), with ``"scale_out": name`` when one started.
@@ -746,6 +781,10 @@ class Autoscaler:
         sample = queue_depth(self.lab)
         with open(self.samples, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(sample, separators=(",", ":")) + "\n")
+        if scaling_held(self.lab):  # replicas are being restored: overload must be seen anew
+            sample["held"] = True
+            self.policy.above_since = None
+            return sample
         busy = self.busy is not None and self.busy.is_alive()
         if self.policy.observe(sample["t"], sample["depth"]) and not busy:
             name = self._candidate()
