@@ -62,9 +62,11 @@ def main() -> None:
 
 
 def _experiments_dir() -> Path:
-    from chaoslib_infer.gameday import default_plan_path
+    """The drills' experiments: ``$CHAOS_INFER_EXPERIMENTS`` or the checkout's ``experiments/``."""
+    import os
 
-    return default_plan_path().parent.parent / "experiments"
+    env = os.environ.get("CHAOS_INFER_EXPERIMENTS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "experiments"
 
 
 def _print_dry_run(

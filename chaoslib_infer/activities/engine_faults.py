@@ -52,7 +52,11 @@ class _Dead(Exception):
 
 
 def _admin(
-    port: int, method: str, query: str = "", body: dict[str, Any] | None = None
+    port: int,
+    method: str,
+    query: str = "",
+    body: dict[str, Any] | None = None,
+    host: str = "127.0.0.1",
 ) -> dict[str, Any]:
     """Call a replica's ``/admin/faults``; returns the JSON answer.
 
@@ -60,7 +64,7 @@ def _admin(
         _Dead: connection refused (the replica is not running).
         LabError: any other transport failure or a non-200 answer (message from the engine).
     """
-    conn = http.client.HTTPConnection("127.0.0.1", int(port), timeout=_TIMEOUT_S)
+    conn = http.client.HTTPConnection(host, int(port), timeout=_TIMEOUT_S)
     try:
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if payload is not None else {}
@@ -139,7 +143,9 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     mode = str(record.get("mode") or "")
     query = f"?mode={quote(mode)}" if mode else ""
     try:
-        answer = _admin(int(record["port"]), "DELETE", query)
+        answer = _admin(
+            int(record["port"]), "DELETE", query, host=str(record.get("host", "127.0.0.1"))
+        )
     except _Dead:
         return f"engine-fault {mode} on {record.get('replica')}: replica not running, nothing armed"
     cleared = [f.get("mode") for f in answer.get("cleared", [])]
@@ -155,7 +161,7 @@ def fault_active(lab: Lab, record: dict[str, Any]) -> bool:
     lab reports the fault as active rather than hiding it.
     """
     try:
-        answer = _admin(int(record["port"]), "GET")
+        answer = _admin(int(record["port"]), "GET", host=str(record.get("host", "127.0.0.1")))
     except _Dead:
         return False
     modes = {f.get("mode") for f in answer.get("faults", [])}
@@ -208,10 +214,18 @@ def set_engine_fault(
     fault_at = time.time()
     for name in names:
         port = _port(lab, name)
-        record = {"kind": KIND, "module": MODULE, "replica": name, "port": port, "mode": mode_n}
+        host = lab.replica_host(name)
+        record = {
+            "kind": KIND,
+            "module": MODULE,
+            "replica": name,
+            "port": port,
+            "host": host,
+            "mode": mode_n,
+        }
         fault_id = lab.add_fault(record)
         try:
-            answer = _admin(port, "POST", body=body)
+            answer = _admin(port, "POST", body=body, host=host)
         except (LabError, _Dead) as exc:
             lab.remove_fault(fault_id, undo=False)
             raise ActivityFailed(f"engine fault {mode_n} on {name} refused: {exc}") from exc
@@ -265,7 +279,9 @@ def clear_engine_faults(
     for name in names:
         port = _port(lab, name)
         try:
-            note = undo_fault(lab, {"replica": name, "port": port, "mode": ""})
+            note = undo_fault(
+                lab, {"replica": name, "port": port, "host": lab.replica_host(name), "mode": ""}
+            )
         except LabError as exc:
             errors.append(str(exc))
             continue

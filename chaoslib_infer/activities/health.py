@@ -38,9 +38,11 @@ CHECKS_FILE = "health_checks.jsonl"
 _MAX_DURATION_S = 120.0
 
 
-def _health_status(port: int, path: str, timeout_s: float = HEALTH_TIMEOUT_S) -> int | None:
-    """HTTP status of ``GET path`` on 127.0.0.1:``port`` (None: no answer in time)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+def _health_status(
+    port: int, path: str, timeout_s: float = HEALTH_TIMEOUT_S, host: str = "127.0.0.1"
+) -> int | None:
+    """HTTP status of ``GET path`` on ``host:port`` (None: no answer in time)."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
         conn.request("GET", path)
         resp = conn.getresponse()
@@ -124,6 +126,7 @@ def health_disagreement_check(
     lab = _lab(configuration)
     name = _pick(lab, replica, configuration)
     port = next(int(r["port"]) for r in lab.meta["replicas"] if r["name"] == name)
+    host = lab.replica_host(name)
     path = str(lab.meta.get("health_path") or "/health")
     run_dir = settings.run_dir(configuration)
     samples: list[dict[str, Any]] = []
@@ -131,7 +134,7 @@ def health_disagreement_check(
     t_next = time.monotonic()
     t_end = t_next + duration
     while True:  # bounded: one sample per period until t_end
-        status = _health_status(port, path)
+        status = _health_status(port, path, host=host)
         samples.append(
             {"t": time.time(), "replica": name, "healthy": status == 200, "status": status}
         )
