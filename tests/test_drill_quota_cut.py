@@ -147,7 +147,7 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     lab = {
         **GAMEDAY_LAB,
         "engine_args": {"max_num_seqs": 4, "max_waiting": 4},
-        "scale_out_queue": 3,  # the autoscaler wants to scale out, but the quota forbids it
+        "scale_out_queue": 1,  # the autoscaler wants to scale out, but the quota forbids it
     }
     drill_spec = {
         "name": "quota-cut",
@@ -176,10 +176,12 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     samples = [
         json.loads(x) for x in (out / "lab" / "queue-depth.jsonl").read_text().splitlines() if x
     ]
-    above = [
-        s for s in samples if gt["cut_done_at"] <= s["t"] < gt["restored_at"] and s["depth"] > 3
-    ]
-    assert len(above) >= 8  # >= 2 s of samples above the threshold while capped
+    capped = [s for s in samples if gt["cut_done_at"] <= s["t"] < gt["restored_at"]]
+    longest, since = 0.0, None
+    for s in capped:  # the policy's condition: depth above 1 for >= 1 s without a break
+        since = (since if since is not None else s["t"]) if s["depth"] > 1 else None
+        longest = max(longest, s["t"] - since) if since is not None else longest
+    assert longest >= 1.0, longest
     assert gt["scale_outs_during_cut"] == 0
     # ... nor while the rollback restored the stopped replicas (the cap is off the ledger then)
     assert not any(e.get("event") == "scale_out_triggered" for e in _events(out / "lab"))

@@ -66,12 +66,15 @@ def _run_drill(tmp_path: Path, drill_vars: dict[str, Any]) -> tuple[int, Path, s
     return proc.returncode, out, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, marker: str | None = None) -> bool:
+    """``pid`` runs (not a zombie) and, with ``marker``, its command line contains it (a pid the
+    kernel reused for another process since is not ours)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return False
-    return state not in ("Z", "X")
+    return state not in ("Z", "X") and (marker is None or marker in cmdline)
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -134,7 +137,7 @@ def _after_run_checks(out: Path) -> None:
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["active_faults"] == []
     pids = [int(e["pid"]) for e in _jsonl(out / "lab" / "events.jsonl") if e.get("pid")]
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if _alive(p, str((out / "lab").resolve()))] == []
 
 
 def test_restarts_with_a_survivor_pass_and_figures_match_ground_truth(tmp_path: Path) -> None:

@@ -51,12 +51,15 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, marker: str | None = None) -> bool:
+    """``pid`` runs (not a zombie) and, with ``marker``, its command line contains it (a pid the
+    kernel reused for another process since is not ours)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return False
-    return state not in ("Z", "X")
+    return state not in ("Z", "X") and (marker is None or marker in cmdline)
 
 
 def _lab_pids(lab_dir: Path) -> list[int]:
@@ -100,8 +103,10 @@ def _after_run_checks(out: Path) -> dict[str, Any]:
     fault = [f for f in _jsonl(out / "upstream-timeout" / "faults.jsonl")][-1]
     if fault.get("cgroup") and fault.get("freezer") == 1:
         assert not Path(fault["cgroup"]).exists(), "freezer cgroup left behind"
-    assert not _alive(int(fault["deadman_pid"])), "dead-man timer left behind"
-    assert [p for p in _lab_pids(out / "lab") if _alive(p)] == []
+    deadman = int(fault["deadman_pid"])
+    assert not _alive(deadman, "chaoslib_infer.lab.freeze deadman"), "dead-man timer left behind"
+    lab_dir = str((out / "lab").resolve())
+    assert [p for p in _lab_pids(out / "lab") if _alive(p, lab_dir)] == []
     return fault
 
 

@@ -435,3 +435,33 @@ def test_guard_interrupts_only_hypotheses_and_method_never_rollbacks() -> None:
     assert _interruptible(rollback(lambda: method(probe))) is False  # rollbacks always win
     assert _interruptible(probe()) is False  # outside any phase (e.g. after the experiment)
     assert _interruptible(sys._getframe()) is False
+
+
+def test_add_fault_records_ttl_and_deadman_expires_it(tmp_path: Path) -> None:
+    from chaoslib_infer.lab.fleet import Lab
+
+    lab = Lab(tmp_path, {"replicas": []})
+    marker = tmp_path / "marker"
+    marker.write_text("x")
+    rec = {"kind": "test-marker", "module": "chaoslib_infer.safety.testfault", "path": str(marker)}
+    fid = lab.add_fault(dict(rec))
+    assert ledger.pending_faults(tmp_path)[0]["ttl_s"] == DEFAULT_FAULT_TTL_S
+    assert lab.remove_fault(fid) == f"test-marker {fid}: removed {marker}"
+    for bad in (0, -1, "x", True, float("inf")):
+        with pytest.raises(LabError, match="ttl_s"):
+            lab.add_fault({**rec, "ttl_s": bad})
+    marker.write_text("x")
+    fid = lab.add_fault({**rec, "ttl_s": "2"})
+    injected = ledger.pending_faults(tmp_path)[0]["injected_at"]
+    assert deadman.expire_once(lab, now=injected + 1.9) == []
+    lines = deadman.expire_once(lab, now=injected + 2.0)
+    assert lines == [f"expired test-marker {fid} (ttl 2.0 s): test-marker {fid}: removed {marker}"]
+    assert not marker.exists() and ledger.pending_faults(tmp_path) == []
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["phase"] for e in events if e.get("fault_id") == fid] == ["injected", "expired"]
+    # an undo that fails keeps the record (retried later), it is never forgotten
+    fid = lab.add_fault({"kind": "test-bogus", "module": "chaoslib_infer.safety.testfault"})
+    (line,) = deadman.expire_once(lab, now=time.time() + 10 * DEFAULT_FAULT_TTL_S)
+    assert "undo FAILED" in line
+    (kept,) = ledger.pending_faults(tmp_path)
+    assert kept["id"] == fid and kept["deadman_retry_at"] > time.time()

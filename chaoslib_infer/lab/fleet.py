@@ -962,10 +962,14 @@ class Lab:
         if "kind" not in record or "module" not in record:
             raise LabError("a fault record needs 'kind' and 'module'")
         ttl = record.get("ttl_s")
-        if ttl is not None and (
-            isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0
-        ):
-            raise LabError(f"a fault record's ttl_s must be a positive number, got {ttl!r}")
+        if ttl is not None:
+            try:
+                seconds = float("nan") if isinstance(ttl, bool) else float(ttl)
+            except (TypeError, ValueError):
+                seconds = float("nan")
+            if not 0 < seconds < float("inf"):
+                raise LabError(f"a fault record's ttl_s must be a positive number, got {ttl!r}")
+            ttl = seconds
         fault_id = f"{record['kind']}-{os.urandom(4).hex()}"
         entry = {
             **record,
