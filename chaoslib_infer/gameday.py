@@ -427,11 +427,37 @@ def run_drill(
         progress(
             f"drill {spec.name}: stopped by stop condition {stop.get('guard')}: {stop.get('reason')}"
         )
-    progress(
-        f"drill {spec.name}: {entry['status'].upper()} (availability {figures.get('availability')}, "
-        f"interruption {figures.get('interruption_s')} s, restart {figures.get('restart_s')} s)"
-    )
+    progress(f"drill {spec.name}: {entry['status'].upper()} ({_headline(figures)})")
     return entry
+
+
+_HEADLINE_KEYS = (
+    "availability",
+    "p99_e2e_s",
+    "interruption_s",
+    "failed_requests",
+    "restart_s",
+    "replacement_serving_s",
+    "duplicate_generations",
+    "ejection_s",
+    "all_serving_s",
+    "survivor_share_ratio",
+    "shed_requests",
+    "scale_out_s",
+    "planned_instances",
+    "instances_held",
+)
+
+
+def _headline(figures: dict[str, Any]) -> str:
+    """One line of the figures an SRE looks at first (those the drill produced)."""
+    parts = []
+    for key in _HEADLINE_KEYS:
+        value = figures.get(key)
+        if value is None or isinstance(value, dict | list):
+            continue
+        parts.append(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}")
+    return ", ".join(parts)
 
 
 def _redacting(progress: Progress, secrets: list[str]) -> Progress:
