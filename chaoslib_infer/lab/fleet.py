@@ -726,7 +726,10 @@ class Lab:
         for ev in self.events():
             if ev.get("event") == "exit" and not ev.get("expected"):  # not a supervisord stop
                 exits.setdefault(ev["replica"], []).append(ev)
+        ready_at = self.meta.get("ready_at")
         for name, evs in exits.items():
+            if ready_at:  # after start-up, drills kill replicas on purpose: only a fast loop counts
+                evs = [e for e in evs if float(e.get("t", 0)) > time.time() - 15.0]
             if len(evs) >= 3:
                 last = _tail(sd / "logs" / f"{name}.log")
                 return f"FATAL:{name} keeps exiting ({evs[-1]['cause']}): {last or 'no output'}"
@@ -808,7 +811,15 @@ class Lab:
 
     def _supervisord_alive(self) -> bool:
         pid = self._supervisord_pid()
-        return bool(pid) and _alive(pid) and "supervisord" in _cmdline(pid or 0)
+        # pid_max can be 32768 in containers: a stale pid may now belong to another lab's
+        # supervisord, so check it runs *this* lab's config before signalling it
+        cmdline = _cmdline(pid or 0)
+        return (
+            bool(pid)
+            and _alive(pid)
+            and "supervisord" in cmdline
+            and str(self.state_dir) in cmdline
+        )
 
     def _process_infos(self) -> dict[str, dict[str, Any]]:
         try:

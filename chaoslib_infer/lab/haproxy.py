@@ -55,6 +55,8 @@ defaults
     timeout check 1s
     retries 2
     option redispatch
+    # stream SSE chunks as they come: without it Nagle/delayed-ACK adds ~200 ms to first byte
+    option http-no-delay
 
 frontend lab
     bind 127.0.0.1:{port}
