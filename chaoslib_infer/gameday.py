@@ -661,6 +661,7 @@ def run_gameday(
                 verdict = "STOPPED"
             render_index(out_dir, summary, verdict)
             write_atomic(out_dir / "junit.xml", junit_xml(summary))
+            _bundle_runbooks(out_dir, progress)
             redact.scrub_tree(out_dir, secrets)
             write_manifest(out_dir)
             run_lock.close()
@@ -677,6 +678,33 @@ def _experiment_title(journal: dict[str, Any], experiment_path: str) -> str:
         return str((raw or {}).get("title", "")) if isinstance(raw, dict) else ""
     except (OSError, ValueError, yaml.YAMLError):
         return ""
+
+
+def runbooks_dir() -> Path:
+    """The project's runbooks: ``$CHAOS_INFER_RUNBOOKS`` or the checkout's ``runbooks/``."""
+    env = os.environ.get("CHAOS_INFER_RUNBOOKS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "runbooks"
+
+
+def _bundle_runbooks(out_dir: Path, progress: Progress) -> None:
+    """Copy the runbooks of the drills that ran into ``out_dir/runbooks`` and fill their Evidence
+    sections from this run, so the bundle carries each runbook with its latest proof.
+
+    (``chaos-infer report RUN_DIR --runbooks runbooks/`` updates the project's own copies.)
+    """
+    from chaoslib_infer.evidence.runbooks import fill_runbooks
+
+    source = runbooks_dir()
+    if not source.is_dir() or not (out_dir / "summary.json").exists():
+        return
+    target = out_dir / "runbooks"
+    target.mkdir(exist_ok=True)
+    for md in source.glob("*.md"):
+        write_atomic(target / md.name, md.read_text(encoding="utf-8"))
+    try:
+        fill_runbooks(out_dir, target)
+    except (OSError, ValueError) as exc:  # evidence already recorded must not be lost over this
+        progress(f"warning: runbooks not filled: {exc}")
 
 
 def report_run(run_dir: Path, progress: Progress = print) -> int:
@@ -768,6 +796,7 @@ def report_run(run_dir: Path, progress: Progress = print) -> int:
         verdict = "DEVIATED"
     render_index(run_dir, summary, verdict)
     write_atomic(run_dir / "junit.xml", junit_xml(summary))
+    _bundle_runbooks(run_dir, progress)
     redact.scrub_tree(run_dir, secrets, skip=[run_dir / "lab"] if lab_running else [])
     write_manifest(run_dir)
     progress(f"report {verdict}: {run_dir / 'index.html'}")

@@ -110,9 +110,9 @@ def _check_oom_summary(
     return summary
 
 
-def test_gameday_oom_kill_sim_passes_with_evidence(tmp_path: Path) -> None:
+def test_drill_oom_kill_sim_passes_with_evidence(tmp_path: Path) -> None:
     out = tmp_path / "gd"
-    proc = _cli("gameday", "--out", str(out))
+    proc = _cli("drill", "run", "oom-kill", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "drill oom-kill" in proc.stdout
     _check_oom_summary(out, "sim")
@@ -122,7 +122,9 @@ def test_gameday_oom_kill_sim_passes_with_evidence(tmp_path: Path) -> None:
 
 def test_gameday_deviates_when_slo_is_impossible(tmp_path: Path) -> None:
     out = tmp_path / "gd"
-    proc = _cli("gameday", "--out", str(out), "--replicas", "1", "--slo", "p99_e2e_s=0.001")
+    proc = _cli(
+        "drill", "run", "oom-kill", "--out", str(out), "--replicas", "1", "--slo", "p99_e2e_s=0.001"
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     drill = summary["drills"][0]
@@ -225,8 +227,49 @@ def test_gameday_oom_kill_llama_cpp_engine(tmp_path: Path) -> None:
     if not llama_available():
         pytest.skip("llama-cpp-python not installed (scripts/quickstart setup installs it)")
     out = tmp_path / "gd"
-    proc = _cli("gameday", "--out", str(out), "--engine", "llama-cpp", "--replicas", "2")
+    proc = _cli(
+        "drill", "run", "oom-kill", "--out", str(out), "--engine", "llama-cpp", "--replicas", "2"
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = _check_oom_summary(out, "llama-cpp", min_requests=40, ledger=False)
     assert summary["drills"][0]["figures"]["p50_e2e_s"] < 1.0
+    assert _pids_alive(_lab_pids(out / "lab")) == []
+
+
+SEVEN = [
+    "node-loss",
+    "oom-kill",
+    "network-jitter",
+    "traffic-spike",
+    "upstream-timeout",
+    "simultaneous-restarts",
+    "quota-cut",
+]
+
+
+@pytest.mark.slow
+def test_default_gameday_runs_all_seven_drills(tmp_path: Path) -> None:
+    """The main job: the default plan on the default lab, every drill passes, evidence complete."""
+    from chaoslib_infer.evidence.bundle import verify_manifest
+
+    out = tmp_path / "gd"
+    t0 = time.monotonic()
+    proc = _cli("gameday", "--out", str(out), timeout=900)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert elapsed < 600, f"game day took {elapsed:.0f} s"
+    summary = json.loads((out / "summary.json").read_text())
+    assert [d["name"] for d in summary["drills"]] == SEVEN
+    assert all(d["status"] == "passed" for d in summary["drills"])
+    assert summary["complete"] is True
+    for d in summary["drills"]:
+        assert d["hypothesis"] == {"before": True, "after": True}, d["name"]
+        assert d["ground_truth"], d["name"]
+        assert (out / d["name"] / "evidence.html").exists()
+    assert verify_manifest(out) == []
+    assert (out / "junit.xml").exists()
+    status = json.loads(
+        _cli("lab", "status", "--json", "--state-dir", str(out / "lab")).stdout or "{}"
+    )
+    assert not status.get("active_faults")
     assert _pids_alive(_lab_pids(out / "lab")) == []
