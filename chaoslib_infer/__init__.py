@@ -20,6 +20,7 @@ ACTION_MODULES = (
     "chaoslib_infer.activities.upstream",
     "chaoslib_infer.activities.restarts",
     "chaoslib_infer.activities.node_loss",
+    "chaoslib_infer.activities.k8s",
 )
 #: Modules whose ``__all__`` lists Chaos Toolkit probes.
 PROBE_MODULES = (

@@ -1,0 +1,174 @@
+"""quota-cut on Kubernetes: lower a ResourceQuota's GPU request and a Deployment's replicas.
+
+The cut first stores both objects exactly as the API server returned them (the raw JSON bytes of
+a GET), then patches them (``application/merge-patch+json``). The restore replaces each object with
+its stored body minus ``metadata.resourceVersion`` (PUT: an unconditional update, so a change the
+controllers made meanwhile, e.g. to ``status``, does not make it fail), which puts back every
+field of ``metadata`` (labels, annotations), ``spec`` byte-for-byte as stored. The PUT is sent as
+raw JSON (:func:`~chaoslib_infer.platforms.kubernetes.request_json`): the typed
+``replace_namespaced_*`` methods would first validate the body into a model class, rewriting
+timestamps (``...Z`` -> ``...+00:00``) and dropping fields the client version does not know.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from chaoslib_infer.platforms.kubernetes import K8sError, call, call_bytes, request_json
+
+__all__ = ["GPU_QUOTA_KEY", "cut", "restore", "snapshot"]
+
+#: The quota key for GPUs requested through the NVIDIA device plugin.
+GPU_QUOTA_KEY = "requests.nvidia.com/gpu"
+_MERGE = "application/merge-patch+json"
+
+
+def snapshot(
+    core: Any, apps: Any, namespace: str, quota: str | None, deployment: str | None
+) -> dict[str, Any]:
+    """The raw stored form of the quota and the deployment (the bodies the restore will PUT).
+
+    Returns:
+        ``{"namespace", "quota": {"name", "raw"} | None, "deployment": {"name", "raw"} | None}``
+        with ``raw`` the exact JSON text the API server sent.
+
+    Raises:
+        K8sError: an object is absent (404) or unreadable (403); neither named.
+    """
+    if not quota and not deployment:
+        raise K8sError("quota-cut needs a ResourceQuota name, a Deployment name, or both")
+    out: dict[str, Any] = {"namespace": namespace, "quota": None, "deployment": None}
+    if quota:
+        raw = call_bytes(
+            f"get resourcequota {namespace}/{quota}",
+            core.read_namespaced_resource_quota,
+            quota,
+            namespace,
+        )
+        out["quota"] = {"name": quota, "raw": raw.decode("utf-8")}
+    if deployment:
+        raw = call_bytes(
+            f"get deployment {namespace}/{deployment}",
+            apps.read_namespaced_deployment,
+            deployment,
+            namespace,
+        )
+        out["deployment"] = {"name": deployment, "raw": raw.decode("utf-8")}
+    return out
+
+
+def cut(
+    core: Any, apps: Any, saved: dict[str, Any], gpus: int | None, replicas: int | None
+) -> dict[str, Any]:
+    """Apply the cut described by ``gpus`` / ``replicas`` to the objects in ``saved``.
+
+    Args:
+        core, apps: ``CoreV1Api``, ``AppsV1Api``.
+        saved: from :func:`snapshot` (store it durably *before* calling this).
+        gpus: new ``requests.nvidia.com/gpu`` hard limit (None: leave the quota alone).
+        replicas: new ``spec.replicas`` of the Deployment (None: leave it alone).
+
+    Returns:
+        ``{"quota": {"name", "before", "after"} | None, "deployment": {...} | None}``
+        (before/after: the GPU hard limit string, the replica count).
+
+    Raises:
+        K8sError: a patch failed (403/404...), or a value is asked for an object not in ``saved``.
+    """
+    ns = saved["namespace"]
+    out: dict[str, Any] = {"quota": None, "deployment": None}
+    if gpus is not None:
+        if not saved.get("quota"):
+            raise K8sError("a GPU quota cut needs the ResourceQuota name (target 'quota:')")
+        if gpus < 0:
+            raise K8sError(f"gpus must be >= 0, got {gpus}")
+        name = saved["quota"]["name"]
+        before = (
+            (json.loads(saved["quota"]["raw"]).get("spec") or {}).get("hard", {}).get(GPU_QUOTA_KEY)
+        )
+        doc = call(
+            f"patch resourcequota {ns}/{name}",
+            core.patch_namespaced_resource_quota,
+            name,
+            ns,
+            {"spec": {"hard": {GPU_QUOTA_KEY: str(gpus)}}},
+            _content_type=_MERGE,
+        )
+        out["quota"] = {
+            "name": name,
+            "before": before,
+            "after": doc["spec"]["hard"].get(GPU_QUOTA_KEY),
+        }
+    if replicas is not None:
+        if not saved.get("deployment"):
+            raise K8sError("a replica cut needs the Deployment name (target 'deployment:')")
+        if replicas < 0:
+            raise K8sError(f"replicas must be >= 0, got {replicas}")
+        name = saved["deployment"]["name"]
+        before = (json.loads(saved["deployment"]["raw"]).get("spec") or {}).get("replicas")
+        doc = call(
+            f"patch deployment {ns}/{name}",
+            apps.patch_namespaced_deployment,
+            name,
+            ns,
+            {"spec": {"replicas": int(replicas)}},
+            _content_type=_MERGE,
+        )
+        out["deployment"] = {"name": name, "before": before, "after": doc["spec"].get("replicas")}
+    return out
+
+
+def _body(raw: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(raw)
+    body.get("metadata", {}).pop("resourceVersion", None)
+    return body
+
+
+def restore(core: Any, apps: Any, saved: dict[str, Any]) -> list[str]:
+    """PUT back the stored objects (resourceVersion-free) and check that they read back equal.
+
+    Returns:
+        One line per restored object (``"resourcequota llm/gpu-quota restored"``).
+
+    Raises:
+        K8sError: a PUT failed (403, 404 when the object was deleted meanwhile), or the object
+            read back differs from the stored one in ``metadata.labels``, ``annotations`` or
+            ``spec``.
+    """
+    ns = saved["namespace"]
+    done = []
+    for key, kind, prefix, get in (
+        (
+            "quota",
+            "resourcequota",
+            f"/api/v1/namespaces/{ns}/resourcequotas",
+            core.read_namespaced_resource_quota,
+        ),
+        (
+            "deployment",
+            "deployment",
+            f"/apis/apps/v1/namespaces/{ns}/deployments",
+            apps.read_namespaced_deployment,
+        ),
+    ):
+        item = saved.get(key)
+        if not item:
+            continue
+        name, body = item["name"], _body(item["raw"])
+        request_json(
+            core.api_client, f"replace {kind} {ns}/{name}", "PUT", f"{prefix}/{name}", body
+        )
+        back = call(f"get {kind} {ns}/{name}", get, name, ns)
+        for part in ("spec",):
+            if back.get(part) != body.get(part):
+                raise K8sError(
+                    f"{kind} {ns}/{name}: {part} read back differs from the stored object after restore"
+                )
+        for part in ("labels", "annotations"):
+            if (back.get("metadata") or {}).get(part) != (body.get("metadata") or {}).get(part):
+                raise K8sError(
+                    f"{kind} {ns}/{name}: metadata.{part} read back differs after restore"
+                )
+        done.append(f"{kind} {ns}/{name} restored")
+    return done

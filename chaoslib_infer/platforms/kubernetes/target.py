@@ -1,0 +1,199 @@
+"""The Kubernetes target file: which cluster, namespace and pods a drill may touch.
+
+Example (``target.yaml``)::
+
+    kubeconfig: ~/.kube/config          # optional; default $KUBECONFIG or ~/.kube/config
+    context: prod-eu-1                  # optional; default the kubeconfig's current context
+    namespace: llm
+    selector: app=vllm                  # label selector of the model-server pods
+    container: vllm                     # container name inside those pods
+    url: https://llm.example.com        # where traffic goes (Service, Ingress or gateway)
+    deployment: vllm                    # optional: the Deployment owning the pods (quota-cut)
+    quota: gpu-quota                    # optional: the ResourceQuota to cut (quota-cut)
+    allow:
+      contexts: [prod-eu-1, "kind-*"]   # fnmatch globs
+      namespaces: [llm, "llm-*"]
+
+The allowlist is mandatory: a target whose (resolved) context or namespace is not listed is
+refused before any API call with one :class:`~chaoslib_infer.errors.ConfigError` line, which the
+CLI prints before exiting with status 2 (``python -m chaoslib_infer.platforms.kubernetes.target
+FILE`` checks a file the same way).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from chaoslib_infer.errors import ConfigError
+
+__all__ = ["K8sTarget", "check_allowed", "load_target", "main"]
+
+_KEYS = {
+    "kubeconfig",
+    "context",
+    "namespace",
+    "selector",
+    "container",
+    "url",
+    "deployment",
+    "quota",
+    "allow",
+}
+
+
+@dataclass(frozen=True)
+class K8sTarget:
+    """A validated Kubernetes target (see the module docstring for the file format)."""
+
+    namespace: str
+    selector: str
+    container: str
+    url: str
+    context: str | None = None  # None: the kubeconfig's current context
+    kubeconfig: str | None = None  # None: $KUBECONFIG, ~/.kube/config or in-cluster
+    deployment: str | None = None
+    quota: str | None = None
+    allow_contexts: tuple[str, ...] = field(default_factory=tuple)
+    allow_namespaces: tuple[str, ...] = field(default_factory=tuple)
+    source: str = "<target>"
+
+
+def _resolve_context(kubeconfig: str | None) -> str | None:
+    """The current context of the kubeconfig, or None when running in-cluster / no kubeconfig."""
+    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    try:
+        doc = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    current = doc.get("current-context") if isinstance(doc, dict) else None
+    return str(current) if current else None
+
+
+def check_allowed(target: K8sTarget) -> None:
+    """Refuse a target whose context or namespace is outside its allowlist.
+
+    The context checked is the resolved one (the kubeconfig's current context when the file names
+    none; ``in-cluster`` when there is no kubeconfig).
+
+    Raises:
+        ConfigError: one line naming the file, the refused value and the allowlist.
+    """
+    context = target.context or _resolve_context(target.kubeconfig) or "in-cluster"
+    if not any(fnmatch.fnmatchcase(context, pat) for pat in target.allow_contexts):
+        raise ConfigError(
+            f"{target.source}: context {context!r} is not in the allowlist "
+            f"(allow.contexts: {', '.join(target.allow_contexts) or 'empty'}); refusing to touch it"
+        )
+    if not any(fnmatch.fnmatchcase(target.namespace, pat) for pat in target.allow_namespaces):
+        raise ConfigError(
+            f"{target.source}: namespace {target.namespace!r} is not in the allowlist "
+            f"(allow.namespaces: {', '.join(target.allow_namespaces) or 'empty'}); refusing to touch it"
+        )
+
+
+def _str(doc: dict[str, Any], key: str, source: str, required: bool = True) -> str | None:
+    value = doc.get(key)
+    if value is None or value == "":
+        if required:
+            raise ConfigError(f"{source}: missing required field {key!r}")
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{source}: field {key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def load_target(path: str | Path, check: bool = True) -> K8sTarget:
+    """Read and validate a target file.
+
+    Args:
+        path: the YAML target file.
+        check: also enforce the allowlist (:func:`check_allowed`).
+
+    Returns:
+        The :class:`K8sTarget`.
+
+    Raises:
+        ConfigError: unreadable or malformed file, unknown or missing field, empty allowlist, or a
+            context/namespace outside the allowlist (one line naming the file and field).
+    """
+    source = str(path)
+    try:
+        doc = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read target file: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: a target file is a mapping (namespace, selector, ...)")
+    unknown = sorted(set(doc) - _KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_KEYS))}"
+        )
+    allow = doc.get("allow")
+    if not isinstance(allow, dict):
+        raise ConfigError(f"{source}: missing 'allow:' with 'contexts:' and 'namespaces:' lists")
+    lists: dict[str, tuple[str, ...]] = {}
+    for key in ("contexts", "namespaces"):
+        value = allow.get(key)
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(v, str) and v for v in value)
+        ):
+            raise ConfigError(f"{source}: allow.{key} must be a non-empty list of names or globs")
+        lists[key] = tuple(value)
+    kubeconfig = _str(doc, "kubeconfig", source, required=False)
+    target = K8sTarget(
+        namespace=str(_str(doc, "namespace", source)),
+        selector=str(_str(doc, "selector", source)),
+        container=str(_str(doc, "container", source)),
+        url=str(_str(doc, "url", source)).rstrip("/"),
+        context=_str(doc, "context", source, required=False),
+        kubeconfig=str(Path(kubeconfig).expanduser()) if kubeconfig else None,
+        deployment=_str(doc, "deployment", source, required=False),
+        quota=_str(doc, "quota", source, required=False),
+        allow_contexts=lists["contexts"],
+        allow_namespaces=lists["namespaces"],
+        source=source,
+    )
+    if check:
+        check_allowed(target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m chaoslib_infer.platforms.kubernetes.target FILE``: validate a target file.
+
+    Returns:
+        0 (prints the resolved target) or 2 (prints the one-line refusal on stderr).
+    """
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(
+            "usage: python -m chaoslib_infer.platforms.kubernetes.target TARGET.yaml",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        target = load_target(args[0])
+    except ConfigError as exc:
+        print(f"chaos-infer: {exc}", file=sys.stderr)
+        return 2
+    context = target.context or _resolve_context(target.kubeconfig) or "in-cluster"
+    print(
+        f"target ok: context {context}, namespace {target.namespace}, pods {target.selector}, "
+        f"container {target.container}, url {target.url}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
