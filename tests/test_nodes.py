@@ -73,10 +73,20 @@ def _leftovers(lab_id: str) -> dict[str, Any]:
     """Namespaces, links and routes of this lab still present on the machine."""
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    # guard routes of other labs alive on this machine (their veths route inside the same /24)
+    others = {
+        ln.split()[0].rsplit(".", 1)[0]
+        for ln in routes.splitlines()
+        if " dev ci" in ln and f"ci{lab_id}" not in ln
+    }
     return {
         "netns": netns.list_namespaces(f"{netns.NS_PREFIX}-{lab_id}-"),
         "links": [ln for ln in links.splitlines() if f"ci{lab_id}" in ln],
-        "routes": [ln for ln in routes.splitlines() if "10.213." in ln and "4242" in ln],
+        "routes": [
+            ln
+            for ln in routes.splitlines()
+            if "10.213." in ln and "4242" in ln and ln.split()[1].rsplit(".", 1)[0] not in others
+        ],
     }
 
 

@@ -20,7 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_default_plan_loads() -> None:
     plan = load_plan(ROOT / "drills" / "gameday.yaml")
-    assert [d.name for d in plan.drills][0] == "oom-kill"
+    assert [d.name for d in plan.drills] == [
+        "node-loss",
+        "oom-kill",
+        "network-jitter",
+        "traffic-spike",
+        "upstream-timeout",
+        "simultaneous-restarts",
+        "quota-cut",
+    ]
     assert plan.drills[0].experiment.is_file()
     assert plan.lab.replicas >= 2
 

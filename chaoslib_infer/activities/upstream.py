@@ -66,6 +66,8 @@ class GatewaySampler:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._ports = {r["name"]: int(r["port"]) for r in lab.meta["replicas"]}
+        # where each replica listens: its node's address on a lab with nodes, else loopback
+        self._hosts = {r["name"]: lab.replica_host(r["name"]) for r in lab.meta["replicas"]}
 
     # -- sampling ------------------------------------------------------------------------------
     def _show_stat(self) -> dict[str, Any] | None:
@@ -102,8 +104,8 @@ class GatewaySampler:
                 self.stats.append({"t": time.time(), **snap})
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - t0)))
 
-    def _engine_metrics(self, port: int) -> dict[str, float] | None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=self.engine_timeout_s)
+    def _engine_metrics(self, port: int, host: str = "127.0.0.1") -> dict[str, float] | None:
+        conn = http.client.HTTPConnection(host, port, timeout=self.engine_timeout_s)
         try:
             conn.request("GET", "/metrics")
             resp = conn.getresponse()
@@ -125,7 +127,7 @@ class GatewaySampler:
             t0 = time.monotonic()
             for name, port in self._ports.items():
                 t = time.time()
-                m = self._engine_metrics(port)
+                m = self._engine_metrics(port, self._hosts.get(name, "127.0.0.1"))
                 self.engines.append(
                     {
                         "t": t,

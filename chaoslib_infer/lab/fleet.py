@@ -674,6 +674,10 @@ class Lab:
         problem: str | None = "supervisord not answering"
         while time.monotonic() < deadline:
             if not self._supervisord_alive():
+                if self._proc is not None and self._proc.poll() is None:
+                    # still running: cgexec is exec'ing supervisord (cmdline briefly empty)
+                    time.sleep(0.02)
+                    continue
                 detail = _tail(sd / "supervisord.out") or _tail(sd / SUPERVISORD_LOG)
                 raise LabError(f"supervisord exited during start: {detail or 'no output'}")
             problem = self._not_ready_reason()

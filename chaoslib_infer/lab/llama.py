@@ -229,7 +229,14 @@ def llama_engine_command(
         LlamaUnavailable: If llama-cpp-python or its server extra is missing.
     """
     del ledger  # no per-request ledger in llama_cpp.server
-    args = dict(engine_args)
+    import dataclasses
+
+    from chaoslib_infer.lab.engine import EngineConfig
+
+    # a plan's engine_args are written for the sim engine (e.g. max_num_seqs): llama_cpp.server
+    # would refuse them, so the sim engine's own options are left out here
+    sim_only = {f.name for f in dataclasses.fields(EngineConfig)}
+    args = {k: v for k, v in engine_args.items() if k not in sim_only}
     model = args.pop("model", None)
     seed = args.pop("model_seed", 0)
     cache_dir = args.pop("model_cache_dir", None)

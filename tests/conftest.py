@@ -1,0 +1,26 @@
+"""Shared test fixtures.
+
+Every lab a test brings up lives under its ``tmp_path``. Whatever the test's outcome, the autouse
+fixture below takes down any lab still running there, so a failing assertion never leaves
+supervisord, HAProxy or engine processes (or cgroups, namespaces) behind for the next test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _take_down_leftover_labs(tmp_path: Path) -> Iterator[None]:
+    yield
+    from chaoslib_infer.lab.fleet import Lab
+
+    for lab_json in tmp_path.rglob("lab.json"):
+        with contextlib.suppress(Exception):
+            lab = Lab.attach(lab_json.parent)
+            if lab._supervisord_alive():
+                lab.down()
