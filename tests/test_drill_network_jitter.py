@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labutil import pid_alive as _alive
 
 from chaoslib_infer.lab.netem import netem_available
 from chaoslib_infer.load.records import read_records
@@ -35,13 +36,6 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         cwd=ROOT,
         env={**os.environ, **(env or {})},
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:

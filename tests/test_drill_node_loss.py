@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from labutil import pid_alive as _alive
 
 from chaoslib_infer.lab import netns
 from chaoslib_infer.load.records import read_records
@@ -50,13 +51,6 @@ def _cli(*args: str, plan: Path, timeout: float = 240) -> subprocess.CompletedPr
         cwd=ROOT,
         env={**os.environ, "CHAOS_INFER_PLAN": str(plan)},
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in "ZX"
-    except OSError:
-        return False
 
 
 def _events(lab_dir: Path) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from chaoslib.exceptions import ActivityFailed
+from labutil import pid_alive as _alive
 
 from chaoslib_infer.activities import upstream
 from chaoslib_infer.lab import freeze as fz
@@ -50,14 +51,6 @@ def _wait_for(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 class Ticker:

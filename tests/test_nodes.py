@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from labutil import pid_alive as _alive
 
 from chaoslib_infer.lab import netns, nodes
 from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
@@ -51,14 +52,6 @@ def _wait_for(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def _netns_inode(ns: str) -> int:
