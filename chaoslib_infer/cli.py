@@ -70,7 +70,11 @@ def _experiments_dir() -> Path:
 
 
 def _print_dry_run(
-    the_plan: Any, target_url: str | None, replicas: int | None, engine: str | None
+    the_plan: Any,
+    target_url: str | None,
+    replicas: int | None,
+    engine: str | None,
+    overrides: dict[str, float] | None = None,
 ) -> None:
     import yaml
 
@@ -84,6 +88,15 @@ def _print_dry_run(
             f"target: local lab, {replicas or lab.replicas} x {engine or lab.engine} replicas, "
             f"{lab.memory_limit_mb} MiB memory cgroup each, behind HAProxy{extra}"
         )
+    import dataclasses
+
+    from chaoslib_infer.activities.slo import thresholds_from
+
+    slo = thresholds_from(overrides or {})
+    click.echo(
+        "SLOs (steady-state hypothesis): "
+        + ", ".join(f"{f.name}={getattr(slo, f.name)}" for f in dataclasses.fields(slo))
+    )
     for d in the_plan.drills:
         exp = yaml.safe_load(d.experiment.read_text(encoding="utf-8"))
         click.echo(f"- drill {d.name}: {exp.get('title', '')}")
@@ -137,7 +150,7 @@ def _run_plan(
         _fail(str(exc))
         return
     if dry_run:
-        _print_dry_run(the_plan, target_url, replicas, engine)
+        _print_dry_run(the_plan, target_url, replicas, engine, overrides)
         return
     try:
         code = run_gameday(
@@ -436,9 +449,13 @@ def lab_status(state_dir: Path, as_json: bool) -> None:
     "--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True
 )
 def lab_down(state_dir: Path) -> None:
-    """Stop every lab process and remove its cgroups (idempotent)."""
-    from chaoslib_infer.lab.fleet import Lab, LabError
+    """Stop every lab process and remove its cgroups and namespaces (idempotent: with no lab in
+    STATE_DIR there is nothing to do and it exits 0)."""
+    from chaoslib_infer.lab.fleet import LAB_FILE, Lab, LabError
 
+    if not (state_dir / LAB_FILE).exists():
+        click.echo(f"no lab in {state_dir}: nothing to take down")
+        return
     try:
         Lab.attach(state_dir).down()
     except LabError as exc:

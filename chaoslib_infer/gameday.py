@@ -427,7 +427,7 @@ def run_drill(
         progress(
             f"drill {spec.name}: stopped by stop condition {stop.get('guard')}: {stop.get('reason')}"
         )
-    progress(f"drill {spec.name}: {entry['status'].upper()} ({_headline(figures)})")
+    progress(f"drill {spec.name}: {entry['status'].upper()} (whole drill: {_headline(figures)})")
     return entry
 
 
@@ -551,6 +551,13 @@ def run_gameday(
     """
     if base_url:
         check_target(base_url, allow, plan.path)
+        # the load control checks the target again (it also runs under `chaos run`): hand it the
+        # patterns that allowed it here
+        from chaoslib_infer.safety.allowlist import ENV_VAR, plan_allow
+
+        extra = [*allow, *plan_allow(plan.path)]
+        if extra:
+            os.environ[ENV_VAR] = ",".join([os.environ.get(ENV_VAR, ""), *extra]).strip(",")
     validate_plan(plan)
     secrets = redact.known_secrets()
     progress = _redacting(progress, secrets)

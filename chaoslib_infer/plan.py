@@ -14,6 +14,7 @@ Malformed plans raise :class:`chaoslib_infer.errors.ConfigError` naming the file
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,14 +102,19 @@ def load_plan(path: Path) -> Plan:
             if not isinstance(value, typ) or isinstance(value, bool):
                 raise _fail(path, f"lab.{key}", f"expected {typ.__name__}, got {value!r}")
             setattr(lab, key, value)
+    from chaoslib_infer.lab.fleet import MAX_REPLICAS, Lab
+
+    lab_params = set(inspect.signature(Lab.up).parameters) - {"cls", "state_dir"}
     for key in sorted(set(lab_raw) - {"replicas", "engine", "memory_limit_mb"}, key=str):
-        if not isinstance(key, str) or not key.isidentifier():
-            raise _fail(path, f"lab.{key}", "unknown field")
+        if not isinstance(key, str) or key not in lab_params:
+            raise _fail(
+                path, f"lab.{key}", f"unknown field; known: {', '.join(sorted(lab_params))}"
+            )
         lab.options[key] = lab_raw[key]
     if lab.engine not in ENGINES:
         raise _fail(path, "lab.engine", f"expected one of {', '.join(ENGINES)}, got {lab.engine!r}")
-    if lab.replicas < 1:
-        raise _fail(path, "lab.replicas", "expected at least 1")
+    if not 1 <= lab.replicas <= MAX_REPLICAS:
+        raise _fail(path, "lab.replicas", f"expected 1..{MAX_REPLICAS}, got {lab.replicas}")
     drills_raw = raw.get("drills")
     if not isinstance(drills_raw, list) or not drills_raw:
         raise _fail(path, "drills", "expected a non-empty list")

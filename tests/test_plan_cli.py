@@ -44,6 +44,8 @@ def test_default_plan_loads() -> None:
         ("lab: {engine: gpu}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.engine"),
         ("lab: {replicas: zero}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.replicas"),
         ("lab: {1bad: 2}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.1bad"),
+        ("lab: {nodez: 3}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.nodez"),
+        ("lab: {replicas: 99}\ndrills:\n  - {name: x, experiment: e.yaml}\n", "lab.replicas"),
         (
             "drills:\n  - {name: x, experiment: e.yaml}\n  - {name: x, experiment: e.yaml}\n",
             "duplicate",
@@ -201,6 +203,9 @@ def test_junit_and_manifest(tmp_path: Path) -> None:
     assert cases["a"].find("failure") is None
     assert cases["b"].find("failure") is not None
     assert cases["c"].find("error") is not None
+    errored = ET.fromstring(junit_xml({"plan": "p", "drills": [], "error": "lab: bad option"}))
+    assert errored.attrib["errors"] == "1" and errored.attrib["tests"] == "1"
+    assert "lab: bad option" in ET.tostring(errored, encoding="unicode")
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "x.txt").write_text("hello")
     (tmp_path / "lab").mkdir()

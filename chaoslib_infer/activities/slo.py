@@ -10,6 +10,7 @@ rate are over attempted requests; latency percentiles are over successful reques
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -42,7 +43,8 @@ def thresholds_from(overrides: dict[str, float]) -> Thresholds:
     """Return the default :class:`Thresholds` with ``overrides`` applied.
 
     Raises:
-        ValueError: an override names no threshold field.
+        ValueError: an override names no threshold field, or is out of range (fractions in
+            [0, 1], latencies > 0 s, the P95/P50 factor >= 1, always finite).
     """
     known = {f.name for f in dataclasses.fields(Thresholds)}
     unknown = sorted(set(overrides) - known)
@@ -50,6 +52,16 @@ def thresholds_from(overrides: dict[str, float]) -> Thresholds:
         raise ValueError(
             f"unknown SLO threshold(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
+    for key, value in overrides.items():
+        v = float(value)
+        if not math.isfinite(v):
+            raise ValueError(f"SLO {key}={value}: not a finite number")
+        if key in ("availability", "error_rate", "timeout_rate") and not 0.0 <= v <= 1.0:
+            raise ValueError(f"SLO {key}={value}: a fraction must be between 0 and 1")
+        if key.endswith("_s") and v <= 0:
+            raise ValueError(f"SLO {key}={value}: a latency must be > 0 seconds")
+        if key == "p95_over_p50" and v < 1.0:
+            raise ValueError(f"SLO {key}={value}: P95 cannot be under P50; give a factor >= 1")
     return dataclasses.replace(Thresholds(), **overrides)
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from chaoslib.exceptions import InterruptExecution
 
 from chaoslib_infer import settings
+from chaoslib_infer.errors import InferChaosError
 
 __all__ = ["after_experiment_control", "before_experiment_control", "start_load", "stop_load"]
 
@@ -121,6 +122,12 @@ def start_load(
     except ValueError as exc:
         raise InterruptExecution(f"background-load: {exc}") from None
     url = _target_url(configuration)
+    try:  # `chaos run` reaches here without our CLI: enforce the blast radius here too
+        from chaoslib_infer.safety.allowlist import check_target
+
+        check_target(url)
+    except InferChaosError as exc:
+        raise InterruptExecution(str(exc)) from exc
     run_dir = settings.run_dir(configuration)
     records = settings.records_path(configuration)
     cmd = [

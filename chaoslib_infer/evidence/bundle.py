@@ -23,7 +23,17 @@ def junit_xml(summary: dict[str, Any]) -> str:
     ``passed`` drills pass; ``deviated`` and ``error`` drills are failures (message: the hypothesis
     results and key figures); ``aborted`` drills are errors. A CI pipeline can gate on it.
     """
-    drills = summary.get("drills") or []
+    drills = list(summary.get("drills") or [])
+    if summary.get("error") or not drills:
+        # a game day that failed before (or between) drills must not read as green in CI
+        drills.append(
+            {
+                "name": "gameday",
+                "status": "aborted",
+                "figures": {},
+                "evidence": summary.get("error") or "no drill ran",
+            }
+        )
     suite = ET.Element(
         "testsuite",
         name=f"gameday:{summary.get('plan', '')}",

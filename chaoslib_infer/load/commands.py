@@ -26,7 +26,21 @@ def _fail(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def _allowed(url: str) -> None:
+    """Refuse a target outside the allowlist (loopback by default; ``CHAOS_INFER_ALLOW`` widens
+    it) with one line and exit 2, before any request or name lookup."""
+    from chaoslib_infer.errors import InferChaosError
+    from chaoslib_infer.safety.allowlist import check_target
+
+    try:
+        check_target(url)
+    except InferChaosError as exc:
+        _fail(str(exc))
+
+
 def _resolve(target: str | None, lab_dir: Path | None) -> tuple[str, list[str]]:
+    if target:
+        _allowed(target)
     if lab_dir is None:
         url = target or _DEFAULT_URL
         return url, [url.rstrip("/").removesuffix("/v1") + "/metrics"]
@@ -196,6 +210,7 @@ def ceiling(
     from .ceiling import CEILING_FILE, measure_ceiling, sim_engine
 
     if target:
+        _allowed(target)
         res = measure_ceiling(target, duration_s, concurrency, max_tokens)
     else:
         with sim_engine(output_tokens=max_tokens) as url:
