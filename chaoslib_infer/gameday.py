@@ -18,11 +18,13 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import chaoslib.activity
 import chaoslib.run
 import yaml
 from chaoslib.exceptions import ChaosException
@@ -159,6 +161,37 @@ def _interrupt_on_sigterm() -> Iterator[None]:
     finally:
         chaoslib.run.exit_signals = original
         signal.signal(signal.SIGTERM, previous)
+
+
+class _PauseSkippingTime:
+    """The ``time`` module as Chaos Toolkit's activity runner sees it, minus the pauses that an
+    interruption would otherwise sit through.
+
+    chaoslib 1.44 sleeps an activity's ``pauses.after`` in a ``finally`` clause, also when Ctrl-C
+    (or SIGTERM, or a stop condition) cut the activity off: the interruption then waited up to
+    the whole pause (20 s in network-jitter) before the rollbacks removed the fault. A pause asked
+    for while a ``KeyboardInterrupt`` propagates is skipped; every other call is ``time``'s own.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        """``time.sleep(seconds)``, or nothing while a ``KeyboardInterrupt`` propagates."""
+        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            return
+        time.sleep(seconds)
+
+
+@contextlib.contextmanager
+def _no_pause_after_interrupt() -> Iterator[None]:
+    """Install :class:`_PauseSkippingTime` in ``chaoslib.activity`` for the length of a run."""
+    original = chaoslib.activity.time
+    chaoslib.activity.time = _PauseSkippingTime()
+    try:
+        yield
+    finally:
+        chaoslib.activity.time = original
 
 
 def _load_experiment(path: Path) -> dict[str, Any]:
@@ -389,7 +422,7 @@ def run_drill(
     progress(f"drill {spec.name}: {experiment.get('title', '')}")
     journal: dict[str, Any]
     try:
-        with _interrupt_on_sigterm():
+        with _interrupt_on_sigterm(), _no_pause_after_interrupt():
             journal = dict(
                 run_experiment(
                     experiment,

@@ -47,19 +47,48 @@ def failed_activities(journal: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _crashed(run: dict[str, Any]) -> bool:
+    """Whether a method run entry is an action that raised something other than ``ActivityFailed``.
+
+    Chaos Toolkit wraps whatever a Python activity raised: the journal's last exception line reads
+    ``chaoslib.exceptions.ActivityFailed: <what the activity raised>: <message>``.
+    """
+    if (
+        run.get("status") in (None, "succeeded")
+        or (run.get("activity") or {}).get("type") != "action"
+    ):
+        return False
+    exc = run.get("exception")
+    text = "".join(exc) if isinstance(exc, list) else str(exc or "")
+    lines = text.strip().splitlines()
+    if not lines:
+        return False
+    raised = lines[-1].partition(": ")[2]
+    return bool(raised) and not raised.startswith(
+        ("chaoslib.exceptions.ActivityFailed", "ActivityFailed")
+    )
+
+
 def drill_status(journal: dict[str, Any]) -> str:
     """Return the drill verdict: ``passed``, ``deviated``, ``aborted`` or ``error``.
 
     - ``aborted``: the run was interrupted (Ctrl-C, SIGTERM, a control such as the load warm-up).
     - ``deviated``: a steady-state hypothesis (before or after) did not hold.
     - ``error``: an action or probe of the method failed (the drill could not do what it planned).
+      A method action that *crashed* (raised anything but ``ActivityFailed``: a bug, not one of
+      its documented failures) wins over a failed after-hypothesis, which then measured a drill
+      that stopped half-way (e.g. right after killing replicas, before holding the fault).
     - ``passed``: both hypotheses held and every method activity succeeded.
     """
     status = journal.get("status")
     if status in ("interrupted", "aborted"):
         return "aborted"
     hyp = hypothesis_results(journal)
-    if hyp["before"] is False or hyp["after"] is False or journal.get("deviated"):
+    if hyp["before"] is False:
+        return "deviated"
+    if any(_crashed(run) for run in journal.get("run") or []):
+        return "error"
+    if hyp["after"] is False or journal.get("deviated"):
         return "deviated"
     if any(a["section"] == "run" for a in failed_activities(journal)):
         return "error"
