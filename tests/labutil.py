@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -12,3 +13,8 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def alive_pids(pids: Iterable[int]) -> list[int]:
+    """The pids of ``pids`` that are still live processes (see :func:`pid_alive`)."""
+    return [pid for pid in pids if pid_alive(pid)]

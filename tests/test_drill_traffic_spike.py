@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from labutil import alive_pids as _alive
 
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.load.records import read_records
@@ -50,18 +51,6 @@ def _drill_run(out: Path, plan: Path) -> subprocess.CompletedProcess[str]:
 
 def _events(lab_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (lab_dir / "events.jsonl").read_text().splitlines() if x]
-
-
-def _alive(pids: set[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if state not in ("Z", "X"):
-            out.append(pid)
-    return out
 
 
 def _shed_ground_truth(out: Path, records: list[dict[str, Any]]) -> int:

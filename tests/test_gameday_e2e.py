@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labutil import alive_pids as _pids_alive
 
 from chaoslib_infer.load.records import read_records
 
@@ -33,22 +34,6 @@ def _cli(
         cwd=ROOT,
         env={**os.environ, **(env or {})},
     )
-
-
-def _pids_alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.append(pid)
-    return alive
 
 
 def _lab_pids(lab_dir: Path) -> list[int]:
