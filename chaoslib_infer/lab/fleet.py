@@ -994,17 +994,7 @@ class Lab:
         }
         with self._faults() as faults:
             faults.append(entry)
-        append_event(
-            self.state_dir / EVENTS_FILE,
-            {
-                "t": time.time(),
-                "event": "fault",
-                "kind": record["kind"],
-                "replica": record.get("replica"),
-                "phase": "injected",
-                "fault_id": fault_id,
-            },
-        )
+        self._fault_event(record.get("replica"), "injected", kind=record["kind"], fault_id=fault_id)
         return fault_id
 
     def remove_fault(self, fault_id: str, undo: bool = True) -> str | None:
@@ -1020,26 +1010,19 @@ class Lab:
             note = _fault_module(str(f["module"])).undo_fault(self, f)
         with self._faults() as faults:
             faults[:] = [x for x in faults if x.get("id") != fault_id]
-        append_event(
-            self.state_dir / EVENTS_FILE,
-            {
-                "t": time.time(),
-                "event": "fault",
-                "kind": f.get("kind"),
-                "replica": f.get("replica"),
-                "phase": "cleared",
-                "fault_id": fault_id,
-            },
-        )
+        self._fault_event(f.get("replica"), "cleared", kind=f.get("kind"), fault_id=fault_id)
         return note
 
-    def _fault_event(self, replica: str, phase: str, **extra: Any) -> None:
+    def _fault_event(
+        self, replica: str | None, phase: str, kind: str | None = "oom-kill", **extra: Any
+    ) -> None:
+        """Append a ``{"event": "fault", "kind", "replica", "phase", ...}`` ground-truth event."""
         append_event(
             self.state_dir / EVENTS_FILE,
             {
                 "t": time.time(),
                 "event": "fault",
-                "kind": "oom-kill",
+                "kind": kind,
                 "replica": replica,
                 "phase": phase,
                 **extra,
@@ -1174,16 +1157,8 @@ class Lab:
                     with self._faults() as faults:
                         faults.append(f)
                 undone.append(note or f"{f.get('kind')} {f.get('id')}: nothing left to undo")
-                append_event(
-                    self.state_dir / EVENTS_FILE,
-                    {
-                        "t": time.time(),
-                        "event": "fault",
-                        "kind": f.get("kind"),
-                        "replica": f.get("replica"),
-                        "phase": "cleared",
-                        "fault_id": f.get("id"),
-                    },
+                self._fault_event(
+                    f.get("replica"), "cleared", kind=f.get("kind"), fault_id=f.get("id")
                 )
                 continue
             pid = int(f.get("pid", 0))
