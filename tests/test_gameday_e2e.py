@@ -253,6 +253,14 @@ def test_default_gameday_runs_all_seven_drills(tmp_path: Path) -> None:
         assert d["hypothesis"] == {"before": True, "after": True}, d["name"]
         assert d["ground_truth"], d["name"]
         assert (out / d["name"] / "evidence.html").exists()
+    # oom-kill runs on the lab node-loss's rollback left whole (r0 rescheduled to the spare
+    # node): the kernel OOM-killed the replica and the client-view restart time matches.
+    oom = summary["drills"][SEVEN.index("oom-kill")]
+    gt = oom["ground_truth"]
+    assert gt["death_cause"] == "oom", json.dumps(gt)[:2000]
+    assert gt["fault_at"] <= gt["replica_died_at"] < gt["replica_serving_again_at"]
+    restart_gt = gt["replica_serving_again_at"] - gt["replica_died_at"]
+    assert abs(oom["figures"]["restart_s"] - restart_gt) <= 0.5
     assert verify_manifest(out) == []
     assert (out / "junit.xml").exists()
     status = json.loads(
