@@ -3,7 +3,8 @@
 # real inference engine (llama_cpp.server) installs in seconds afterwards.
 #
 # llama-cpp-python ships as a source distribution only: pip compiles llama.cpp (CPU
-# backend) on every fresh install, which takes ~7 minutes on a 2-core machine. This
+# backend) on every fresh install: ~7 CPU-minutes without the multimodal library (about
+# 4 minutes on 2 cores), twice that with it. This
 # script is idempotent: if a wheel compatible with the target Python is already in the
 # wheel directory it does nothing.
 #
@@ -17,8 +18,10 @@
 #                        present, else python3)
 #   PIP                  pip command to build with (default: "$PYTHON -m pip"); when set
 #                        and PYTHON is not, PYTHON is taken from it ("/v/bin/python -m pip")
-#   CMAKE_ARGS           passed through to the llama.cpp CMake build (e.g. -DGGML_NATIVE=OFF
-#                        for a wheel that runs on other CPUs)
+#   CMAKE_ARGS           passed through to the llama.cpp CMake build (default
+#                        -DLLAVA_BUILD=OFF: the multimodal library mtmd is about half of the
+#                        compile time and the lab never loads it; add -DGGML_NATIVE=OFF for a
+#                        wheel that runs on other CPUs)
 #
 # --install additionally installs the wheel (and the server extra's pure-Python
 # dependencies) into that interpreter's environment. Without it, install with:
@@ -82,8 +85,9 @@ if wheel="$(find_wheel)"; then
 else
     jobs="$(nproc 2>/dev/null || echo 2)"
     echo "build-llama-wheel: compiling llama-cpp-python==$VERSION for $("$PY" -c 'import sys; print(sys.version.split()[0])')"
-    echo "build-llama-wheel: this takes ~7 minutes on 2 cores (CPU backend); output goes to $WHEEL_DIR"
-    CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs}" \
+    echo "build-llama-wheel: this takes ~4 minutes on 2 cores (CPU backend, no multimodal library); output goes to $WHEEL_DIR"
+    CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" \
+        CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs}" \
         ${PIP:-"$PY" -m pip} wheel --no-deps -w "$WHEEL_DIR" "llama-cpp-python==$VERSION"
     wheel="$(find_wheel)" || {
         echo "build-llama-wheel: pip finished but no compatible wheel is in $WHEEL_DIR" >&2
