@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["ACTION_MODULES", "PROBE_MODULES", "__version__", "discover"]
+__all__ = ["ACTION_MODULES", "MIXED_MODULES", "PROBE_MODULES", "__version__", "discover"]
 
 #: Modules whose ``__all__`` lists Chaos Toolkit actions.
 ACTION_MODULES = (
@@ -32,6 +32,12 @@ PROBE_MODULES = (
     "chaoslib_infer.activities.prometheus",
     "chaoslib_infer.activities.gpu",
 )
+#: Modules listing both kinds: ``{module: names of its probes}``; the rest are actions.
+MIXED_MODULES = {
+    "chaoslib_infer.activities.k8s_observe": frozenset(
+        {"k8s_ready_endpoints", "k8s_restart_counts", "k8s_oomkilled_pods", "k8s_wait_scale_out"}
+    ),
+}
 
 
 def discover(discover_system: bool = True) -> dict[str, Any]:
@@ -54,4 +60,9 @@ def discover(discover_system: bool = True) -> dict[str, Any]:
         discovery["activities"].extend(discover_actions(module))
     for module in PROBE_MODULES:
         discovery["activities"].extend(discover_probes(module))
+    for module, probes in MIXED_MODULES.items():
+        for activity in discover_actions(module):
+            if activity["name"] in probes:
+                activity["type"] = "probe"
+            discovery["activities"].append(activity)
     return discovery

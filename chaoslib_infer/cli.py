@@ -69,17 +69,64 @@ def _experiments_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent / "experiments"
 
 
+def _k8s_target_file(value: str | None) -> Path | None:
+    """``--target`` naming a ``*.yaml``/``*.yml`` file (not a URL): a Kubernetes target file."""
+    if value and "://" not in value and value.lower().endswith((".yaml", ".yml")):
+        return Path(value)
+    return None
+
+
+def _check_k8s(the_plan: Any, k8s_file: Path | None, target_url: str | None, lab_opts: bool) -> Any:
+    """The Kubernetes target of a run (allowlist checked, no API call), or None for a lab/URL run.
+
+    Raises:
+        ConfigError: a lab plan with a target file, a Kubernetes plan without one (or with a
+            URL), lab options, or a target file that is malformed or outside its allowlist.
+    """
+    from chaoslib_infer.platforms.kubernetes.target import load_target
+
+    if the_plan.platform != "kubernetes":
+        if k8s_file is not None:
+            raise ConfigError(
+                f"{the_plan.path}: this plan runs against the local lab; a Kubernetes target "
+                "needs a plan with platform: kubernetes (default drills/gameday-k8s.yaml)"
+            )
+        return None
+    if k8s_file is None and target_url:
+        raise ConfigError(
+            f"{the_plan.path}: a Kubernetes plan needs --target TARGET.yaml (a target file), "
+            f"not a URL ({target_url})"
+        )
+    k8s_file = k8s_file or the_plan.target
+    if k8s_file is None:
+        raise ConfigError(
+            f"{the_plan.path}: a Kubernetes plan: give --target TARGET.yaml (docs/kubernetes.md)"
+        )
+    if lab_opts:
+        raise ConfigError("--replicas and --engine apply to the local lab, not to a cluster")
+    return load_target(k8s_file)
+
+
 def _print_dry_run(
     the_plan: Any,
     target_url: str | None,
     replicas: int | None,
     engine: str | None,
     overrides: dict[str, float] | None = None,
+    k8s: Any = None,
 ) -> None:
     import yaml
 
     click.echo(f"plan {the_plan.name} ({the_plan.path})")
-    if target_url:
+    if k8s is not None:
+        from chaoslib_infer.platforms.kubernetes.target import _resolve_context
+
+        context = k8s.context or _resolve_context(k8s.kubeconfig) or "in-cluster"
+        click.echo(
+            f"target: kubernetes ({k8s.source}): context {context}, namespace {k8s.namespace}, "
+            f"pods {k8s.selector}, container {k8s.container}; traffic to {k8s.url}"
+        )
+    elif target_url:
         click.echo(f"target: {target_url}")
     else:
         lab = the_plan.lab
@@ -120,10 +167,12 @@ def _run_plan(
     dry_run: bool,
     allow: tuple[str, ...] = (),
     api_key_file: Path | None = None,
+    k8s_file: Path | None = None,
 ) -> None:
     """Check everything that can be checked without touching anything, then run (or dry-run).
 
-    Refused with one line and exit 2, before anything starts: a target outside the allowlist, a
+    Refused with one line and exit 2, before anything starts: a target outside the allowlist
+    (a URL, or a Kubernetes target file's context/namespace: no API call is made), a
     malformed --allow/--slo/stop condition, an experiment that does not load (named), an
     unreadable API key file.
     """
@@ -133,7 +182,11 @@ def _run_plan(
     from chaoslib_infer.safety import redact
     from chaoslib_infer.safety.allowlist import allow_patterns, check_target
 
+    k8s = None
     try:
+        k8s = _check_k8s(the_plan, k8s_file, target_url, bool(replicas or engine))
+        if k8s is not None:
+            target_url = None
         overrides = _parse_slo(slo)
         allow_patterns(allow, the_plan.path)
         if target_url:
@@ -150,7 +203,7 @@ def _run_plan(
         _fail(str(exc))
         return
     if dry_run:
-        _print_dry_run(the_plan, target_url, replicas, engine, overrides)
+        _print_dry_run(the_plan, target_url, replicas, engine, overrides, k8s)
         return
     try:
         code = run_gameday(
@@ -162,6 +215,7 @@ def _run_plan(
             slo_overrides=overrides,
             progress=lambda m: click.echo(m),
             allow=allow,
+            k8s_target=k8s,
         )
     except InferChaosError as exc:
         _fail(str(exc))
@@ -174,9 +228,11 @@ _TARGET_OPTIONS = [
         "--target",
         "target_url",
         default=None,
-        metavar="URL",
+        metavar="URL|FILE",
         help="Run against this OpenAI-compatible URL instead of bringing up the lab "
-        "(drills that need lab access then fail).",
+        "(drills that need lab access then fail), or against a Kubernetes cluster named by a "
+        "target FILE (*.yaml: context, namespace, pods, url, allowlist; docs/kubernetes.md): "
+        "then the Kubernetes drills (experiments/k8s/, plan drills/gameday-k8s.yaml) run.",
     ),
     click.option(
         "--replicas",
@@ -251,18 +307,33 @@ def gameday(
 ) -> None:
     """Run a game day: every drill of PLAN (default drills/gameday.yaml), with evidence.
 
+    With --target TARGET.yaml (a Kubernetes target file) the default plan is
+    drills/gameday-k8s.yaml and no lab is brought up.
+
     Exit code 0 when every steady-state hypothesis held, 1 when a drill deviated or failed,
     2 on bad input or an unreachable target, 130 when interrupted (rollbacks still played).
     """
-    from chaoslib_infer.gameday import default_plan_path
+    from chaoslib_infer.gameday import default_k8s_plan_path, default_plan_path
     from chaoslib_infer.plan import load_plan
 
+    k8s_file = _k8s_target_file(target_url)
     try:
-        the_plan = load_plan(plan or default_plan_path())
+        the_plan = load_plan(plan or (default_k8s_plan_path() if k8s_file else default_plan_path()))
     except InferChaosError as exc:
         _fail(str(exc))
         return
-    _run_plan(the_plan, out_dir, target_url, replicas, engine, slo, dry_run, allow, api_key_file)
+    _run_plan(
+        the_plan,
+        out_dir,
+        target_url,
+        replicas,
+        engine,
+        slo,
+        dry_run,
+        allow,
+        api_key_file,
+        k8s_file,
+    )
 
 
 @main.group()
@@ -304,24 +375,35 @@ def drill_run(
     allow: tuple[str, ...],
     api_key_file: Path | None,
 ) -> None:
-    """Run the drill NAME (see `chaos-infer drill list`) alone, with evidence, like a game day."""
-    from chaoslib_infer.gameday import default_plan_path
+    """Run the drill NAME (see `chaos-infer drill list`) alone, with evidence, like a game day.
+
+    With --target TARGET.yaml (a Kubernetes target file) it runs experiments/k8s/NAME.yaml.
+    """
+    from chaoslib_infer.gameday import default_k8s_plan_path, default_plan_path
     from chaoslib_infer.plan import DrillSpec, Plan, load_plan
 
-    experiment = _experiments_dir() / f"{name}.yaml"
+    k8s_file = _k8s_target_file(target_url)
+    folder = _experiments_dir() / "k8s" if k8s_file else _experiments_dir()
+    experiment = folder / f"{name}.yaml"
     if not experiment.is_file():
-        known = ", ".join(sorted(p.stem for p in _experiments_dir().glob("*.yaml")))
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
         _fail(f"unknown drill {name!r}; known: {known}")
         return
     try:
-        base = load_plan(default_plan_path())
+        base = load_plan(default_k8s_plan_path() if k8s_file else default_plan_path())
     except InferChaosError as exc:
         _fail(str(exc))
         return
     spec = next(
         (d for d in base.drills if d.name == name), DrillSpec(name=name, experiment=experiment)
     )
-    the_plan = Plan(name=f"drill-{name}", path=experiment, lab=base.lab, drills=[spec])
+    the_plan = Plan(
+        name=f"drill-{name}",
+        path=experiment,
+        lab=base.lab,
+        drills=[spec],
+        platform=base.platform,
+    )
     _run_plan(
         the_plan,
         out_dir or Path("drill-out") / name,
@@ -332,6 +414,7 @@ def drill_run(
         dry_run,
         allow,
         api_key_file,
+        k8s_file,
     )
 
 
@@ -644,6 +727,175 @@ def alerts(
     for s in specs:
         click.echo(f"{s.alert:28} {s.layer:10} {s.signal} {s.op} {s.threshold:g} for {s.for_}")
     click.echo(f"wrote {plain} and {operator_rule}")
+
+
+@main.command()
+@click.option(
+    "--cron",
+    required=True,
+    metavar="EXPR",
+    help="CronJob schedule: 5 fields 'minute hour day-of-month month day-of-week' (cluster "
+    "time zone), e.g. '0 3 * * 1' = Mondays 03:00; or @daily, @weekly...",
+)
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Plan with platform: kubernetes (default drills/gameday-k8s.yaml).",
+)
+@click.option(
+    "--target",
+    "target_file",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Kubernetes target file (its allowlist is checked now).",
+)
+@click.option(
+    "--image",
+    default=f"chaoslib-infer:{__version__}",
+    show_default=True,
+    help="Image with this package (build it from the Dockerfile, push it where the cluster "
+    "pulls from).",
+)
+@click.option(
+    "--namespace",
+    default="chaos-infer",
+    show_default=True,
+    help="Namespace of the ServiceAccount, ConfigMap and CronJob.",
+)
+@click.option("--name", default="chaos-infer-gameday", show_default=True, help="CronJob name.")
+@click.option(
+    "--deadline-s",
+    type=int,
+    default=3600,
+    show_default=True,
+    help="activeDeadlineSeconds of each run.",
+)
+@click.option(
+    "--evidence-pvc",
+    default=None,
+    metavar="CLAIM",
+    help="PersistentVolumeClaim for /evidence (default: emptyDir, gone with the pod).",
+)
+@click.option(
+    "--api-key-secret",
+    default=None,
+    metavar="SECRET",
+    help="Secret whose key 'api-key' is the target's API key ($CHAOS_INFER_API_KEY).",
+)
+@click.option(
+    "--out",
+    "out_file",
+    default="-",
+    show_default=True,
+    metavar="FILE|-",
+    help="Where the YAML goes (- : stdout).",
+)
+def schedule(
+    cron: str,
+    plan_path: Path | None,
+    target_file: Path,
+    image: str,
+    namespace: str,
+    name: str,
+    deadline_s: int,
+    evidence_pvc: str | None,
+    api_key_secret: str | None,
+    out_file: str,
+) -> None:
+    """Write a recurring game day as Kubernetes objects: ServiceAccount and RBAC (from
+    deploy/rbac.yaml), a ConfigMap with the plan, target and experiments, and a CronJob running
+    `chaos-infer gameday` from the project's image. Apply it with `kubectl apply -f FILE`.
+
+    Nothing is sent to the cluster. Exit 2 (one line) on a bad cron expression, a plan that is
+    not for Kubernetes, or a target outside its allowlist.
+    """
+    from chaoslib_infer.gameday import default_k8s_plan_path
+    from chaoslib_infer.schedule import ScheduleSpec, build_schedule, dump_documents
+
+    spec = ScheduleSpec(
+        cron=cron,
+        plan=plan_path or default_k8s_plan_path(),
+        target=target_file,
+        image=image,
+        namespace=namespace,
+        name=name,
+        deadline_s=deadline_s,
+        evidence_pvc=evidence_pvc,
+        api_key_secret=api_key_secret,
+    )
+    try:
+        docs = build_schedule(spec)
+    except InferChaosError as exc:
+        _fail(str(exc))
+        return
+    text = dump_documents(
+        docs,
+        f"chaos-infer {__version__} schedule --cron '{docs[-1]['spec']['schedule']}': "
+        f"plan {spec.plan.name}, target {target_file.name}\napply: kubectl apply -f THIS_FILE",
+    )
+    if out_file == "-":
+        click.echo(text, nl=False)
+        return
+    try:
+        Path(out_file).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        _fail(f"--out {out_file}: {exc.strerror or exc}")
+        return
+    kinds = ", ".join(d["kind"] for d in docs)
+    click.echo(f"wrote {out_file}: {kinds}; apply with: kubectl apply -f {out_file}", err=True)
+
+
+@main.command()
+@click.option(
+    "--target", "targets", multiple=True, metavar="FILE",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Target file (YAML: name, profile vllm|sglang|tgi|trtllm|ark|openai, url, model, "
+    "api_key_env or api_key_file, price); repeat for each target to compare.",
+)  # fmt: skip
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("certify-out"),
+              show_default=True, help="Folder for the report and the evidence.")  # fmt: skip
+@click.option("--plan", "plan_path", type=click.Path(path_type=Path, dir_okay=False),
+              default=None, help="Certification plan (default drills/certification.yaml).")  # fmt: skip
+@click.option("--quick", is_flag=True, help="The plan's quick scale: seconds per target.")
+@click.option("--scale", type=float, default=1.0, show_default=True,
+              help="Multiply every phase duration and count.")  # fmt: skip
+@click.option("--soak-s", type=float, default=None, help="Soak duration in seconds.")
+@click.option("--allow", multiple=True, metavar="PATTERN",
+              help="Allow target URLs matching SCHEME://HOST[:PORT] (default: loopback only).")  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="Print the plan and the targets; send nothing.")
+def certify(
+    targets: tuple[Path, ...],
+    out_dir: Path,
+    plan_path: Path | None,
+    quick: bool,
+    scale: float,
+    soak_s: float | None,
+    allow: tuple[str, ...],
+    dry_run: bool,
+) -> None:
+    """Certify inference providers side by side: three-phase load test, soak, client-side faults.
+
+    Exit code 0 when every target is certified, 1 when one is not, 2 on bad input or an
+    unreachable target, 130 when interrupted. See docs/certification.md.
+    """
+    from chaoslib_infer.certify import certify_command
+
+    sys.exit(
+        certify_command(
+            targets,
+            out_dir,
+            plan_path,
+            quick,
+            scale,
+            soak_s,
+            allow,
+            dry_run,
+            echo=click.echo,
+            err=lambda m: click.echo(m, err=True),
+        )  # fmt: skip
+    )
 
 
 from chaoslib_infer.load.commands import load_group  # noqa: E402 - `chaos-infer load ...`

@@ -36,9 +36,9 @@ from chaoslib_infer.controls.guard import STOP_CONDITION_FILE, read_stop_conditi
 from chaoslib_infer.controls.load import stop_load
 from chaoslib_infer.errors import ConfigError, InferChaosError
 from chaoslib_infer.evidence.bundle import junit_xml, tool_versions, write_manifest
-from chaoslib_infer.evidence.figures import drill_figures, read_jsonl
+from chaoslib_infer.evidence.figures import drill_figures, read_jsonl, unix_time
 from chaoslib_infer.evidence.journal import drill_status, failed_activities, hypothesis_results
-from chaoslib_infer.evidence.plots import latency_cdf_plot, replica_share_plot, timeline_plot
+from chaoslib_infer.evidence.plots import drill_plots
 from chaoslib_infer.evidence.render import render_drill, render_index, write_atomic
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.load.records import read_records
@@ -52,6 +52,8 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "K8S_OMITTED",
+    "default_k8s_plan_path",
     "drill_evidence",
     "report_run",
     "run_drill",
@@ -63,6 +65,13 @@ EXIT_OK = 0
 EXIT_DEVIATED = 1
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+
+#: Why a Kubernetes drill's evidence has no lab ground truth (shown in its ground-truth table).
+K8S_OMITTED = (
+    "omitted on a Kubernetes target: cgroup OOM counters, supervisor events, the HAProxy log and "
+    "the engine's generation ledger (duplicates) exist only in the local lab; the cluster's own "
+    "record of each fault is in faults.jsonl"
+)
 
 Progress = Callable[[str], None]
 
@@ -304,6 +313,10 @@ def drill_evidence(
     figures, ground = drill_figures(
         drill_dir, events, ledger_entries, served_after=(lab.served if lab is not None else None)
     )
+    if target.get("kind") == "kubernetes":
+        # no engine ledger on a cluster: a count of 0 would read as "no duplicates" (unmeasured)
+        figures.pop("duplicates", None)
+        ground.setdefault("lab_only_figures", K8S_OMITTED)
     entry: dict[str, Any] = {
         "name": name,
         "experiment": experiment_path,
@@ -320,36 +333,8 @@ def drill_evidence(
     records = (
         read_records(drill_dir / "records.jsonl") if (drill_dir / "records.jsonl").exists() else []
     )
-    markers: list[tuple[float, str, str]] = []
-    if ground.get("fault_at"):
-        markers.append((float(ground["fault_at"]), "fault injected", "#d62728"))
-    if ground.get("replica_died_at"):
-        markers.append((float(ground["replica_died_at"]), "replica died", "#9467bd"))
-    if ground.get("replica_serving_again_at"):
-        markers.append((float(ground["replica_serving_again_at"]), "serving again", "#2ca02c"))
-    if stop and stop.get("at"):
-        markers.append((float(stop["at"]), f"stop condition: {stop.get('guard')}", "#ff7f0e"))
-    plots: list[tuple[Path, str]] = []
-    for png, caption in (
-        (
-            timeline_plot(
-                records, drill_dir / "timeline.png", markers, f"{name}: latency and failures"
-            ),
-            "Timeline: per-second P50/P99 latency and failures, fault and recovery markers",
-        ),
-        (
-            latency_cdf_plot(records, drill_dir / "latency_cdf.png", f"{name}: latency CDF"),
-            "Latency CDF (E2E and TTFT) over successful requests",
-        ),
-        (
-            replica_share_plot(
-                records, drill_dir / "replica_share.png", f"{name}: requests per replica"
-            ),
-            "Per-replica share of requests over time",
-        ),
-    ):
-        if png is not None:
-            plots.append((png, caption))
+    t0, t1 = unix_time(started), unix_time(ended)
+    plots, omitted = drill_plots(name, drill_dir, records, events, entry, target, t0, t1, stop)
     render_drill(
         drill_dir,
         entry,
@@ -358,6 +343,8 @@ def drill_evidence(
         _slo_rows(journal),
         _activity_rows(journal),
         plots,
+        omitted,
+        t0,
     )
     return entry
 
@@ -408,6 +395,8 @@ def run_drill(
     }
     if lab is not None:
         config_vars["infer_lab_dir"] = str(lab.state_dir)
+    if target.get("kind") == "kubernetes":
+        config_vars["infer_k8s_target"] = str(target["file"])
     config_vars.update({f"slo_{k}": v for k, v in slo_overrides.items()})
     config_vars.update(spec.vars)
     settings = {"runtime": experiment.get("runtime") or {"rollbacks": {"strategy": "always"}}}
@@ -467,6 +456,7 @@ def run_drill(
 _HEADLINE_KEYS = (
     "availability",
     "p99_e2e_s",
+    "p99_request_e2e_s",
     "interruption_s",
     "failed_requests",
     "restart_s",
@@ -485,11 +475,18 @@ _HEADLINE_KEYS = (
 def _headline(figures: dict[str, Any]) -> str:
     """One line of the figures an SRE looks at first (those the drill produced)."""
     parts = []
+    # with retries the attempt P99 censors timed-out attempts: say so, and show the per-request one
+    retried = figures.get("p99_request_e2e_s") is not None
+    notes = {
+        "p99_e2e_s": " (attempts; failed ones censored)",
+        "p99_request_e2e_s": " (per request, retries included)",
+    }
     for key in _HEADLINE_KEYS:
         value = figures.get(key)
         if value is None or isinstance(value, dict | list):
             continue
-        parts.append(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}")
+        text = f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
+        parts.append(text + (notes.get(key, "") if retried else ""))
     return ", ".join(parts)
 
 
@@ -539,6 +536,17 @@ def _recover_previous_lab(lab_dir: Path, progress: Progress) -> None:
         old.down()
 
 
+def _url_pattern(url: str) -> str:
+    """The allowlist pattern matching exactly ``url``'s scheme, host and port."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    shown = f"[{host}]" if ":" in host else host
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme, 0)
+    return f"{parts.scheme}://{shown}:{port}"
+
+
 def validate_plan(plan: Plan) -> None:
     """Load every experiment of ``plan`` and its stop conditions (nothing is started).
 
@@ -560,6 +568,7 @@ def run_gameday(
     slo_overrides: dict[str, float] | None = None,
     progress: Progress = print,
     allow: tuple[str, ...] = (),
+    k8s_target: Any = None,
 ) -> int:
     """Run every drill of ``plan`` and write the evidence bundle to ``out_dir``.
 
@@ -574,6 +583,10 @@ def run_gameday(
     Args:
         allow: extra target allowlist patterns (``--allow``; see
             :mod:`chaoslib_infer.safety.allowlist`).
+        k8s_target: a :class:`~chaoslib_infer.platforms.kubernetes.target.K8sTarget` (already
+            checked against its allowlist): no lab is brought up, traffic goes to its ``url``
+            (allowed because the target file names it), and every drill gets
+            ``infer_k8s_target`` = its file.
 
     Returns:
         The exit code (see the module docstring).
@@ -582,7 +595,16 @@ def run_gameday(
         ConfigError: ``base_url`` outside the allowlist, a malformed experiment or stop condition,
             or another game day running in ``out_dir`` (nothing is started).
     """
-    if base_url:
+    if k8s_target is not None:
+        base_url = k8s_target.url
+        # the target file, whose context/namespace allowlist was checked, names this URL: allow
+        # exactly its scheme, host and port for the load control (plain --target URLs are not)
+        from chaoslib_infer.safety.allowlist import ENV_VAR
+
+        os.environ[ENV_VAR] = ",".join([os.environ.get(ENV_VAR, ""), _url_pattern(base_url)]).strip(
+            ","
+        )
+    elif base_url:
         check_target(base_url, allow, plan.path)
         # the load control checks the target again (it also runs under `chaos run`): hand it the
         # patterns that allowed it here
@@ -607,6 +629,17 @@ def run_gameday(
     }
     if base_url:
         target["url"] = base_url
+    if k8s_target is not None:
+        target.update(
+            kind="kubernetes",
+            file=str(Path(k8s_target.source).resolve()),
+            context=k8s_target.context,
+            namespace=k8s_target.namespace,
+            selector=k8s_target.selector,
+            # read by the evidence header "kind (engine, replicas replicas)"
+            engine=f"pods {k8s_target.selector} in namespace {k8s_target.namespace}",
+            replicas="the controller's",
+        )
     summary: dict[str, Any] = {
         "plan": plan.name,
         "plan_path": str(plan.path),
@@ -849,3 +882,11 @@ def default_plan_path() -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parent.parent / "drills" / "gameday.yaml"
+
+
+def default_k8s_plan_path() -> Path:
+    """Return the default Kubernetes plan ``drills/gameday-k8s.yaml`` (or ``$CHAOS_INFER_K8S_PLAN``)."""
+    env = os.environ.get("CHAOS_INFER_K8S_PLAN")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "drills" / "gameday-k8s.yaml"

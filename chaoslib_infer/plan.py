@@ -9,6 +9,10 @@ A plan is YAML::
         experiment: ../experiments/oom-kill.yaml   # relative to the plan file
         vars: {window_s: 8}                        # optional configuration overrides
 
+A plan for a Kubernetes cluster says ``platform: kubernetes`` instead of having a ``lab:``; it may
+name its target file (``target: k8s-target.yaml``, relative to the plan), which ``--target FILE``
+overrides (see :mod:`chaoslib_infer.platforms.kubernetes.target`).
+
 Malformed plans raise :class:`chaoslib_infer.errors.ConfigError` naming the file and the field.
 """
 
@@ -24,6 +28,7 @@ import yaml
 from chaoslib_infer.errors import ConfigError
 
 ENGINES = ("sim", "llama-cpp")
+PLATFORMS = ("lab", "kubernetes")
 
 
 @dataclass
@@ -54,6 +59,10 @@ class Plan:
     path: Path
     lab: LabSpec
     drills: list[DrillSpec]
+    #: ``"lab"`` (the local lab, default) or ``"kubernetes"`` (a cluster named by a target file)
+    platform: str = "lab"
+    #: the plan's own Kubernetes target file (``target:``), or None
+    target: Path | None = None
 
 
 def _fail(path: Path, where: str, msg: str) -> ConfigError:
@@ -92,6 +101,19 @@ def load_plan(path: Path) -> Plan:
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name:
         raise _fail(path, "name", "expected a non-empty string")
+    platform = raw.get("platform", "lab")
+    if platform not in PLATFORMS:
+        raise _fail(path, "platform", f"expected one of {', '.join(PLATFORMS)}, got {platform!r}")
+    target: Path | None = None
+    if platform == "kubernetes":
+        if raw.get("lab") is not None:
+            raise _fail(path, "lab", "a plan with platform: kubernetes has no lab")
+        if raw.get("target") is not None:
+            if not isinstance(raw["target"], str) or not raw["target"]:
+                raise _fail(path, "target", "expected the path of a Kubernetes target file")
+            target = (path.parent / raw["target"]).resolve()
+    elif raw.get("target") is not None:
+        raise _fail(path, "target", "only a plan with platform: kubernetes names a target file")
     lab_raw = raw.get("lab") or {}
     if not isinstance(lab_raw, dict):
         raise _fail(path, "lab", "expected a mapping")
@@ -143,4 +165,11 @@ def load_plan(path: Path) -> Plan:
         if not isinstance(dvars, dict):
             raise _fail(path, f"{where}.vars", "expected a mapping")
         drills.append(DrillSpec(name=dname, experiment=exp_path, vars=dict(dvars)))
-    return Plan(name=name, path=path.resolve(), lab=lab, drills=drills)
+    return Plan(
+        name=name,
+        path=path.resolve(),
+        lab=lab,
+        drills=drills,
+        platform=str(platform),
+        target=target,
+    )

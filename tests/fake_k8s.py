@@ -17,7 +17,22 @@ implements what the actions use, the way the real API server answers:
 - a ReplicaSet "controller": a deleted or evicted pod owned by a ReplicaSet is replaced by a new pod
   (Pending, then scheduled on a schedulable node after ``schedule_delay_s``, then Ready after
   ``ready_delay_s`` more), as the real controller and scheduler would;
-- :meth:`FakeK8s.forbid` answers 403 for a (verb, resource) pair, as RBAC would.
+- :meth:`FakeK8s.forbid` answers 403 for a (verb, resource) pair, as RBAC would;
+- ``pods/{name}/exec`` (issue 4): the WebSocket upgrade (GET or POST, subprotocol v5/v4
+  ``channel.k8s.io``) authorized as ``get`` *and* ``create`` (1.35+), the command recorded, run by
+  :attr:`FakeK8s.exec_handler` (an :class:`ExecCall` -> :class:`ExecReply`) and answered on
+  channels 1/2/3; a NoExecute taint evicts the pods that do not tolerate it (taint manager); a
+  deleted Node's pods are deleted after ``podgc_delay_s`` (pod GC); NetworkPolicies; PATCH with a
+  stale ``metadata.resourceVersion`` answers 409; POST refuses a ``resourceVersion``;
+- observation (issue 4): Services and their ``discovery.k8s.io/v1`` EndpointSlices, kept in step with
+  pod readiness by an "endpoint controller" (``endpoint_delay_s`` after each pod change, at most
+  ``slice_size`` endpoints per slice); core/v1 Events emitted by the simulated controllers
+  (``Killing``, ``SuccessfulCreate``, new-style ``Scheduled`` with ``eventTime``, ``Started``,
+  ``NodeNotReady``, aggregated ``Pulled``/``Created``/``Started`` on a container restart, with
+  ``count``), ``autoscaling/v2`` HorizontalPodAutoscalers; scripted changes
+  :meth:`FakeK8s.restart_container` (OOMKilled), :meth:`FakeK8s.set_node_ready`,
+  :meth:`FakeK8s.scale` (Deployment scale-up through the ReplicaSet simulation) and
+  :meth:`FakeK8s.hpa_rescale`.
 
 Every request is recorded in :attr:`FakeK8s.requests` (method, path, query, body, content type,
 status) so tests assert the exact calls.
@@ -39,7 +54,16 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-__all__ = ["ALL_REQUESTS", "FakeK8s", "Request", "make_cluster", "ready_pod", "write_target"]
+__all__ = [
+    "ALL_REQUESTS",
+    "ExecCall",
+    "ExecReply",
+    "FakeK8s",
+    "Request",
+    "make_cluster",
+    "ready_pod",
+    "write_target",
+]
 
 #: Every request any FakeK8s of this test session received (for the RBAC coverage test).
 ALL_REQUESTS: list[Request] = []
@@ -57,8 +81,24 @@ _KINDS = {
     "replicasets": "ReplicaSet",
     "daemonsets": "DaemonSet",
     "poddisruptionbudgets": "PodDisruptionBudget",
+    "networkpolicies": "NetworkPolicy",
+    "services": "Service",
+    "endpointslices": "EndpointSlice",
+    "horizontalpodautoscalers": "HorizontalPodAutoscaler",
 }
 _CLUSTER_SCOPED = {"nodes"}
+# `chaos-infer schedule` output (created as `kubectl apply` would) and the load workers' Jobs
+_KINDS.update(
+    configmaps="ConfigMap",
+    serviceaccounts="ServiceAccount",
+    jobs="Job",
+    cronjobs="CronJob",
+    roles="Role",
+    rolebindings="RoleBinding",
+    clusterroles="ClusterRole",
+    clusterrolebindings="ClusterRoleBinding",
+)
+_CLUSTER_SCOPED |= {"clusterroles", "clusterrolebindings"}
 _MERGE_BY_NAME = {"containers", "ephemeralContainers", "initContainers", "volumes", "env"}
 _VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
@@ -76,6 +116,64 @@ class Request:
     verb: str = ""  # RBAC verb: get, list, create, update, patch, delete
     group: str = ""  # API group ("" for core)
     resource: str = ""  # "pods", "pods/eviction", ...
+    command: list[str] | None = None  # pods/exec over WebSocket: the ``command`` query params
+    also_verbs: tuple[str, ...] = ()  # further RBAC verbs checked (WebSocket exec: "create")
+
+
+@dataclass
+class ExecCall:
+    """One command run through ``pods/{name}/exec`` (what the test's exec handler receives)."""
+
+    namespace: str
+    pod: str
+    container: str
+    command: list[str]
+
+
+@dataclass
+class ExecReply:
+    """What a test's exec handler answers: stdout/stderr and the command's end.
+
+    ``exit_code`` None: the command did not run (``message`` says why, as the container runtime
+    does, e.g. :meth:`not_found`).
+    """
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = 0
+    message: str = ""
+
+    @classmethod
+    def not_found(cls, exe: str) -> ExecReply:
+        """The runtime's answer when the image has no ``exe`` (real containerd/runc wording)."""
+        return cls(
+            exit_code=None,
+            message=f'failed to exec in container: failed to start exec "{"ab" * 32}": OCI runtime '
+            "exec failed: exec failed: unable to start container process: exec: "
+            f'"{exe}": executable file not found in $PATH: unknown',
+        )
+
+    def status(self, command: list[str]) -> dict[str, Any]:
+        """The ``Status`` document the API server sends on channel 3 at the end."""
+        if self.exit_code == 0:
+            return {"metadata": {}, "status": "Success"}
+        if self.exit_code is None:
+            return {
+                "metadata": {},
+                "status": "Failure",
+                "message": self.message,
+                "reason": "InternalError",
+                "details": {"causes": [{"message": self.message}]},
+                "code": 500,
+            }
+        return {
+            "metadata": {},
+            "status": "Failure",
+            "message": "command terminated with non-zero exit code: error executing command "
+            f"[{' '.join(command)}], exit code {self.exit_code}",
+            "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "ExitCode", "message": str(self.exit_code)}]},
+        }
 
 
 def _now() -> str:
@@ -186,21 +284,40 @@ def selector_string(match_labels: dict[str, str]) -> str:
 class FakeK8s:
     """The fake API server (threaded ``http.server``); use as a context manager."""
 
-    def __init__(self, schedule_delay_s: float = 0.2, ready_delay_s: float = 0.3) -> None:
+    #: False: this fake's requests are not chaos-infer's own (e.g. an admin applying the
+    #: ``chaos-infer schedule`` output): kept out of :data:`ALL_REQUESTS` (the RBAC test).
+    rbac_subject = True
+    #: Job "kubelet": ``run_pod(pod) -> (exit_code, log_text)`` runs an Indexed Job's pod (in a
+    #: thread); None: pods of a Job stay Pending.
+    run_pod: Callable[[dict[str, Any]], tuple[int, str]] | None = None
+
+    def __init__(
+        self,
+        schedule_delay_s: float = 0.2,
+        ready_delay_s: float = 0.3,
+        endpoint_delay_s: float = 0.0,
+    ) -> None:
         self.objects: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
         self.requests: list[Request] = []
         self.forbidden: set[tuple[str, str]] = set()
         self.pod_security = "privileged"
         self.ephemeral_result: tuple[int, str] = (0, "")  # (exitCode, termination message)
+        self.exec_handler: Callable[[ExecCall], ExecReply] | None = None  # pods/exec commands
+        self.podgc_delay_s = 0.1  # Node deleted -> its pods deleted (real PodGC: ~40 s quarantine)
         self.schedule_delay_s = schedule_delay_s
         self.ready_delay_s = ready_delay_s
+        self.endpoint_delay_s = endpoint_delay_s  # pod change -> EndpointSlice update
+        self.slice_size = 100  # endpoints per EndpointSlice (the controller's default)
+        self._ev_seq = 0
         self.lock = threading.RLock()
         self._rv = 1000
         self._seq = 0
         self._timers: list[threading.Timer] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(  # short poll: shutdown() returns in 0.05 s, not 0.5 s
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -215,7 +332,10 @@ class FakeK8s:
     def __exit__(self, *exc: object) -> None:
         for t in self._timers:
             t.cancel()
-        ALL_REQUESTS.extend(self.requests)
+        if self.rbac_subject:
+            ALL_REQUESTS.extend(self.requests)
+        for job_thread in getattr(self, "_job_threads", []):
+            job_thread.join(timeout=30)
         self._server.shutdown()
         self._server.server_close()
 
@@ -255,6 +375,8 @@ class FakeK8s:
             meta.setdefault("creationTimestamp", _now())
             ns = "" if resource in _CLUSTER_SCOPED else meta.get("namespace", "default")
             self._bucket(group, resource)[(ns, meta["name"])] = obj
+            if group == "" and resource in ("pods", "services"):
+                self._pods_changed(ns)
             return obj
 
     def get(self, group: str, resource: str, name: str, ns: str = "") -> dict[str, Any] | None:
@@ -302,6 +424,11 @@ class FakeK8s:
         rs = next((o for o in owners if o.get("kind") == "ReplicaSet"), None)
         if rs is None:
             return
+        self._spawn_pod(pod, rs)
+
+    def _spawn_pod(self, pod: dict[str, Any], rs: dict[str, Any]) -> None:
+        """A new pod of ReplicaSet ``rs`` (owner reference) like ``pod``: Pending, then scheduled,
+        then Ready (``schedule_delay_s``, ``ready_delay_s``), with the controllers' events."""
         self._seq += 1
         new = copy.deepcopy(pod)
         meta = new["metadata"]
@@ -325,6 +452,13 @@ class FakeK8s:
         }
         self.put("", "pods", new)
         ns, name = meta["namespace"], meta["name"]
+        self.emit_event(
+            ns,
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["name"], "uid": rs["uid"]},
+            "SuccessfulCreate",
+            f"Created pod: {name}",
+            component="replicaset-controller",
+        )
 
         def schedule() -> None:
             with self.lock:
@@ -344,6 +478,14 @@ class FakeK8s:
                     {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()}
                 ]
                 p["metadata"]["resourceVersion"] = self._next_rv()
+                self.emit_event(
+                    ns,
+                    p,
+                    "Scheduled",
+                    f"Successfully assigned {ns}/{name} to {p['spec']['nodeName']}",
+                    component="default-scheduler",
+                    new_style=True,
+                )
             self._later(self.ready_delay_s, ready)
 
         def ready() -> None:
@@ -353,8 +495,357 @@ class FakeK8s:
                     return
                 p["status"] = ready_pod(p)["status"]
                 p["metadata"]["resourceVersion"] = self._next_rv()
+                first = p["spec"]["containers"][0]["name"]
+                self.emit_event(
+                    ns, p, "Started", f"Started container {first}", host=p["spec"]["nodeName"]
+                )
+                self._pods_changed(ns)
 
         self._later(self.schedule_delay_s, schedule)
+
+    # -- observation: endpoints, events, restarts, node readiness, scaling ---------------------
+    def _pods_changed(self, ns: str) -> None:
+        """The endpoint controller reacts to a pod change in ``ns`` (after ``endpoint_delay_s``)."""
+        if not ns:
+            return
+        if self.endpoint_delay_s > 0:
+            self._later(self.endpoint_delay_s, lambda: self._sync_slices(ns))
+        else:
+            self._sync_slices(ns)
+
+    def _sync_slices(self, ns: str) -> None:
+        """Rewrite the EndpointSlices of every Service of ``ns`` that has a selector from the pods:
+        one endpoint per pod with an IP, ``ready`` = pod Ready and not terminating."""
+        with self.lock:
+            bucket = self._bucket("discovery.k8s.io", "endpointslices")
+            for svc in self.list("", "services", ns):
+                sel = selector_string((svc.get("spec") or {}).get("selector") or {})
+                if not sel:
+                    continue
+                svc_name = svc["metadata"]["name"]
+                eps = []
+                for pod in self.pods(ns, sel):
+                    ip = (pod.get("status") or {}).get("podIP")
+                    if not ip:
+                        continue
+                    gone = bool(pod["metadata"].get("deletionTimestamp"))
+                    eps.append(
+                        {
+                            "addresses": [ip],
+                            "conditions": {
+                                "ready": _is_ready(pod) and not gone,
+                                "serving": _is_ready(pod),
+                                "terminating": gone,
+                            },
+                            "nodeName": pod["spec"].get("nodeName"),
+                            "targetRef": {
+                                "kind": "Pod",
+                                "namespace": ns,
+                                "name": pod["metadata"]["name"],
+                                "uid": pod["metadata"]["uid"],
+                            },
+                        }
+                    )
+                n = self.slice_size
+                chunks = [eps[i : i + n] for i in range(0, len(eps), n)] or [[]]
+                keep = set()
+                for i, chunk in enumerate(chunks):
+                    slice_name = f"{svc_name}-{i:05d}"
+                    keep.add(slice_name)
+                    old = bucket.get((ns, slice_name))
+                    if old is not None and old["endpoints"] == chunk:
+                        continue
+                    ports = (svc.get("spec") or {}).get("ports") or []
+                    self.put(
+                        "discovery.k8s.io",
+                        "endpointslices",
+                        {
+                            "apiVersion": "discovery.k8s.io/v1",
+                            "kind": "EndpointSlice",
+                            "metadata": {
+                                "name": slice_name,
+                                "namespace": ns,
+                                "labels": {
+                                    "kubernetes.io/service-name": svc_name,
+                                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                                },
+                                "ownerReferences": [
+                                    {
+                                        "apiVersion": "v1",
+                                        "kind": "Service",
+                                        "name": svc_name,
+                                        "uid": svc["metadata"]["uid"],
+                                        "controller": True,
+                                    }
+                                ],
+                            },
+                            "addressType": "IPv4",
+                            "endpoints": chunk,
+                            "ports": [
+                                {
+                                    "name": pt.get("name"),
+                                    "port": pt.get("targetPort", pt.get("port")),
+                                    "protocol": pt.get("protocol", "TCP"),
+                                }
+                                for pt in ports
+                            ],
+                        },
+                    )
+                for (s_ns, s_name), obj in list(bucket.items()):
+                    labels = obj["metadata"].get("labels") or {}
+                    if (
+                        s_ns == ns
+                        and labels.get("kubernetes.io/service-name") == svc_name
+                        and s_name not in keep
+                    ):
+                        del bucket[(s_ns, s_name)]
+
+    def emit_event(
+        self,
+        ns: str,
+        involved: dict[str, Any],
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+        component: str = "kubelet",
+        host: str | None = None,
+        new_style: bool = False,
+    ) -> dict[str, Any]:
+        """Record a core/v1 Event about ``involved`` (an object, or a reference with kind/name/uid).
+
+        Old-style events (kubelet, controllers) carry ``firstTimestamp``/``lastTimestamp``/``count``
+        and are aggregated: the same object, reason and message bump ``count`` on the same Event
+        (same uid). ``new_style`` events (the scheduler's) carry ``eventTime`` only.
+        """
+        with self.lock:
+            meta = involved.get("metadata") or involved
+            ref = {
+                "apiVersion": involved.get("apiVersion", "v1"),
+                "kind": involved.get("kind", "Pod"),
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace", ns) if involved.get("kind") != "Node" else None,
+                "uid": meta.get("uid"),
+            }
+            now = _now()
+            source = {"component": component, "host": host} if host else {"component": component}
+            if not new_style:
+                for ev in self._bucket("", "events").values():
+                    if (
+                        ev["metadata"]["namespace"] == ns
+                        and ev["involvedObject"].get("uid") == ref["uid"]
+                        and (ev["reason"], ev["message"]) == (reason, message)
+                        and ev.get("count")
+                    ):
+                        ev["count"] += 1
+                        ev["lastTimestamp"] = now
+                        ev["metadata"]["resourceVersion"] = self._next_rv()
+                        return copy.deepcopy(ev)
+            self._ev_seq += 1
+            t = time.time()
+            return self.put(
+                "",
+                "events",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {
+                        "name": f"{ref['name']}.{int(t * 1e9) + self._ev_seq:x}",
+                        "namespace": ns,
+                        "uid": f"uid-event-{self._ev_seq:06d}",
+                    },
+                    "involvedObject": ref,
+                    "reason": reason,
+                    "message": message,
+                    "type": type_,
+                    "source": {} if new_style else source,
+                    "reportingComponent": component,
+                    "reportingInstance": host or "",
+                    "firstTimestamp": None if new_style else now,
+                    "lastTimestamp": None if new_style else now,
+                    "eventTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+                    + f".{int(t % 1 * 1e6):06d}Z"
+                    if new_style
+                    else None,
+                    **({} if new_style else {"count": 1}),
+                },
+            )
+
+    def _set_pod_ready(self, pod: dict[str, Any], ready: bool, reason: str = "") -> None:
+        status = "True" if ready else "False"
+        for c in pod["status"].get("conditions") or []:
+            if c["type"] in ("Ready", "ContainersReady") and c["status"] != status:
+                c["status"], c["lastTransitionTime"] = status, _now()
+                if reason:
+                    c["reason"] = reason
+                else:
+                    c.pop("reason", None)
+        for cs in pod["status"].get("containerStatuses") or []:
+            cs["ready"] = ready
+        pod["metadata"]["resourceVersion"] = self._next_rv()
+
+    def restart_container(
+        self, ns: str, name: str, reason: str = "OOMKilled", down_s: float = 0.3
+    ) -> None:
+        """The kubelet restarts pod ``name``'s first container in place after it died of
+        ``reason`` (exit code 137): ``restartCount`` + 1, ``lastState.terminated.reason``, not Ready
+        for ``down_s`` seconds (its endpoint not ready), aggregated Pulled/Created/Started events."""
+        with self.lock:
+            pod = self._bucket("", "pods")[(ns, name)]
+            cs = pod["status"]["containerStatuses"][0]
+            now = _now()
+            cs["lastState"] = {
+                "terminated": {
+                    "exitCode": 137,
+                    "reason": reason,
+                    "startedAt": (cs.get("state") or {}).get("running", {}).get("startedAt", now),
+                    "finishedAt": now,
+                    "containerID": cs.get("containerID"),
+                }
+            }
+            cs["restartCount"] = int(cs.get("restartCount") or 0) + 1
+            cs["state"] = {"running": {"startedAt": now}}
+            self._set_pod_ready(pod, False, "ContainersNotReady")
+            node = pod["spec"].get("nodeName")
+            image = cs.get("image")
+            for ev_reason, msg in (
+                ("Pulled", f'Container image "{image}" already present on machine'),
+                ("Created", f"Created container {cs['name']}"),
+                ("Started", f"Started container {cs['name']}"),
+            ):
+                self.emit_event(ns, pod, ev_reason, msg, host=node)
+        self._pods_changed(ns)
+
+        def back() -> None:
+            with self.lock:
+                p = self._bucket("", "pods").get((ns, name))
+                if p is None:
+                    return
+                self._set_pod_ready(p, True)
+            self._pods_changed(ns)
+
+        self._later(down_s, back)
+
+    def set_node_ready(self, node: str, ready: bool) -> None:
+        """Flip node ``node``'s Ready condition (False: ``Unknown``, the kubelet stopped posting
+        status); as the node lifecycle controller does, its pods become (not) Ready, with a
+        ``NodeNotReady`` warning event on each pod when it goes."""
+        touched = set()
+        with self.lock:
+            n = self._bucket("", "nodes")[("", node)]
+            for c in n["status"]["conditions"]:
+                if c["type"] == "Ready":
+                    c.update(
+                        status="True" if ready else "Unknown",
+                        reason="KubeletReady" if ready else "NodeStatusUnknown",
+                        message="kubelet is posting ready status"
+                        if ready
+                        else "Kubelet stopped posting node status.",
+                        lastTransitionTime=_now(),
+                    )
+            n["metadata"]["resourceVersion"] = self._next_rv()
+            for (pns, _), pod in self._bucket("", "pods").items():
+                if pod["spec"].get("nodeName") != node or not pod["status"].get("conditions"):
+                    continue
+                self._set_pod_ready(pod, ready)
+                touched.add(pns)
+                if not ready:
+                    self.emit_event(
+                        pns,
+                        pod,
+                        "NodeNotReady",
+                        "Node is not ready",
+                        type_="Warning",
+                        component="node-controller",
+                    )
+        for pns in sorted(touched):
+            self._pods_changed(pns)
+
+    def scale(self, ns: str, deployment: str, replicas: int) -> None:
+        """Scale Deployment ``deployment`` up to ``replicas`` (the scale subresource, as the HPA
+        does): its ReplicaSet creates the missing pods through the ReplicaSet simulation."""
+        with self.lock:
+            dep = self._bucket("apps", "deployments")[(ns, deployment)]
+            before = int(dep["spec"]["replicas"])
+            dep["spec"]["replicas"] = replicas
+            dep["metadata"]["resourceVersion"] = self._next_rv()
+            rs = next(
+                r
+                for r in self.list("apps", "replicasets", ns)
+                if any(
+                    o.get("kind") == "Deployment" and o.get("name") == deployment
+                    for o in r["metadata"].get("ownerReferences") or []
+                )
+            )
+            self._bucket("apps", "replicasets")[(ns, rs["metadata"]["name"])]["spec"][
+                "replicas"
+            ] = replicas
+            ref = {
+                "kind": "ReplicaSet",
+                "name": rs["metadata"]["name"],
+                "uid": rs["metadata"]["uid"],
+                "controller": True,
+            }
+            mine = [
+                p
+                for p in self.pods(ns)
+                if any(
+                    o.get("uid") == ref["uid"] for o in p["metadata"].get("ownerReferences") or []
+                )
+            ]
+            if replicas < len(mine) or not mine:
+                raise ValueError("the fake scales a Deployment with pods up only")
+            self.emit_event(
+                ns,
+                dep,
+                "ScalingReplicaSet",
+                f"Scaled up replica set {ref['name']} to {replicas} from {before}",
+                component="deployment-controller",
+            )
+            for _ in range(replicas - len(mine)):
+                self._spawn_pod(mine[0], ref)
+
+    def hpa_rescale(self, ns: str, name: str, desired: int, scale_after_s: float = 0.0) -> None:
+        """HPA ``name`` decides ``desired`` replicas (``status.desiredReplicas``,
+        ``lastScaleTime``, a ``SuccessfulRescale`` event), then after ``scale_after_s`` scales its
+        target Deployment (:meth:`scale`) and reports ``currentReplicas``."""
+        with self.lock:
+            hpa = self._bucket("autoscaling", "horizontalpodautoscalers")[(ns, name)]
+            hpa["status"]["desiredReplicas"] = desired
+            hpa["status"]["lastScaleTime"] = _now()
+            hpa["metadata"]["resourceVersion"] = self._next_rv()
+            target = hpa["spec"]["scaleTargetRef"]["name"]
+            self.emit_event(
+                ns,
+                hpa,
+                "SuccessfulRescale",
+                f"New size: {desired}; reason: pods metric vllm:num_requests_waiting above target",
+                component="horizontal-pod-autoscaler",
+            )
+
+        def act() -> None:
+            self.scale(ns, target, desired)
+            with self.lock:
+                h = self._bucket("autoscaling", "horizontalpodautoscalers")[(ns, name)]
+                h["status"]["currentReplicas"] = desired
+                h["metadata"]["resourceVersion"] = self._next_rv()
+
+        if scale_after_s > 0:
+            self._later(scale_after_s, act)
+        else:
+            act()
+
+    def _pod_killed(self, pod: dict[str, Any]) -> None:
+        """A deleted (or evicted) pod: the kubelet's ``Killing`` event, endpoints updated."""
+        ns = pod["metadata"]["namespace"]
+        for c in pod["spec"].get("containers") or []:
+            self.emit_event(
+                ns,
+                pod,
+                "Killing",
+                f"Stopping container {c['name']}",
+                host=pod["spec"].get("nodeName"),
+            )
+        self._pods_changed(ns)
 
     def _pdb_refusal(self, pod: dict[str, Any]) -> dict[str, Any] | None:
         ns = pod["metadata"]["namespace"]
@@ -387,17 +878,152 @@ class FakeK8s:
                 )
         return None
 
+    # -- issue 4: pods/exec over WebSocket, the taint manager, pod GC of deleted nodes ---------
+    def _exec_check(self, req: Request, pod: dict[str, Any]) -> tuple[int, Any]:
+        """Validate an exec request like the API server; (101, ExecCall) when it may upgrade."""
+        names = [c["name"] for c in pod["spec"].get("containers") or []]
+        container = req.query.get("container") or (names[0] if len(names) == 1 else "")
+        if container not in names:
+            return 400, _status(
+                400,
+                "BadRequest",
+                f"container {container} is not valid for pod {pod['metadata']['name']}",
+            )
+        if req.command is None:
+            return 400, _status(400, "BadRequest", "Upgrade request required")
+        if not req.command:
+            return 400, _status(
+                400, "BadRequest", "you must specify at least one command for the container"
+            )
+        meta = pod["metadata"]
+        return 101, ExecCall(meta["namespace"], meta["name"], container, list(req.command))
+
+    def _serve_exec(self, handler: BaseHTTPRequestHandler) -> None:
+        """Serve a ``pods/{name}/exec`` WebSocket upgrade (GET or POST) as the API server does.
+
+        The handshake and framing are the ``websockets`` library's sans-I/O server protocol
+        (RFC 6455); subprotocols ``v5.channel.k8s.io`` then ``v4.channel.k8s.io``. The command
+        is recorded (``Request.command``), run by :attr:`exec_handler` (outside the lock, it may
+        take time), and answered on channels 1 (stdout), 2 (stderr) and 3 (``Status`` JSON).
+        """
+        from websockets.datastructures import Headers
+        from websockets.http11 import Request as WsRequest
+        from websockets.protocol import State
+        from websockets.server import ServerProtocol
+        from websockets.typing import Subprotocol
+
+        split = urlsplit(handler.path)
+        qs = parse_qs(split.query)
+        req = Request(
+            handler.command,
+            split.path,
+            {k: v[-1] for k, v in qs.items()},
+            None,
+            handler.headers.get("Content-Type"),
+            command=qs.get("command", []),
+        )
+        with self.lock:
+            self.requests.append(req)
+            code, payload = self._dispatch(req)
+            req.status = code
+        handler.close_connection = True
+        sock = handler.connection
+        if code != 101:
+            data = json.dumps(payload).encode()
+            handler.send_response(code)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(data)))
+            handler.end_headers()
+            handler.wfile.write(data)
+            return
+        proto = ServerProtocol(
+            subprotocols=[Subprotocol("v5.channel.k8s.io"), Subprotocol("v4.channel.k8s.io")]
+        )
+        response = proto.accept(WsRequest(handler.path, Headers(list(handler.headers.items()))))
+        proto.send_response(response)
+        sock.sendall(b"".join(proto.data_to_send()))
+        if response.status_code != 101:
+            return
+        call: ExecCall = payload
+        try:
+            if self.exec_handler is None:
+                raise RuntimeError("no exec handler set on the fake")
+            reply = self.exec_handler(call)
+        except Exception as exc:  # a broken or missing test handler: answer like a runtime error
+            reply = ExecReply(exit_code=None, message=f"fake exec handler failed: {exc}")
+        for channel, text in ((1, reply.stdout), (2, reply.stderr)):
+            if text:
+                proto.send_binary(bytes([channel]) + text.encode())
+        proto.send_binary(b"\x03" + json.dumps(reply.status(call.command)).encode())
+        proto.send_close(1000)
+        sock.sendall(b"".join(proto.data_to_send()))
+        sock.settimeout(2.0)
+        try:  # wait (bounded) for the client's closing frame, then drop the connection
+            while proto.state is not State.CLOSED:
+                data = sock.recv(4096)
+                if not data:
+                    break
+                proto.receive_data(data)
+        except OSError:
+            pass
+
+    @staticmethod
+    def _tolerates(pod: dict[str, Any], taint: dict[str, Any]) -> bool:
+        for tol in pod["spec"].get("tolerations") or []:
+            if tol.get("effect") not in (None, "", taint.get("effect")):
+                continue
+            if tol.get("operator") == "Exists":
+                if not tol.get("key") or tol.get("key") == taint.get("key"):
+                    return True
+            elif tol.get("key") == taint.get("key") and tol.get("value") == taint.get("value"):
+                return True
+        return False
+
+    def _taint_manager(self, node: str) -> None:
+        """The taint manager: delete the pods of ``node`` that do not tolerate one of its
+        NoExecute taints (``tolerationSeconds`` is not simulated: a toleration keeps the pod)."""
+        with self.lock:
+            spec = (self._bucket("", "nodes").get(("", node)) or {}).get("spec") or {}
+            taints = [t for t in spec.get("taints") or [] if t.get("effect") == "NoExecute"]
+            if not taints:
+                return
+            pods = self._bucket("", "pods")
+            for key, pod in list(pods.items()):
+                if pod["spec"].get("nodeName") != node:
+                    continue
+                if all(self._tolerates(pod, t) for t in taints):
+                    continue
+                del pods[key]
+                self._pod_killed(pod)
+                self._on_pod_gone(pod)
+
+    def _podgc(self, node: str) -> None:
+        """Pod GC: the pods bound to a Node that no longer exists are deleted (and replaced)."""
+        with self.lock:
+            if ("", node) in self._bucket("", "nodes"):
+                return
+            pods = self._bucket("", "pods")
+            for key, pod in list(pods.items()):
+                if pod["spec"].get("nodeName") == node:
+                    del pods[key]
+                    self._pod_killed(pod)
+                    self._on_pod_gone(pod)
+
     # -- HTTP ------------------------------------------------------------------------------
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out at once (no 40 ms ACK stall)
 
             def log_message(self, *args: object) -> None:
                 pass
 
             def _serve(self) -> None:
+                if (self.headers.get("Upgrade") or "").lower() == "websocket":
+                    fake._serve_exec(self)
+                    return
                 split = urlsplit(self.path)
                 query = {k: v[-1] for k, v in parse_qs(split.query).items()}
                 length = int(self.headers.get("Content-Length") or 0)
@@ -410,9 +1036,10 @@ class FakeK8s:
                     fake.requests.append(req)
                     code, payload = fake._dispatch(req)
                     req.status = code
-                data = json.dumps(payload).encode()
+                text = isinstance(payload, str)  # pods/log answers plain text
+                data = payload.encode() if text else json.dumps(payload).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -441,7 +1068,13 @@ class FakeK8s:
             verb = "list"
         req.verb, req.group = verb, group
         req.resource = f"{resource}/{sub}" if sub else resource
-        if (verb, req.resource) in self.forbidden:
+        if sub == "exec" and req.method == "GET":
+            req.also_verbs = ("create",)  # 1.35+ (KEP-4006): WebSocket upgrades also need create
+        denied = next(
+            (v for v in (verb, *req.also_verbs) if (v, req.resource) in self.forbidden), None
+        )
+        if denied:
+            verb = denied
             where = f' in the namespace "{ns}"' if ns else " at the cluster scope"
             return 403, _status(
                 403,
@@ -451,6 +1084,8 @@ class FakeK8s:
             )
         if resource not in _KINDS:
             return 404, _status(404, "NotFound", f"the server could not find resource {resource}")
+        if resource == "endpointslices" and ns and self.endpoint_delay_s == 0:
+            self._sync_slices(ns)  # also follows pod statuses a test wrote into self.objects
         bucket = self._bucket(group, resource)
         key_ns = "" if resource in _CLUSTER_SCOPED else (ns or "")
         if name is None:
@@ -466,33 +1101,50 @@ class FakeK8s:
                 ]
                 return 200, {
                     "kind": _KINDS[resource] + "List",
-                    "apiVersion": f"{group}/v1" if group else "v1",
+                    "apiVersion": f"{group}/{m.group('version')}" if group else "v1",
                     "metadata": {"resourceVersion": str(self._rv)},
                     "items": items,
                 }
             if req.method == "POST":
                 obj = copy.deepcopy(req.body)
-                obj["metadata"].setdefault("namespace", ns)
+                if obj["metadata"].get("resourceVersion"):
+                    return 400, _status(
+                        400,
+                        "BadRequest",
+                        "resourceVersion should not be set on objects to be created",
+                    )
+                if ns:
+                    obj["metadata"].setdefault("namespace", ns)
+                self._seq += 1
+                obj["metadata"]["uid"] = f"uid-{resource}-{obj['metadata']['name']}-{self._seq:04d}"
                 if (key_ns, obj["metadata"]["name"]) in bucket:
                     return 409, _status(
                         409,
                         "AlreadyExists",
                         f'{resource} "{obj["metadata"]["name"]}" already exists',
                     )
-                return 201, self.put(group, resource, obj)
+                created = self.put(group, resource, obj)
+                if resource == "jobs":
+                    self._start_job(created)
+                return 201, copy.deepcopy(created)
             return 405, _status(405, "MethodNotAllowed", "method not allowed")
         current = bucket.get((key_ns, name))
         if current is None:
             return 404, _status(
                 404, "NotFound", f'{resource} "{name}" not found', name=name, kind=resource
             )
+        if sub == "exec":
+            return self._exec_check(req, current)
         if sub == "eviction" and req.method == "POST":
             refusal = self._pdb_refusal(current)
             if refusal is not None:
                 return 429, refusal
             del bucket[(key_ns, name)]
+            self._pod_killed(current)
             self._on_pod_gone(current)
             return 201, _status(201, "", "", name=name, kind="pods") | {"status": "Success"}
+        if sub == "log" and req.method == "GET" and resource == "pods":
+            return 200, getattr(self, "_logs", {}).get((key_ns, name), "")
         if sub not in (None, "ephemeralcontainers", "status"):
             return 404, _status(404, "NotFound", f"no subresource {sub}")
         if req.method == "GET":
@@ -500,7 +1152,13 @@ class FakeK8s:
         if req.method == "DELETE":
             del bucket[(key_ns, name)]
             if resource == "pods":
+                self._pod_killed(current)
                 self._on_pod_gone(current)
+            if resource == "nodes":
+                self._later(self.podgc_delay_s, lambda: self._podgc(name))
+            if resource == "jobs" and (req.body or {}).get("propagationPolicy") != "Orphan":
+                for pod in self.pods(key_ns, f"batch.kubernetes.io/job-name={name}"):
+                    self._bucket("", "pods").pop((key_ns, pod["metadata"]["name"]), None)
             return 200, copy.deepcopy(current)
         if req.method == "PUT":
             body = copy.deepcopy(req.body)
@@ -520,6 +1178,14 @@ class FakeK8s:
                 body["status"] = current["status"]
             return 200, self.put(group, resource, body)
         if req.method == "PATCH":
+            rv = ((req.body or {}).get("metadata") or {}).get("resourceVersion")
+            if rv and rv != current["metadata"]["resourceVersion"]:
+                return 409, _status(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {resource} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                )
             ctype = (req.content_type or "").split(";")[0]
             if ctype not in (
                 "application/merge-patch+json",
@@ -570,8 +1236,87 @@ class FakeK8s:
                         )
             bucket[(key_ns, name)] = patched
             patched["metadata"]["resourceVersion"] = self._next_rv()
+            if resource == "pods":
+                self._pods_changed(key_ns)
+            if resource == "nodes":
+                self._taint_manager(name)
             return 200, copy.deepcopy(patched)
         return 405, _status(405, "MethodNotAllowed", "method not allowed")
+
+    # -- Job controller (load workers) ---------------------------------------------------------
+    def _start_job(self, job: dict[str, Any]) -> None:
+        """Create a Job's pods as the Job controller does (Indexed: the completion index in an
+        annotation, a label and ``$JOB_COMPLETION_INDEX``) and run each with :attr:`run_pod` in a
+        thread: its exit code sets the pod phase, its text becomes the pod log, and the Job's
+        ``status.succeeded``/``failed`` and ``Complete``/``Failed`` condition follow."""
+        meta, spec = job["metadata"], job["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        n = int(spec.get("completions") or 1)
+        indexed = spec.get("completionMode") == "Indexed"
+        template = spec["template"]
+        self._logs: dict[tuple[str, str], str] = getattr(self, "_logs", {})
+        self._job_threads: list[threading.Thread] = getattr(self, "_job_threads", [])
+        for i in range(n):
+            pod_labels = {
+                **(template.get("metadata", {}).get("labels") or {}),
+                "batch.kubernetes.io/job-name": name,
+                "job-name": name,
+            }
+            annotations = {}
+            pod_spec = copy.deepcopy(template["spec"])
+            if indexed:
+                pod_labels["batch.kubernetes.io/job-completion-index"] = str(i)
+                annotations["batch.kubernetes.io/job-completion-index"] = str(i)
+                for c in pod_spec.get("containers") or []:
+                    c.setdefault("env", []).append(
+                        {"name": "JOB_COMPLETION_INDEX", "value": str(i)}
+                    )
+            pod = self.put(
+                "",
+                "pods",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"{name}-{i}-x{self._next_rv()[-4:]}",
+                        "namespace": ns,
+                        "labels": pod_labels,
+                        "annotations": annotations,
+                        "ownerReferences": [
+                            {"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                             "uid": meta.get("uid"), "controller": True}
+                        ],
+                    },
+                    "spec": pod_spec,
+                    "status": {"phase": "Pending"},
+                },
+            )  # fmt: skip
+            thread = threading.Thread(target=self._run_job_pod, args=(ns, name, n, pod))
+            thread.daemon = True
+            self._job_threads.append(thread)
+            thread.start()
+
+    def _run_job_pod(self, ns: str, job_name: str, n: int, pod: dict[str, Any]) -> None:
+        if self.run_pod is None:
+            return
+        code, log = self.run_pod(copy.deepcopy(pod))
+        pod_name = pod["metadata"]["name"]
+        with self.lock:
+            self._logs[(ns, pod_name)] = log
+            p = self._bucket("", "pods").get((ns, pod_name))
+            if p is not None:
+                p["status"] = {"phase": "Succeeded" if code == 0 else "Failed"}
+                p["metadata"]["resourceVersion"] = self._next_rv()
+            job = self._bucket("batch", "jobs").get((ns, job_name))
+            if job is None:
+                return
+            st = job.setdefault("status", {})
+            key = "succeeded" if code == 0 else "failed"
+            st[key] = int(st.get(key) or 0) + 1
+            done = "Complete" if st.get("succeeded") == n else "Failed" if code else None
+            if done:
+                st["conditions"] = [{"type": done, "status": "True", "lastTransitionTime": _now()}]
+            job["metadata"]["resourceVersion"] = self._next_rv()
 
 
 def write_target(path: Path, kubeconfig: Path, **fields: Any) -> Path:
@@ -704,14 +1449,19 @@ def _model_pod(name: str, node: str, rs: str, ns: str = "llm") -> dict[str, Any]
     )
 
 
-def make_cluster(fake: FakeK8s, replicas: int = 3, pdb_min_available: int | None = None) -> None:
+def make_cluster(
+    fake: FakeK8s, replicas: int = 3, pdb_min_available: int | None = None, hpa: str | None = None
+) -> None:
     """Populate ``fake`` with a realistic GPU inference cluster.
 
     Nodes ``gpu-a``, ``gpu-b``, ``gpu-c`` (Ready, 2 GPUs each); namespace ``llm`` with Deployment
     ``vllm`` (``replicas``) -> ReplicaSet ``vllm-7d9f8c6b5`` -> pods ``vllm-7d9f8c6b5-<x>`` spread
     over the nodes (ownerReferences, PVC + projected volumes, conditions, containerStatuses); a
     ``node-exporter`` DaemonSet pod on every node (``monitoring``); ResourceQuota ``gpu-quota``;
-    optionally a PodDisruptionBudget ``vllm-pdb`` with ``minAvailable``.
+    optionally a PodDisruptionBudget ``vllm-pdb`` with ``minAvailable``; Service ``vllm`` (selector
+    ``app=vllm``, port 80 -> 8000) whose EndpointSlices follow the pods; optionally an
+    ``autoscaling/v2`` HorizontalPodAutoscaler named ``hpa`` (e.g. KEDA's ``keda-hpa-vllm``)
+    scaling the Deployment between ``replicas`` and ``replicas + 3``.
     """
     for i, node in enumerate(("gpu-a", "gpu-b", "gpu-c")):
         fake.put(
@@ -884,6 +1634,60 @@ def make_cluster(fake: FakeK8s, replicas: int = 3, pdb_min_available: int | None
             },
         },
     )
+    fake.put(
+        "",
+        "services",
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "vllm", "namespace": "llm", "labels": {"app": "vllm"}},
+            "spec": {
+                "type": "ClusterIP",
+                "clusterIP": "10.96.12.34",
+                "selector": {"app": "vllm"},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8000, "protocol": "TCP"}],
+            },
+        },
+    )
+    # the cluster starts in steady state: its EndpointSlices already list the Ready pods (the
+    # endpoint controller's delay applies to later changes only, not to the initial sync)
+    fake._sync_slices("llm")
+    if hpa is not None:
+        fake.put(
+            "autoscaling",
+            "horizontalpodautoscalers",
+            {
+                "apiVersion": "autoscaling/v2",
+                "kind": "HorizontalPodAutoscaler",
+                "metadata": {"name": hpa, "namespace": "llm"},
+                "spec": {
+                    "scaleTargetRef": {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "name": "vllm",
+                    },
+                    "minReplicas": replicas,
+                    "maxReplicas": replicas + 3,
+                    "metrics": [
+                        {
+                            "type": "Pods",
+                            "pods": {
+                                "metric": {"name": "vllm:num_requests_waiting"},
+                                "target": {"type": "AverageValue", "averageValue": "4"},
+                            },
+                        }
+                    ],
+                },
+                "status": {
+                    "currentReplicas": replicas,
+                    "desiredReplicas": replicas,
+                    "conditions": [
+                        {"type": "AbleToScale", "status": "True", "reason": "ReadyForNewScale"},
+                        {"type": "ScalingActive", "status": "True", "reason": "ValidMetricFound"},
+                    ],
+                },
+            },
+        )
     if pdb_min_available is not None:
         fake.put(
             "policy",

@@ -1,9 +1,12 @@
 """The evidence as a reviewer sees it: a real headless Chromium opens ``index.html`` and a drill's
 ``evidence.html`` and every plot must have decoded (``naturalWidth > 0``).
 
-The run is synthetic (hand-made records, fault log and journal) but goes through the real evidence
-functions: :func:`chaoslib_infer.gameday.drill_evidence` (figures, plots, Markdown/HTML),
-:func:`chaoslib_infer.evidence.render.render_index` (scorecard), JUnit XML and the SHA-256 manifest.
+The run is synthetic (hand-made records, fault log, journal and a lab's ground-truth files:
+``lab.json``, ``events.jsonl`` with the recorder's HAProxy ``lb_state`` snapshots, the engine
+ledger) but goes through the real evidence functions: :func:`chaoslib_infer.gameday.drill_evidence`
+(figures, plots including the replica count over time, Markdown/HTML) with the lab attached by
+:meth:`chaoslib_infer.lab.fleet.Lab.attach`, :func:`chaoslib_infer.evidence.render.render_index`
+(scorecard), JUnit XML and the SHA-256 manifest.
 
 Needs Debian's ``chromium`` package; skips, saying so, where it is absent.
 """
@@ -18,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from chaoslib_infer.evidence.bundle import junit_xml, verify_manifest, write_manifest
 from chaoslib_infer.evidence.render import render_index, write_atomic
 from chaoslib_infer.gameday import drill_evidence
+from chaoslib_infer.lab.fleet import Lab
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -83,6 +88,36 @@ def _records() -> list[dict[str, Any]]:
     return out
 
 
+def _lab_dir(run: Path) -> Path:
+    """A stopped lab's ground truth: r0..r2 ready and UP; r1 OOM-killed at the fault, DOWN in
+    HAProxy, restarted, ready and UP again; its first generation after the restart."""
+    lab_dir = run / "lab"
+    lab_dir.mkdir(parents=True)
+    reps = [
+        {"name": f"r{i}", "port": 40000 + i, "cgroup": str(lab_dir / f"r{i}")} for i in range(3)
+    ]
+    (lab_dir / "lab.json").write_text(json.dumps({"replicas": reps, "pids": {}}))
+    up = {"r0": "UP", "r1": "UP", "r2": "UP"}
+    events = [
+        *({"t": T0 - 5.0, "event": "start", "replica": f"r{i}", "pid": 100 + i} for i in range(3)),
+        *({"t": T0 - 4.0, "event": "ready", "replica": f"r{i}"} for i in range(3)),
+        {"t": T0 - 3.9, "event": "lb_state", "replica": None, "servers": up},
+        {"t": FAULT_AT - 0.6, "event": "fault", "kind": "oom-kill", "replica": "r1",
+         "phase": "injected"},
+        {"t": FAULT_AT, "event": "exit", "replica": "r1", "pid": 101, "cause": "oom"},
+        {"t": FAULT_AT + 0.02, "event": "start", "replica": "r1", "pid": 201},
+        {"t": FAULT_AT + 0.1, "event": "fault", "kind": "oom-kill", "replica": "r1",
+         "phase": "cleared"},
+        {"t": FAULT_AT + 0.15, "event": "lb_state", "replica": None, "servers": {**up, "r1": "DOWN"}},
+        {"t": FAULT_AT + 1.2, "event": "ready", "replica": "r1"},
+        {"t": FAULT_AT + 1.45, "event": "lb_state", "replica": None, "servers": up},
+    ]  # fmt: skip
+    (lab_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    gen = {"t": FAULT_AT + 1.5, "event": "generation", "replica": "r1", "request_id": "x"}
+    (lab_dir / "ledger.jsonl").write_text(json.dumps(gen) + "\n")
+    return lab_dir
+
+
 def _journal() -> dict[str, Any]:
     state = {"steady_state_met": True, "probes": []}
     return {
@@ -113,7 +148,7 @@ def _synthetic_run(run: Path) -> dict[str, Any]:
         "synthetic drill",
         drill_dir,
         journal,
-        None,
+        Lab.attach(_lab_dir(run)),
         target,
         T0 - 2.0,
         T0 + 22.0,
@@ -176,13 +211,23 @@ def test_index_and_drill_evidence_render_every_plot(tmp_path: Path) -> None:
     _synthetic_run(run)
     assert verify_manifest(run) == []
 
+    summary = json.loads((run / "summary.json").read_text())
+    gt = summary["drills"][0]["ground_truth"]
+    assert gt["replica_died_at"] == FAULT_AT and gt["replica_serving_again_at"] == FAULT_AT + 1.5
+
     drill_imgs = _images_in_browser(run / "oom-kill" / "evidence.html", tmp_path)
     alts = [i["alt"] for i in drill_imgs]
-    assert len(drill_imgs) == 3, alts  # timeline, latency CDF, per-replica share
-    assert any("Timeline" in a for a in alts) and any("CDF" in a for a in alts)
-    assert any("replica" in a for a in alts)
+    # timeline, latency CDF, per-replica share, replica count over time
+    assert len(drill_imgs) == 4, alts
+    assert alts[0].startswith("Timeline") and alts[1].startswith("Latency CDF")
+    assert alts[2].startswith("Per-replica share")
+    assert alts[3].startswith("Replica count over time"), alts
     for img in drill_imgs:
         assert img["complete"] and img["w"] > 0 and img["h"] > 0, img
+    # the replica-count image the browser decoded is the PNG the bundle holds, at its full size
+    with Image.open(run / "oom-kill" / "replica_count.png") as png:
+        assert (drill_imgs[3]["w"], drill_imgs[3]["h"]) == png.size
+    assert "lb_state" not in alts[3]  # the lab sampled HAProxy: no "not recorded" caveat
 
     index_imgs = _images_in_browser(run / "index.html", tmp_path)
     assert [i["alt"] for i in index_imgs] == ["oom-kill timeline"]

@@ -10,7 +10,6 @@ independent computation; counts exact.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import subprocess
@@ -77,16 +76,17 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _interruption(records: list[dict[str, Any]], fault_at: float, settle_s: float = 5.0) -> float:
     """The measurement.md definition, written again: first failure after the fault to the last
-    failure followed by ``settle_s`` without failure and with at least one success."""
-    ends = sorted((r["end_at"], bool(r["ok"])) for r in records if r["end_at"] >= fault_at)
-    fails = [t for t, ok in ends if not ok]
+    failure followed by ``settle_s`` with at least one success and no failed request in flight
+    (one sent before the window's end that failed after the failure: a hung request)."""
+    after = [r for r in records if r["end_at"] >= fault_at]
+    fails = sorted((r["end_at"], r["sent_at"]) for r in after if not r["ok"])
     if not fails:
         return 0.0
-    for i, f in enumerate(fails):
-        nxt = fails[i + 1] if i + 1 < len(fails) else math.inf
-        if nxt > f + settle_s and any(ok and f < t <= f + settle_s for t, ok in ends):
-            return f - fails[0]
-    return fails[-1] - fails[0]
+    for f, _ in fails:
+        pending = [e for e, s in fails if e > f and s <= f + settle_s]
+        if not pending and any(r["ok"] and f < r["end_at"] <= f + settle_s for r in after):
+            return f - fails[0][0]
+    return fails[-1][0] - fails[0][0]
 
 
 def _limit_s(error: str) -> float:
@@ -165,6 +165,9 @@ def test_upstream_timeout_drill_passes_and_figures_match_ground_truth(tmp_path: 
     # no failure is visible before the client's shortest timeout: the gateway never failed fast
     assert fig["time_to_first_error_s"] >= min(_limit_s(r["error"]) for r in hung) - 0.05
     assert abs(fig["interruption_s"] - _interruption(records, fault_at)) <= 0.25
+    # every hung request is inside the interruption: none "settled" while others were pending
+    assert fig["failed_requests"] >= len(hung)
+    assert fig["interruption_s"] >= max(r["end_at"] for r in hung) - min(r["end_at"] for r in hung)
 
     # the survivors carried everything sent after the ejection, while r0 stayed frozen
     later = [r for r in records if gt["ejected_at"] + 0.1 <= r["sent_at"] < gt["held_until"]]

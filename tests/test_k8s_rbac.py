@@ -49,7 +49,7 @@ def covered(req: Request, bound: list[tuple[str | None, dict[str, Any]]]) -> boo
         if (
             req.group in rule["apiGroups"]
             and req.resource in rule["resources"]
-            and req.verb in rule["verbs"]
+            and all(v in rule["verbs"] for v in (req.verb, *req.also_verbs))
         ):
             return True
     return False
@@ -69,7 +69,86 @@ def _exercise(tmp_path: Path) -> list[Request]:
         k8s.k8s_uncordon_node(target_file=target, configuration=cfg)
         k8s.k8s_network_jitter(target_file=target, configuration=cfg)
         k8s.k8s_remove_network_jitter(target_file=target, configuration=cfg)
+        _exercise_load_workers(fake, target, tmp_path)
+        _exercise_faults(fake, target, cfg)
+        _exercise_observation(fake, kc, tmp_path, cfg)
         return list(fake.requests)
+
+
+def _exercise_observation(fake: FakeK8s, kc: Path, tmp_path: Path, cfg: dict[str, Any]) -> None:
+    """Observation (activities/k8s_observe.py): sampler, probes, scale-out wait (HPA found by its
+    scaleTargetRef: list, then get)."""
+    import time
+
+    from chaoslib.exceptions import ActivityFailed
+
+    from chaoslib_infer.activities import k8s_observe
+
+    target = str(write_target(tmp_path / "obs.yaml", kc, service="vllm"))
+    k8s_observe.k8s_start_observation(interval_s=0.05, target_file=target, configuration=cfg)
+    time.sleep(0.12)
+    k8s_observe.k8s_stop_observation(configuration=cfg)
+    k8s_observe.k8s_ready_endpoints(target_file=target, configuration=cfg)
+    k8s_observe.k8s_restart_counts(target_file=target, configuration=cfg)
+    k8s_observe.k8s_oomkilled_pods(target_file=target, configuration=cfg)
+    with pytest.raises(ActivityFailed, match="no scale-out within"):
+        k8s_observe.k8s_wait_scale_out(
+            timeout_s=0.1, poll_s=0.02, target_file=target, configuration=cfg
+        )
+
+
+def _exercise_faults(fake: FakeK8s, target: str, cfg: dict[str, Any]) -> None:
+    """Issue 4's fault actions and rollbacks (exec answered by a scripted container)."""
+    from k8s_sim import SimContainer, kubelet_restart
+
+    from chaoslib_infer.platforms.kubernetes.pods import is_ready
+
+    pod = sorted(p["metadata"]["name"] for p in fake.pods("llm", "app=vllm") if is_ready(p))[0]
+    fake.exec_handler = SimContainer(
+        pod, on_hog=lambda mb: kubelet_restart(fake, "llm", pod, down_s=0.02, ready_s=0.02)
+    )
+    k8s.k8s_oom_kill(pod=pod, poll_s=0.02, timeout_s=5, target_file=target, configuration=cfg)
+    k8s.k8s_stop_memory_hog(target_file=target, configuration=cfg)
+    k8s.k8s_freeze_model_server(pod=pod, target_file=target, configuration=cfg)
+    k8s.k8s_thaw_model_server(target_file=target, configuration=cfg)
+    k8s.k8s_block_pod_ingress(target_file=target, configuration=cfg)
+    k8s.k8s_restore_pod_ingress(target_file=target, configuration=cfg)
+    k8s.k8s_taint_model_node(poll_s=0.02, target_file=target, configuration=cfg)
+    k8s.k8s_remove_node_taint(target_file=target, configuration=cfg)
+    k8s.k8s_delete_model_node(poll_s=0.02, target_file=target, configuration=cfg)
+    k8s.k8s_restore_node(target_file=target, configuration=cfg)
+    fake.put(
+        "autoscaling",
+        "horizontalpodautoscalers",
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "vllm", "namespace": "llm"},
+            "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "vllm"}, "maxReplicas": 5},
+        },
+    )
+    k8s.k8s_cut_quota(hpa_max_replicas=2, target_file=target, configuration=cfg)
+    k8s.k8s_restore_quota(target_file=target, configuration=cfg)
+
+
+def _exercise_load_workers(fake: FakeK8s, target: str, tmp_path: Path) -> None:
+    """`chaos-infer load soak --workers 2`: Indexed Job, its pods' logs, delete (canned workers)."""
+    import json
+
+    from chaoslib_infer.load.soak import StreamStats
+    from chaoslib_infer.load.workers import MARKER, encode_stats, run_k8s
+    from chaoslib_infer.platforms.kubernetes.target import load_target
+
+    def canned(pod: dict[str, Any]) -> tuple[int, str]:
+        k = int(pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
+        res = {"mode": "soak", "shard": k, "of": 2, "report": {"valid": True}}
+        return 0, MARKER + json.dumps({**res, "stats": encode_stats(StreamStats())}) + "\n"
+
+    fake.run_pod = canned
+    run_k8s(
+        load_target(target), "soak", {"url": "http://127.0.0.1:9", "duration_s": 1, "rate": 1},
+        2, tmp_path / "workers", image="chaos-infer:test", poll_s=0.02, start_delay_s=0,
+    )  # fmt: skip
 
 
 def test_rbac_covers_every_call_and_lists_nothing_unused(tmp_path: Path) -> None:
@@ -78,7 +157,7 @@ def test_rbac_covers_every_call_and_lists_nothing_unused(tmp_path: Path) -> None
     assert len(seen) > 20
     missing = sorted({(r.verb, r.group, r.resource, r.path) for r in seen if not covered(r, bound)})
     assert missing == []
-    used = {(r.group, r.resource, r.verb) for r in seen}
+    used = {(r.group, r.resource, v) for r in seen for v in (r.verb, *r.also_verbs)}
     listed = {
         (g, res, v)
         for _, rule in bound
@@ -94,13 +173,13 @@ def test_coverage_check_can_fail() -> None:
     assert not covered(
         Request(
             "DELETE",
-            "/api/v1/nodes/gpu-a",
+            "/api/v1/persistentvolumes/pv-1",
             {},
             None,
             None,
             verb="delete",
             group="",
-            resource="nodes",
+            resource="persistentvolumes",
         ),
         bound,
     )
@@ -121,13 +200,18 @@ def test_coverage_check_can_fail() -> None:
         assert covered(
             Request(
                 "PATCH",
-                "/api/v1/namespaces/llm/pods/x",
+                "/api/v1/namespaces/llm/secrets/x",
                 {},
                 None,
                 None,
                 verb="patch",
                 group="",
-                resource="pods",
+                resource="secrets",
             ),
             bound,
         )
+    # a WebSocket exec is authorized twice (get, then create): both verbs must be granted
+    exec_path = "/api/v1/namespaces/llm/pods/x/exec"
+    ws = Request("GET", exec_path, {}, None, None, verb="get", resource="pods/exec")
+    assert covered(Request(**{**ws.__dict__, "also_verbs": ("create",)}), bound)
+    assert not covered(Request(**{**ws.__dict__, "also_verbs": ("deletecollection",)}), bound)

@@ -7,23 +7,55 @@ Client figures come from the per-attempt records; ground truth from the lab's ow
 Common figures (request counts, availability, rates, latency percentiles, duplicates) are computed
 for every drill. Figures specific to a fault come from the module
 ``chaoslib_infer.evidence.kinds.<kind>`` (``oom-kill`` -> ``oom_kill``) whose ``compute(ctx)``
-returns ``(figures, ground_truth)`` for each fault kind logged in ``faults.jsonl``.
+returns ``(figures, ground_truth)`` for each fault kind logged in ``faults.jsonl``. The same module
+may name the drill's timeline markers (``markers(ground, figures)``, ``LEDGER_LABELS``) and
+reference lines of the replica-count plot (``replica_lines(ground, figures)``), see
+:func:`timeline_markers` and :func:`replica_count_series`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure import figures as mfig
-from chaoslib_infer.measure.metrics import window_stats
+from chaoslib_infer.measure.metrics import logical_stats, window_stats
 
-__all__ = ["DrillContext", "common_figures", "drill_figures", "num", "read_jsonl"]
+__all__ = [
+    "FAULT",
+    "MILESTONE",
+    "RECOVERY",
+    "REMOVED",
+    "STOP",
+    "DrillContext",
+    "Marker",
+    "common_figures",
+    "drill_figures",
+    "kind_module",
+    "mark",
+    "num",
+    "read_jsonl",
+    "replica_count_series",
+    "timeline_markers",
+    "unix_time",
+]
+
+#: A vertical line on the drill's plots: ``(unix seconds, label, colour)``.
+Marker = tuple[float, str, str]
+#: Marker colours by meaning: fault injected, fault removed, an intermediate event (a death, an
+#: ejection, a scale-out trigger), a recovery point (ready, serving, back in bands), stop condition.
+FAULT = "#d62728"
+REMOVED = "#8c564b"
+MILESTONE = "#9467bd"
+RECOVERY = "#2ca02c"
+STOP = "#ff7f0e"
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -47,6 +79,30 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def num(value: Any) -> float | None:
     """Return ``value`` as a float, or ``None``."""
     return None if value is None else float(value)
+
+
+def mark(t: Any, label: str, colour: str) -> list[Marker]:
+    """``[(t, label, colour)]``, or ``[]`` when ``t`` is None (a point the run never reached)."""
+    return [] if t is None or isinstance(t, bool) else [(float(t), label, colour)]
+
+
+def unix_time(value: Any) -> float | None:
+    """A time given as unix seconds or ISO 8601 text (``summary.json``) as unix seconds.
+
+    Returns:
+        Unix seconds, or None for None, empty or unparsable text (a naive ISO time is UTC).
+    """
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        parsed = dt.datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.timestamp()
 
 
 @dataclass
@@ -76,10 +132,13 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
     Keys: ``requests``, ``availability``, ``error_rate``, ``timeout_rate`` (fractions of attempted
     requests), ``p50/p95/p99/p999_e2e_s``, ``p50/p99_ttft_s`` (seconds, over successful requests),
     ``censored_fraction``, ``errors_by_class``, ``duplicates`` (logical requests the engine generated
-    more than once, from the generation ledger).
+    more than once, from the generation ledger). When any attempt is a retry (``attempt > 1``)
+    also ``p99_request_e2e_s`` (P99 per logical request, first send to final end, retries
+    included; seconds) and ``request_availability`` (logical requests whose final attempt
+    succeeded), :func:`chaoslib_infer.measure.metrics.logical_stats`.
     """
     whole = window_stats(records)
-    return {
+    out: dict[str, Any] = {
         "requests": int(whole.get("requests") or 0),
         "availability": num(whole.get("availability")),
         "error_rate": num(whole.get("error_rate")),
@@ -94,6 +153,13 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
         "errors_by_class": whole.get("errors_by_class") or {},
         "duplicates": int(mfig.duplicates(records, ledger)),
     }
+    if any(int(r.get("attempt") or 1) > 1 for r in records):
+        # with retries an attempt percentile censors the timed-out attempts and hides the wait
+        # the user saw: give the logical request's view beside it (first send to final end)
+        logical = logical_stats(records)
+        out["p99_request_e2e_s"] = num(logical.get("p99_e2e_s"))
+        out["request_availability"] = num(logical.get("availability"))
+    return out
 
 
 def drill_figures(
@@ -129,11 +195,8 @@ def drill_figures(
         if kind and kind not in kinds:
             kinds.append(kind)
     for kind in kinds:
-        try:
-            module = importlib.import_module(
-                f"chaoslib_infer.evidence.kinds.{kind.replace('-', '_')}"
-            )
-        except ModuleNotFoundError:
+        module = kind_module(kind)
+        if module is None:
             continue
         try:
             f_fig, f_ground = module.compute(ctx)
@@ -143,3 +206,190 @@ def drill_figures(
         figures.update(f_fig)
         ground.update(f_ground)
     return figures, ground
+
+
+def kind_module(kind: str) -> ModuleType | None:
+    """The module ``chaoslib_infer.evidence.kinds.<kind>`` (dashes as underscores), or None."""
+    try:
+        return importlib.import_module(f"chaoslib_infer.evidence.kinds.{kind.replace('-', '_')}")
+    except ModuleNotFoundError:
+        return None
+
+
+def _fault_kinds(faults: list[dict[str, Any]]) -> list[str]:
+    kinds: list[str] = []
+    for f in faults:
+        kind = str(f.get("kind") or "")
+        if kind and kind not in kinds:
+            kinds.append(kind)
+    return kinds
+
+
+def _merge(markers: list[Marker], within_s: float = 0.05) -> list[Marker]:
+    """Sort by time; markers of one colour less than ``within_s`` apart become one ("a; b")."""
+    out: list[Marker] = []
+    for t, label, colour in sorted(markers, key=lambda m: m[0]):
+        prev = out[-1] if out else None
+        if prev is not None and prev[2] == colour and t - prev[0] < within_s:
+            if label not in prev[1].split("; "):
+                out[-1] = (prev[0], f"{prev[1]}; {label}", colour)
+            continue
+        out.append((t, label, colour))
+    return out
+
+
+def timeline_markers(
+    faults: list[dict[str, Any]],
+    lab_events: list[dict[str, Any]],
+    ground: dict[str, Any],
+    figures: dict[str, Any],
+    start: float | None = None,
+    end: float | None = None,
+    stop: dict[str, Any] | None = None,
+) -> list[Marker]:
+    """The drill's fault and recovery markers, in time order.
+
+    For each fault kind of the run (``faults.jsonl``): the fault ledger's own events in the
+    lab's ``events.jsonl`` (``{"event": "fault", "kind", "phase": "injected" | "cleared" |
+    "expired"}``, written when the lab recorded and removed the fault) inside ``[start, end]``,
+    labelled by the kind module's ``LEDGER_LABELS`` (default ``("fault injected", "fault
+    removed")``); without such events (a target that is not the lab) the fault log's own
+    ``fault_at`` / ``cleared_at``. Then the kind's recovery points from its ground truth and
+    figures (``markers(ground, figures)`` of the kind module: deaths, ejections, restarts,
+    scale-out, all serving...), and the stop condition that aborted the drill, if any. Markers
+    of one colour less than 50 ms apart are merged.
+
+    Args:
+        faults: the drill's fault log (``faults.jsonl``).
+        lab_events: the lab's ground-truth events (unix seconds); [] without a lab.
+        ground: the drill's ground truth (:func:`drill_figures`).
+        figures: the drill's figures (:func:`drill_figures`).
+        start: drill start (unix s; None: unbounded), bounds the ledger events.
+        end: drill end (unix s; None: unbounded).
+        stop: the stop condition record (``{"at", "guard", ...}``) or None.
+
+    Returns:
+        ``[(unix seconds, label, colour)]`` sorted by time.
+    """
+    lo = start if start is not None else float("-inf")
+    hi = end if end is not None else float("inf")
+    out: list[Marker] = []
+    for kind in _fault_kinds(faults):
+        module = kind_module(kind)
+        inj_label, rm_label = getattr(module, "LEDGER_LABELS", ("fault injected", "fault removed"))
+        ledger = [
+            e
+            for e in lab_events
+            if e.get("event") == "fault"
+            and e.get("kind") == kind
+            and isinstance(e.get("t"), int | float)
+            and lo <= float(e["t"]) <= hi
+        ]
+        for e in ledger:
+            if e.get("phase") == "injected":
+                out.append((float(e["t"]), inj_label, FAULT))
+            elif e.get("phase") in ("cleared", "expired"):
+                by = e.get("by")
+                suffix = f" (by {by})" if by and by not in ("undo", "rollback") else ""
+                if e.get("phase") == "expired":
+                    suffix = " (expired: dead-man timer)"
+                out.append((float(e["t"]), rm_label + suffix, REMOVED))
+        if not ledger:
+            for f in faults:
+                if f.get("kind") != kind:
+                    continue
+                if f.get("phase", "injected") == "injected" and f.get("fault_at") is not None:
+                    out.append((float(f["fault_at"]), inj_label, FAULT))
+                if f.get("cleared_at") is not None:
+                    out.append((float(f["cleared_at"]), rm_label, REMOVED))
+        if module is not None and hasattr(module, "markers"):
+            out.extend(module.markers(ground, figures))
+    if stop and stop.get("at") is not None:
+        out.append((float(stop["at"]), f"stop condition: {stop.get('guard')}", STOP))
+    return _merge([m for m in out if m[0] is not None])
+
+
+def replica_count_series(
+    lab_events: list[dict[str, Any]], start: float, end: float
+) -> dict[str, Any] | None:
+    """Serving replicas over ``[start, end]`` from the lab's ground truth (a step series).
+
+    A replica is *engine-ready* from the recorder's ``ready`` event until its next ``start`` or
+    ``exit`` (a frozen process stays ready: only the load balancer sees it), *HAProxy UP* while
+    the latest ``lb_state`` snapshot (the recorder's ``show stat`` samples) shows its server
+    ``UP`` (or a run-time detour server ``<name>-...`` that carries its traffic, e.g.
+    network-jitter's ``r0-jitter``), and *serving* when both hold. A lab whose events have no ``lb_state`` (recorded
+    before the recorder sampled HAProxy) gives serving = engine-ready and ``lb_tracked`` False.
+    States at ``start`` are replayed from the whole event log.
+
+    Args:
+        lab_events: the lab's ``events.jsonl`` (unix seconds).
+        start: first point (unix s).
+        end: last point (unix s).
+
+    Returns:
+        ``{"t": [...], "serving": [...], "ready": [...], "lb_up": [...] | None, "replicas":
+        [names], "lb_tracked": bool}`` (each value holds from its ``t`` to the next; the last
+        point is at ``end``), or None when the events name no replica.
+    """
+    events = sorted(
+        (e for e in lab_events if isinstance(e.get("t"), int | float)), key=lambda e: float(e["t"])
+    )
+    names: set[str] = set()
+    for e in events:
+        if e.get("event") in ("start", "ready", "exit") and e.get("replica"):
+            names.add(str(e["replica"]))
+        elif e.get("event") == "lb_state" and isinstance(e.get("servers"), dict):
+            names.update(str(n) for n in e["servers"] if "-" not in str(n))  # not a detour
+    if not names:
+        return None
+    tracked = any(e.get("event") == "lb_state" for e in events)
+    ready = dict.fromkeys(names, False)
+    lb: dict[str, str] = {}
+
+    def lb_up(n: str) -> bool:
+        # its own server, or a run-time detour server "<n>-..." (network-jitter's shim) is UP
+        return any(v == "UP" and (k == n or k.startswith(n + "-")) for k, v in lb.items())
+
+    def counts() -> tuple[int, int, int]:
+        n_ready = sum(1 for n in names if ready[n])
+        n_up = sum(1 for n in names if lb_up(n))
+        serving = sum(1 for n in names if ready[n] and (not tracked or lb_up(n)))
+        return serving, n_ready, n_up
+
+    def apply(e: dict[str, Any]) -> bool:
+        nonlocal lb
+        kind, name = e.get("event"), str(e.get("replica") or "")
+        if kind == "ready" and name in ready:
+            ready[name] = True
+        elif kind in ("start", "exit") and name in ready:
+            ready[name] = False
+        elif kind == "lb_state" and isinstance(e.get("servers"), dict):
+            lb = {str(k): str(v) for k, v in e["servers"].items()}
+        else:
+            return False
+        return True
+
+    i = 0
+    while i < len(events) and float(events[i]["t"]) < start:
+        apply(events[i])
+        i += 1
+    ts: list[float] = [start]
+    rows: list[tuple[int, int, int]] = [counts()]
+    for e in events[i:]:
+        t = float(e["t"])
+        if t > end:
+            break
+        if apply(e) and counts() != rows[-1]:
+            ts.append(t)
+            rows.append(counts())
+    ts.append(end)
+    rows.append(rows[-1])
+    return {
+        "t": ts,
+        "serving": [r[0] for r in rows],
+        "ready": [r[1] for r in rows],
+        "lb_up": [r[2] for r in rows] if tracked else None,
+        "replicas": sorted(names),
+        "lb_tracked": tracked,
+    }

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
-__all__ = ["fmt", "render_drill", "render_index", "write_atomic"]
+__all__ = ["fmt", "fmt_cell", "is_unix_time", "render_drill", "render_index", "write_atomic"]
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("chaoslib_infer", "templates"),
@@ -40,6 +41,14 @@ _FIGURE_ORDER = [
     "steady_ttft_p50_s",
     "duplicates",
 ]
+# with retries, the per-request P99 goes right after the attempt P99 (its censored twin)
+_FIGURE_ORDER.insert(_FIGURE_ORDER.index("p99_e2e_s") + 1, "p99_request_e2e_s")
+_FIGURE_ORDER.insert(_FIGURE_ORDER.index("availability") + 1, "request_availability")
+
+#: A number in this range is a unix time (2001-09-09 .. 2286-11-20), never a count or a duration.
+_UNIX_MIN, _UNIX_MAX = 1.0e9, 1.0e10
+#: Lists and dicts longer than this are cut in a table cell (summary.json keeps them whole).
+_LIST_MAX = 8
 
 
 def fmt(value: Any) -> str:
@@ -57,6 +66,66 @@ def fmt(value: Any) -> str:
             return "∞"
         return f"{value:.4g}"
     return str(value)
+
+
+def is_unix_time(value: Any) -> bool:
+    """Whether ``value`` is a unix time in seconds (a number between 1e9 and 1e10)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and _UNIX_MIN < value < _UNIX_MAX
+    )
+
+
+def _utc(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def fmt_cell(value: Any, t0: float | None, html: bool = False) -> str | markupsafe.Markup:
+    """Format a figure or ground-truth value for a table cell, nested values included.
+
+    Every unix time (:func:`is_unix_time`), at any depth of dicts and lists, reads ``+12.345 s``
+    relative to ``t0`` (the drill start); in HTML the absolute UTC time is its tooltip (the
+    Markdown states ``t0`` once, under the table). Other scalars as :func:`fmt`; dicts as
+    ``key: value`` separated by ``; `` (a dict of dicts one per line in HTML), nested ones in
+    braces; lists and dicts longer than 8 items cut, saying how many there are.
+
+    Args:
+        value: the cell's value.
+        t0: drill start (unix s), or None to show times as UTC.
+        html: return escaped HTML (``Markup``) instead of Markdown-safe text.
+
+    Returns:
+        The text (``|`` escaped for Markdown tables) or ``Markup``.
+    """
+    esc = markupsafe.escape if html else (lambda x: str(x).replace("|", "\\|"))
+
+    def one(v: Any, depth: int) -> str:
+        if is_unix_time(v):
+            t = float(v)
+            if t0 is None:
+                return str(esc(_utc(t)))
+            rel = f"{t - t0:+.3f} s"
+            return f'<span title="{_utc(t)}">{rel}</span>' if html else rel
+        if isinstance(v, dict):
+            parts = [f"{esc(k)}: {one(x, depth + 1)}" for k, x in list(v.items())[:_LIST_MAX]]
+            if not parts:
+                return "—"
+            if len(v) > _LIST_MAX:
+                parts.append(f"… ({len(v)} in all)")
+            if depth > 0:
+                return "{" + ", ".join(parts) + "}"
+            nested = any(isinstance(x, dict) for x in v.values())
+            return ("<br>" if html and nested else "; ").join(parts)
+        if isinstance(v, list | tuple):
+            items = [one(x, depth + 1) for x in list(v)[:_LIST_MAX]]
+            if len(v) > _LIST_MAX:
+                items.append(f"… ({len(v)} in all)")
+            return ", ".join(items) if items else "—"
+        return str(esc(fmt(v)))
+
+    text = one(value, 0)
+    return markupsafe.Markup(text) if html else text
 
 
 def _fmt_bool(value: bool | None) -> str:
@@ -83,14 +152,23 @@ def render_drill(
     slo_rows: dict[str, list[dict[str, Any]]],
     activities: list[dict[str, Any]],
     plots: list[tuple[Path, str]],
+    omitted: list[tuple[str, str]] | None = None,
+    t0: float | None = None,
 ) -> tuple[Path, Path]:
     """Write ``evidence.md`` and ``evidence.html`` (plots inlined as base64) into ``drill_dir``.
 
-    ``plots`` is ``[(png_path, caption)]``, in display order (timeline first).
+    ``plots`` is ``[(png_path, caption)]``, in display order (timeline first); ``omitted``
+    ``[(caption, reason)]`` the plots left out, each shown with its reason. ``t0`` is the drill
+    start (unix s): unix times in the figures and ground-truth tables read relative to it
+    (:func:`fmt_cell`); None shows them as UTC.
 
     Returns:
         ``(markdown_path, html_path)``.
     """
+    # Kubernetes observation hook (issue 4): its plot, when the drill wrote k8s-observations.jsonl
+    from chaoslib_infer.evidence.kinds.k8s_observation import observation_plots
+
+    plots = [*plots, *observation_plots(drill_dir)]
     figures = drill.get("figures") or {}
     figures_table = [(k, figures[k]) for k in _FIGURE_ORDER if k in figures]
     figures_table += [
@@ -112,13 +190,26 @@ def render_drill(
             {"name": p.name, "caption": c, "b64": base64.b64encode(p.read_bytes()).decode("ascii")}
             for p, c in plots
         ],
+        "omitted": [{"caption": c, "reason": r} for c, r in omitted or []],
+        "t0": t0,
+        "t0_utc": _utc(t0) if t0 is not None else None,
         "fmt": fmt,
         "fmt_bool": _fmt_bool,
     }
     md = drill_dir / "evidence.md"
     html = drill_dir / "evidence.html"
-    write_atomic(md, _ENV.get_template("evidence.md.j2").render(**ctx))
-    write_atomic(html, _ENV.get_template("evidence.html.j2").render(**ctx))
+    write_atomic(
+        md,
+        _ENV.get_template("evidence.md.j2").render(
+            **ctx, cell=lambda v: fmt_cell(v, t0, html=False)
+        ),
+    )
+    write_atomic(
+        html,
+        _ENV.get_template("evidence.html.j2").render(
+            **ctx, cell=lambda v: fmt_cell(v, t0, html=True)
+        ),
+    )
     return md, html
 
 

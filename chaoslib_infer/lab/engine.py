@@ -115,6 +115,9 @@ class EngineConfig:
     output_tokens: int = 32
     graceful_shutdown_s: float = 5.0
     admin_faults: bool = True
+    #: provider profile mimicked (``chaoslib_infer.lab.mimic``); None: the plain engine
+    profile: str | None = None
+    ttft_log: Path | None = None
 
     def __post_init__(self) -> None:
         """Validate values.
@@ -132,6 +135,10 @@ class EngineConfig:
             raise ValueError("kv_bytes_per_token must be >= 0 and kv_cache_tokens >= 1")
         if min(self.load_delay_s, self.warmup_penalty_s, self.prefill_s_per_token, self.itl_s) < 0:
             raise ValueError("delays must be >= 0")
+        from chaoslib_infer.providers import PROFILES
+
+        if self.profile is not None and self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}")
 
 
 class RequestError(Exception):
@@ -766,6 +773,9 @@ class _Engine:
         if config.ledger is not None:
             config.ledger.parent.mkdir(parents=True, exist_ok=True)
             self._ledger_fd = os.open(config.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._ttft_fd: int | None = None
+        if config.ttft_log is not None:
+            self._ttft_fd = os.open(config.ttft_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def ready(self) -> bool:
         """True once the simulated weight load is over."""
@@ -868,11 +878,22 @@ class _Engine:
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(CRASH_EXIT_CODE)
 
+    def record_ttft(self, request_id: str, ttft_s: float) -> None:
+        """With ``--ttft-log``: append ``{"request_id", "ttft_s", "t"}`` for a first token just
+        sent (``ttft_s``: seconds from arrival to the first token handed to the transport, the
+        value the TTFT histogram observes; ``t``: unix seconds, now)."""
+        if self._ttft_fd is not None:
+            line = json.dumps({"request_id": request_id, "ttft_s": ttft_s, "t": time.time()})
+            os.write(self._ttft_fd, (line + "\n").encode())
+
     def close(self) -> None:
-        """Close the ledger file."""
+        """Close the ledger (and TTFT log) files."""
         if self._ledger_fd is not None:
             os.close(self._ledger_fd)
             self._ledger_fd = None
+        if self._ttft_fd is not None:
+            os.close(self._ttft_fd)
+            self._ttft_fd = None
 
 
 def _chunk_templates(job: _Job, model: str) -> tuple[str, str, str]:
@@ -998,6 +1019,7 @@ class _GenerationResponse:
                 now = time.perf_counter()
                 if k == 0:
                     m.ttft.labels(cfg.model).observe(now - job.arrival)
+                    eng.record_ttft(job.request_id, now - job.arrival)
                 else:
                     m.itl.labels(cfg.model).observe(now - last_t)
                 last_t = now
@@ -1411,6 +1433,15 @@ def build_app(config: EngineConfig) -> Starlette:
     app.state.engine = engine
     logging.getLogger("uvicorn.error").addFilter(_ABORT_LOG_FILTER)
     app.add_middleware(_HeadersMiddleware, replica_id=config.replica_id)  # type: ignore[arg-type]
+    from chaoslib_infer.lab.mimic import ENGINE_KEY_ENV, MimicMiddleware
+
+    if config.profile is not None or os.environ.get(ENGINE_KEY_ENV):  # provider mimic mode
+        app.add_middleware(
+            MimicMiddleware,  # type: ignore[arg-type]
+            profile=config.profile or "vllm",
+            api_key=os.environ.get(ENGINE_KEY_ENV),
+            model=config.model,
+        )
     return app
 
 
@@ -1464,6 +1495,15 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         action="store_false",
         help="disable the lab-only /admin/faults endpoint and the X-Chaos-Fault header",
     )
+    p.add_argument(
+        "--profile", choices=("vllm", "sglang", "tgi", "trtllm", "ark", "openai"),
+        default=d.profile, help="answer like this provider (routes, auth, error shapes, stream "
+        "chunks; chaoslib_infer.lab.mimic); key from $CHAOS_INFER_ENGINE_API_KEY",
+    )  # fmt: skip
+    p.add_argument(
+        "--ttft-log", type=Path, default=None,
+        help="append one JSON line per first token: request_id, server-side ttft_s, t (unix s)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     try:
         return EngineConfig(
@@ -1486,6 +1526,8 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
             output_tokens=a.output_tokens,
             graceful_shutdown_s=a.graceful_shutdown_s,
             admin_faults=a.admin_faults,
+            profile=a.profile,
+            ttft_log=a.ttft_log,
         )
     except ValueError as exc:
         p.error(str(exc))

@@ -14,6 +14,15 @@ status, so it is read from supervisord's own log line (``exited: r0 (terminated 
 expected)``), which supervisord writes before it delivers the event; ``"killed"`` if not found.
 ``status`` always holds the raw wait status, so an OOM kill shows ``cause="oom"`` together with
 ``status="signal:SIGKILL"``.
+
+A second thread samples HAProxy's ``show stat`` (admin socket ``state_dir/haproxy.sock``) every
+50 ms and, whenever a server of the ``engines`` backend changes state, writes a snapshot of all
+of them: ``{"t", "event": "lb_state", "replica": null, "servers": {"r0": "UP", "r1": "DOWN",
+...}}`` (``UP`` includes HAProxy's transitional ``UP 1/2``, ``DOWN`` its ``DOWN 1/2``; ``MAINT``,
+``DRAIN``... as HAProxy words them; ``t`` is within one sample of HAProxy's change). Run-time
+servers are included: network-jitter's detour ``rN-jitter`` carries ``rN``'s traffic while ``rN``
+itself is in maintenance. The first answer after start-up is always written. ``replica`` is null:
+the event is about the whole backend, like the node-level fault events.
 """
 
 from __future__ import annotations
@@ -28,14 +37,18 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.lab.cgroups import MemoryCgroup
 from chaoslib_infer.lab.netns import replica_host
 
-__all__ = ["Recorder", "append_event", "main", "read_events"]
+__all__ = ["Recorder", "append_event", "lb_status", "main", "read_events"]
 
 EVENTS_FILE = "events.jsonl"
 SUPERVISORD_LOG = "supervisord.log"
 POLL_INTERVAL_S = 0.05
+#: HAProxy's admin socket in the state dir (``fleet.HAPROXY_SOCK``; fleet imports this module).
+HAPROXY_SOCK = "haproxy.sock"
+LB_SAMPLE_S = 0.05
 
 _LOG_LINE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ (?:exited|stopped): (?P<name>\S+) \((?P<msg>.*)\)\s*$"
@@ -76,6 +89,13 @@ def _log_time(stamp: str) -> float | None:
         return None
 
 
+def lb_status(raw: str) -> str:
+    """HAProxy's ``status`` column as one word: ``UP 1/2`` (going down, still served) -> ``UP``,
+    ``DOWN 1/2`` (coming up) -> ``DOWN``, ``no check`` -> ``UP``, else the first word."""
+    word = raw.strip().split(" ")[0].upper() if raw.strip() else "UNKNOWN"
+    return "UP" if raw.strip().lower() == "no check" else word
+
+
 def wait_status(message: str) -> str:
     """Map supervisord's ``terminated by SIGKILL`` / ``exit status 1`` text to our status form."""
     msg = message.split(";")[0].replace("(core dumped)", "").strip()
@@ -110,6 +130,8 @@ class Recorder:
         self.log_statuses: dict[str, list[tuple[float | None, str]]] = {n: [] for n in self.ports}
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.haproxy_sock = state_dir / HAPROXY_SOCK
+        self.lb_servers: dict[str, str] | None = None  # last written lb_state snapshot
 
     # -- events ---------------------------------------------------------------------------
     def emit(self, record: dict[str, Any]) -> None:
@@ -220,6 +242,31 @@ class Recorder:
             except Exception as exc:  # keep polling whatever happens
                 print(f"recorder: poll failed: {exc!r}", file=sys.stderr, flush=True)
 
+    # -- load balancer state ---------------------------------------------------------------
+    def sample_lb_once(self) -> bool:
+        """Read HAProxy's server states once; write an ``lb_state`` snapshot when one changed.
+
+        Returns:
+            True when HAProxy answered (False: socket absent or not answering yet/any more).
+        """
+        try:
+            stats = hap.show_stat(self.haproxy_sock)
+        except OSError:
+            return False
+        servers = {name: lb_status(row.get("status", "")) for name, row in stats.items()}
+        if servers and servers != self.lb_servers:
+            self.lb_servers = servers
+            self.emit({"t": time.time(), "event": "lb_state", "replica": None, "servers": servers})
+        return True
+
+    def sample_lb_forever(self) -> None:
+        """Load-balancer sampling thread body."""
+        while not self.stop.wait(LB_SAMPLE_S):
+            try:
+                self.sample_lb_once()
+            except Exception as exc:  # keep sampling whatever happens
+                print(f"recorder: lb sample failed: {exc!r}", file=sys.stderr, flush=True)
+
 
 def _serve(recorder: Recorder, stdin: BinaryIO, stdout: BinaryIO) -> None:
     """supervisord event-listener protocol loop."""
@@ -274,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     recorder = Recorder(args.state_dir)
     thread = threading.Thread(target=recorder.poll_forever, name="ready-poller", daemon=True)
     thread.start()
+    threading.Thread(target=recorder.sample_lb_forever, name="lb-sampler", daemon=True).start()
     try:
         _serve(recorder, sys.stdin.buffer, sys.stdout.buffer)
     finally:

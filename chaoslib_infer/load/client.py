@@ -299,8 +299,14 @@ class LoadCounters:
 
 
 def endpoint_url(spec: LoadSpec) -> str:
-    """Full URL of the streaming endpoint for ``spec.api`` (see ``LoadSpec.url``)."""
+    """Full URL of the streaming endpoint for ``spec.api`` (see ``LoadSpec.url``).
+
+    A ``spec.url`` whose path already ends with ``/chat/completions`` or ``/completions`` is used
+    as is (a provider whose route is not under ``/v1``, e.g. ``.../api/v3/chat/completions``).
+    """
     base = spec.url.rstrip("/")
+    if base.endswith(("/chat/completions", "/completions")):
+        return base
     if base.endswith("/v1"):
         base = base[:-3]
     return base + ("/v1/chat/completions" if spec.api == "chat" else "/v1/completions")
@@ -373,6 +379,59 @@ def logical_request_id(run_id: str, index: int) -> str:
     return str(uuid.UUID(int=(int(run_id, 16) << 96) | index, version=4))
 
 
+class _Deadline:
+    """Cancel the current task at a deadline (``time.perf_counter`` seconds), like
+    ``asyncio.timeout``, but cheap to move later: ``move`` only stores the new time, and the armed
+    timer re-arms itself at the stored time when it fires before it (one loop timer per deadline
+    period instead of a cancel and a new timer on every chunk). Moving it earlier re-arms at once.
+    """
+
+    __slots__ = ("_loop", "_task", "_cancelling", "_handle", "_armed", "when", "expired", "_result")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - send_attempt always runs in a task
+            raise RuntimeError("_Deadline needs a running task")
+        self._loop = loop
+        self._task = task
+        self._cancelling = task.cancelling()
+        self.when = when
+        self.expired = False
+        self._result: bool | None = None
+        self._armed = when
+        self._handle: asyncio.TimerHandle | None = self._arm(when)
+
+    def _arm(self, when: float) -> asyncio.TimerHandle:
+        return self._loop.call_at(self._loop.time() + (when - time.perf_counter()), self._fire)
+
+    def move(self, when: float) -> None:
+        """Set the deadline to ``when`` (perf_counter seconds)."""
+        self.when = when
+        if when < self._armed and self._handle is not None:
+            self._handle.cancel()
+            self._armed = when
+            self._handle = self._arm(when)
+
+    def _fire(self) -> None:
+        if self.when > self._armed:  # moved later since armed: wait for the new time
+            self._armed = self.when
+            self._handle = self._arm(self.when)
+            return
+        self._handle = None
+        self.expired = True
+        self._task.cancel()
+
+    def close(self) -> bool:
+        """Disarm (idempotent). Returns True when the deadline expired and the task's pending
+        cancellation is ours alone (then a ``CancelledError`` seen by the caller is a timeout)."""
+        if self._result is None:
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
+            self._result = self.expired and self._task.uncancel() <= self._cancelling
+        return self._result
+
+
 async def send_attempt(
     session: aiohttp.ClientSession,
     spec: LoadSpec,
@@ -425,12 +484,10 @@ async def send_attempt(
     else:
         kind, dl = "total", total_dl
 
-    def loop_at(perf_deadline: float) -> float:
-        return loop.time() + (perf_deadline - pc())
-
+    deadline = _Deadline(loop, dl)
+    timed_out = False
     try:
-        async with asyncio.timeout(None) as cm:
-            cm.reschedule(loop_at(dl))
+        try:
             try:
                 async with session.post(
                     url or endpoint_url(spec), data=body, headers=headers, allow_redirects=False
@@ -462,14 +519,14 @@ async def send_attempt(
                                         kind, dl = "idle", new_dl
                                     else:
                                         kind, dl = "total", total_dl
-                                    cm.reschedule(loop_at(dl))
+                                    deadline.move(dl)
                                 elif kind == "ttft":
                                     kind, dl = "total", total_dl
-                                    cm.reschedule(loop_at(dl))
+                                    deadline.move(dl)
                             if parser.done and done_at is None:
                                 done_at = pc()
                                 kind, dl = "done", min(done_at + _AFTER_DONE_GRACE_S, total_dl)
-                                cm.reschedule(loop_at(dl))
+                                deadline.move(dl)
                         parser.close()
                         err_class, err = parser.classify()
             except aiohttp.ConnectionTimeoutError as exc:
@@ -481,7 +538,13 @@ async def send_attempt(
             except (aiohttp.ClientError, OSError) as exc:
                 err_class, err = "reset", _exc_msg(exc)
                 after_done = done_at is not None
-    except TimeoutError:
+        finally:
+            expired = deadline.close()
+    except asyncio.CancelledError:
+        if not expired:
+            raise  # cancelled by the caller, not by our deadline: no record
+        timed_out = True
+    if timed_out:
         if kind == "done":
             after_done = True  # reply was complete; the server just kept the socket open
         elif kind == "ttft":
@@ -657,8 +720,9 @@ async def run_load(
                 if remaining <= 0:
                     counters.unsent = len(offsets) - i
                     return
-                try:
-                    await asyncio.wait_for(sem.acquire(), remaining)
+                try:  # asyncio.timeout, not wait_for: no extra task, one loop turn sooner
+                    async with asyncio.timeout(remaining):
+                        await sem.acquire()
                 except TimeoutError:
                     counters.unsent = len(offsets) - i
                     return

@@ -1,7 +1,11 @@
 """``chaos-infer load`` commands: ``three-phase``, ``soak``, ``ceiling``.
 
-The target is ``--target URL`` (default the lab's HAProxy front at ``http://127.0.0.1:8800``) or
-``--lab-dir DIR`` (a running lab: its front URL, and every replica's ``/metrics`` is scraped).
+The target is ``--target URL`` (default the lab's HAProxy front at ``http://127.0.0.1:8800``),
+``--target TARGET.yaml`` (a Kubernetes target file: traffic goes to its ``url``, allowed because the
+file, checked against its own allowlist, names it) or ``--lab-dir DIR`` (a running lab: its front
+URL, and every replica's ``/metrics`` is scraped). ``--workers N`` splits a three-phase or soak run
+over N workers (:mod:`.workers`): local processes with ``--local``, else a Kubernetes Indexed Job in
+``--namespace`` on the target file's cluster, one merged result either way.
 Exit status: 0 done (and, with ``--strict``, every check passed and nothing flagged / the soak is
 valid), 1 a check failed or the soak is invalid under ``--strict``, 2 bad input or refused by the
 client-ceiling rule.
@@ -38,7 +42,23 @@ def _allowed(url: str) -> None:
         _fail(str(exc))
 
 
+def _k8s_target(target: str | None) -> Any:
+    """The Kubernetes target named by ``--target FILE.yaml`` (allowlist checked), or None."""
+    if not target or "://" in target or not target.lower().endswith((".yaml", ".yml")):
+        return None
+    from chaoslib_infer.errors import InferChaosError
+    from chaoslib_infer.platforms.kubernetes.target import load_target
+
+    try:
+        return load_target(target)
+    except InferChaosError as exc:
+        _fail(str(exc))
+
+
 def _resolve(target: str | None, lab_dir: Path | None) -> tuple[str, list[str]]:
+    k8s = _k8s_target(target)
+    if k8s is not None:
+        return k8s.url, [k8s.url.rstrip("/").removesuffix("/v1") + "/metrics"]
     if target:
         _allowed(target)
     if lab_dir is None:
@@ -83,6 +103,50 @@ def _target_opts(f: Any) -> Any:
     return f
 
 
+def _workers_opts(f: Any) -> Any:
+    f = click.option(
+        "--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+        help="split the run over N workers (a Kubernetes Indexed Job; --local: processes here)",
+    )(f)  # fmt: skip
+    f = click.option("--local", is_flag=True, help="with --workers: processes on this machine")(f)
+    f = click.option(
+        "--image", default=None, help="worker image (default chaoslib-infer:VERSION; Dockerfile)"
+    )(f)
+    f = click.option(
+        "--namespace", default="chaos-infer", show_default=True, help="namespace of the Job"
+    )(f)
+    return f
+
+
+def _run_workers(
+    mode: str, target: str | None, workers: int, local: bool, image: str | None,
+    namespace: str, params: dict[str, Any], out: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """Run ``mode`` over ``workers`` workers (see :mod:`.workers`); exit 2 with one line on error."""
+    from chaoslib_infer import __version__
+    from chaoslib_infer.errors import InferChaosError
+
+    from .workers import run_k8s, run_local
+
+    def log(m: str) -> None:
+        click.echo(m, err=True)
+
+    try:
+        if local:
+            return run_local(mode, params, workers, out, log)
+        k8s = _k8s_target(target)
+        if k8s is None:
+            raise ValueError(
+                f"--workers {workers} runs a Kubernetes Job: give --target TARGET.yaml "
+                "(the cluster), or --local for processes on this machine"
+            )
+        img = image or f"chaoslib-infer:{__version__}"
+        return run_k8s(k8s, mode, params, workers, out, img, namespace, log)
+    except (InferChaosError, RuntimeError, ValueError, OSError) as exc:
+        _fail(str(exc))
+        raise  # unreachable: _fail exits
+
+
 @click.group("load")
 def load_group() -> None:
     """Measurement runs: three-phase load test, realistic soak, client ceiling."""
@@ -98,6 +162,7 @@ def load_group() -> None:
 @click.option("--max-tokens", type=int, default=32, show_default=True)
 @click.option("--shards", type=int, default=1, show_default=True, help="processes for the burst")
 @click.option("--scrape-interval-s", type=float, default=0.5, show_default=True)
+@_workers_opts
 def three_phase(
     target: str | None,
     lab_dir: Path | None,
@@ -114,8 +179,16 @@ def three_phase(
     max_tokens: int,
     shards: int,
     scrape_interval_s: float,
+    workers: int,
+    local: bool,
+    image: str | None,
+    namespace: str,
 ) -> None:
-    """Single stream, concurrency ramp, burst; prints the acceptance table per step."""
+    """Single stream, concurrency ramp, burst; prints the acceptance table per step.
+
+    With --workers N the ramp's concurrencies and the burst rate are split over N workers
+    (the single stream stays one stream, on one worker, first) and their HDR histograms merged.
+    """
     from .ceiling import CeilingRefused
     from .phases import ThreePhaseSpec, render_table, run_three_phase
 
@@ -124,6 +197,27 @@ def three_phase(
     except ValueError:
         _fail(f"--ramp must be comma-separated integers, got {ramp!r}")
     url, murls = _resolve(target, lab_dir)
+    if workers > 1:
+        if any(c < workers for c in steps):
+            _fail(f"--ramp {ramp}: with --workers {workers} every step needs >= {workers}")
+        if local and burst_rps is not None:
+            from .ceiling import check_rate
+
+            try:
+                check_rate(burst_rps, _ceiling(client_ceiling), workers, "burst")
+            except CeilingRefused as exc:
+                _fail(str(exc).replace("--shards", "--workers"))
+        params = {
+            "url": url, "model": model, "timeout_s": timeout_s, "single_n": single_n,
+            "ramp": ",".join(map(str, steps)), "step_s": step_s, "burst_rps": burst_rps,
+            "burst_s": burst_s, "max_tokens": max_tokens,
+        }  # fmt: skip
+        merged = _run_workers("three-phase", target, workers, local, image, namespace, params, out)
+        click.echo(render_table(merged))
+        click.echo(f"report: {out / 'report.json'}")
+        if strict and (not merged["passed"] or merged["flagged"]):
+            sys.exit(1)
+        return
     spec = ThreePhaseSpec(
         url=url, single_n=single_n, ramp=steps, step_s=step_s, burst_rps=burst_rps,
         burst_s=burst_s, max_tokens=max_tokens, model=model, timeout_s=timeout_s,
@@ -150,6 +244,7 @@ def three_phase(
 @click.option("--lag-p99-max-ms", type=float, default=50.0, show_default=True)
 @click.option("--max-concurrency", type=int, default=1024, show_default=True)
 @click.option("--max-tokens-scale", type=float, default=1.0, show_default=True)
+@_workers_opts
 def soak(
     target: str | None,
     lab_dir: Path | None,
@@ -166,8 +261,16 @@ def soak(
     lag_p99_max_ms: float,
     max_concurrency: int,
     max_tokens_scale: float,
+    workers: int,
+    local: bool,
+    image: str | None,
+    namespace: str,
 ) -> None:
-    """Random arrivals and a prompt-length mixture; invalid when the schedule lag P99 is too high."""
+    """Random arrivals and a prompt-length mixture; invalid when the schedule lag P99 is too high.
+
+    With --workers N each worker runs 1/N of the rate and concurrency with its own seed; the
+    result merges their HDR histograms (invalid when any worker could not keep its schedule).
+    """
     from .ceiling import CeilingRefused
     from .soak import SoakSpec, parse_burstiness, parse_mix, run_soak
 
@@ -185,7 +288,20 @@ def soak(
         )  # fmt: skip
         if not (dur > 0 and rate > 0 and headroom > 0):
             raise ValueError("--duration, --rate and --headroom must be > 0")
-        report = run_soak(spec, out, lambda m: click.echo(m, err=True))
+        if workers > 1:
+            if local:
+                from .ceiling import check_rate
+
+                check_rate(spec.effective_rate, spec.ceiling_rps, workers, "soak")
+            params = {
+                "url": spec.url, "model": model, "timeout_s": timeout_s, "duration_s": dur,
+                "rate": rate, "mix": mix, "burstiness": burstiness, "headroom": headroom,
+                "lag_p99_max_ms": lag_p99_max_ms, "max_concurrency": max_concurrency,
+                "max_tokens_scale": max_tokens_scale,
+            }  # fmt: skip
+            report = _run_workers("soak", target, workers, local, image, namespace, params, out)
+        else:
+            report = run_soak(spec, out, lambda m: click.echo(m, err=True))
     except (CeilingRefused, ValueError, IndexError) as exc:
         _fail(str(exc))
     if report["valid"]:

@@ -16,6 +16,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+try:  # 5-7x faster than json.loads on records (float-heavy lines): a million in seconds
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _loads = json.loads  # type: ignore[assignment]
+
 __all__ = [
     "RECORD_FIELDS",
     "T0_PERF",
@@ -140,7 +145,7 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
             if bad is not None:
                 raise ValueError(f"{path}: line {bad} is not valid JSON")
             try:
-                obj = json.loads(raw)
+                obj = _loads(raw)
             except ValueError:
                 bad = i  # tolerated only when nothing but blank lines follows
                 continue

@@ -13,10 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaoslib_infer.evidence.figures import DrillContext, read_jsonl
+from chaoslib_infer.evidence.figures import (
+    FAULT,
+    MILESTONE,
+    REMOVED,
+    DrillContext,
+    Marker,
+    mark,
+    read_jsonl,
+)
 from chaoslib_infer.measure.health import health_disagreement, replica_of_requests
 
-__all__ = ["EXPECTED_CLASSES", "compute"]
+__all__ = ["EXPECTED_CLASSES", "compute", "markers"]
 
 #: Error classes a client should record for a request sabotaged by each mode (empty: the mode
 #: shows in latency, not in an error class).
@@ -32,6 +40,16 @@ EXPECTED_CLASSES: dict[str, frozenset[str]] = {
     "slowdown": frozenset(),
     "crash_on_long_prompt": frozenset({"reset", "connect", "timeout_connect", "http_5xx"}),
 }
+
+
+def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
+    """Timeline markers: engine fault armed and cleared, exits of the sabotaged replicas."""
+    modes = ", ".join(ground.get("modes") or [])
+    out = mark(ground.get("fault_at"), f"engine fault armed ({modes})", FAULT)
+    out += mark(ground.get("cleared_at"), "engine fault cleared", REMOVED)
+    for e in ground.get("replica_exits") or []:
+        out += mark(e.get("t"), f"{e.get('replica')} exited ({e.get('cause')})", MILESTONE)
+    return out
 
 
 def _health_disagreement_s(ctx: DrillContext) -> float | None:

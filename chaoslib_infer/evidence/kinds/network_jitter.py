@@ -14,11 +14,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figures import DrillContext, num
+from chaoslib_infer.evidence.figures import FAULT, REMOVED, DrillContext, Marker, mark, num
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.metrics import logical_stats, retry_stats, window_stats
 
-__all__ = ["compute", "fault_window", "generation_counts"]
+__all__ = ["LEDGER_LABELS", "compute", "fault_window", "generation_counts", "markers"]
+
+LEDGER_LABELS = ("jitter fault recorded", "jitter fault record cleared")
 
 KIND = "network-jitter"
 #: Ledger entries this long before the first send / after the last end still belong to the run (s).
@@ -99,6 +101,15 @@ def _shim_stats(path: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
+    """Timeline markers: jitter applied on the replica's link and removed (and by whom)."""
+    r = ground.get("replica")
+    return [
+        *mark(ground.get("fault_at"), f"jitter on {r}", FAULT),
+        *mark(ground.get("cleared_at"), f"jitter off ({ground.get('removed_by')})", REMOVED),
+    ]
 
 
 def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:

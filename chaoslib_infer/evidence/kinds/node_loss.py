@@ -13,12 +13,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figures import DrillContext, num
+from chaoslib_infer.evidence.figures import (
+    FAULT,
+    MILESTONE,
+    RECOVERY,
+    REMOVED,
+    DrillContext,
+    Marker,
+    mark,
+    num,
+)
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.metrics import window_stats
 
-__all__ = ["SETTLE_S", "compute", "inflight_at_loss"]
+__all__ = ["LEDGER_LABELS", "SETTLE_S", "compute", "inflight_at_loss", "markers"]
+
+LEDGER_LABELS = ("node loss injected", "node loss removed")
 
 REQUEST_LOG = "haproxy-requests.log"
 #: Settling window of the interruption figure (s). A node that drops silently makes requests fail
@@ -61,6 +72,31 @@ def inflight_at_loss(
             and rid not in done
         ):
             out.append(rid)
+    return out
+
+
+def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
+    """Timeline markers: node down, per lost replica its ejection, rescheduling, ready, HAProxy
+    UP and first request served at its new place; back in the baseline bands; node back up."""
+    node = ground.get("node")
+    out = mark(ground.get("node_down_at"), f"node {node} down", FAULT)
+    for r in ground.get("lost_replica_names") or []:
+        out += mark(
+            (ground.get("lb_ejected_at") or {}).get(r), f"{r} ejected by HAProxy", MILESTONE
+        )
+        move = (ground.get("rescheduled") or {}).get(r) or {}
+        out += mark(
+            move.get("t"),
+            f"{r} rescheduled {move.get('from_node')}→{move.get('to_node')}",
+            MILESTONE,
+        )
+        out += mark((ground.get("replica_ready_at") or {}).get(r), f"{r} ready", RECOVERY)
+        out += mark((ground.get("lb_up_at") or {}).get(r), f"{r} UP in HAProxy", RECOVERY)
+        out += mark((ground.get("replica_serving_at") or {}).get(r), f"{r} serving again", RECOVERY)
+    rec, fault_at = figures.get("recovery_s"), ground.get("fault_at")
+    if rec is not None and fault_at is not None:
+        out += mark(float(fault_at) + float(rec), "P99 and errors back in baseline", RECOVERY)
+    out += mark(ground.get("node_up_at"), f"node {node} back ({ground.get('node_up_by')})", REMOVED)
     return out
 
 

@@ -9,10 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaoslib_infer.evidence.figures import DrillContext, num
+from chaoslib_infer.evidence.figures import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 from chaoslib_infer.measure import figures as mfig
 
-__all__ = ["compute"]
+__all__ = ["LEDGER_LABELS", "compute", "markers"]
+
+#: Timeline labels of the lab's fault-ledger events: the memory hog is started in the replica's
+#: cgroup (the kernel's kill follows) and removed once the kill is recorded.
+LEDGER_LABELS = ("memory hog started", "memory hog removed")
+
+
+def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
+    """Timeline markers: the replica's death (cause), ready again, first request served again."""
+    r = ground.get("replica")
+    cause = ground.get("death_cause")
+    died = f"{r} OOM-killed" if cause == "oom" else f"{r} died ({cause})"
+    return [
+        *mark(ground.get("replica_died_at"), died, MILESTONE),
+        *mark(ground.get("replica_ready_at"), f"{r} ready (health 200)", RECOVERY),
+        *mark(ground.get("replica_serving_again_at"), f"{r} serving again", RECOVERY),
+    ]
 
 
 def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:

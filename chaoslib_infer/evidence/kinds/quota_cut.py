@@ -13,11 +13,35 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figures import DrillContext, num
+from chaoslib_infer.evidence.figures import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.measure.metrics import window_stats
 
-__all__ = ["compute"]
+__all__ = ["LEDGER_LABELS", "compute", "markers", "replica_lines"]
+
+LEDGER_LABELS = ("quota cut injected", "quota lifted")
+
+
+def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
+    """Timeline markers: the cut done (replicas above the quota drained and stopped) and each
+    stopped replica ready again after the quota is lifted."""
+    stopped = ", ".join(ground.get("stopped") or []) or "none"
+    out = mark(ground.get("cut_done_at"), f"cut done ({stopped} stopped)", MILESTONE)
+    for r, t in (ground.get("restored_ready_at") or {}).items():
+        out += mark(t, f"{r} ready again", RECOVERY)
+    return out
+
+
+def replica_lines(ground: dict[str, Any], figures: dict[str, Any]) -> list[tuple[float, str, str]]:
+    """Reference lines of the replica-count plot: the capacity formula's planned instance count
+    and, when it differs, the quota held."""
+    out: list[tuple[float, str, str]] = []
+    planned, held = figures.get("planned_instances"), figures.get("instances_held")
+    if planned is not None:
+        out.append((float(planned), f"planned instances (capacity formula): {planned}", "#9467bd"))
+    if held is not None and held != planned:
+        out.append((float(held), f"quota held: {held}", "#d62728"))
+    return out
 
 
 def _hypothesis_after(run_dir: Path) -> bool | None:

@@ -27,12 +27,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaoslib_infer.evidence.figures import DrillContext, num
+from chaoslib_infer.evidence.figures import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 from chaoslib_infer.lab.restarts import KIND, ground_truth
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.metrics import window_stats
 
-__all__ = ["compute", "survivor_share"]
+__all__ = ["LEDGER_LABELS", "compute", "markers", "survivor_share"]
+
+LEDGER_LABELS = ("restarts injected", "restart fault cleared")
+
+
+def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
+    """Timeline markers: each restarted replica's death, ready and first request served again;
+    all of them serving again."""
+    out: list[Marker] = []
+    for r, row in (ground.get("restarts") or {}).items():
+        out += mark(row.get("died_at"), f"{r} died", MILESTONE)
+        out += mark(row.get("ready_at"), f"{r} ready", RECOVERY)
+        out += mark(row.get("serving_again_at"), f"{r} serving again", RECOVERY)
+    out += mark(ground.get("all_serving_at"), "all serving", RECOVERY)
+    return out
 
 
 def survivor_share(

@@ -14,12 +14,25 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figures import DrillContext, num
+from chaoslib_infer.evidence.figures import (
+    FAULT,
+    MILESTONE,
+    RECOVERY,
+    REMOVED,
+    DrillContext,
+    Marker,
+    mark,
+    num,
+)
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.metrics import window_stats
 
-__all__ = ["SHED_STATUSES", "compute", "load_phases", "load_summary"]
+__all__ = ["LEDGER_LABELS", "SHED_STATUSES", "compute", "load_phases", "load_summary", "markers"]
+
+#: The fault is recorded when the load restarts with the spike profile; the spike itself starts
+#: with the profile's spike phase.
+LEDGER_LABELS = ("spike scheduled (profile load started)", "spike fault cleared")
 
 #: HTTP statuses counted as shed load.
 SHED_STATUSES = (429, 503)
@@ -75,6 +88,25 @@ def _first_event(
         and (replica is None or e.get("replica") == replica)
     ]
     return min(cands, key=lambda e: float(e["t"])) if cands else None
+
+
+def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
+    """Timeline markers: spike start and end, the autoscaler's scale-out (trigger, the new
+    replica ready, enabled in HAProxy, serving), back in the baseline bands after the spike."""
+    r = ground.get("scale_out_replica")
+    q = ground.get("queue_depth_at_trigger")
+    out = mark(ground.get("fault_at"), "spike starts", FAULT)
+    out += mark(ground.get("spike_end_at"), "spike ends", REMOVED)
+    out += mark(
+        ground.get("scale_out_triggered_at"), f"scale-out triggered ({r}, queue {q})", MILESTONE
+    )
+    out += mark(ground.get("scale_out_ready_at"), f"{r} ready", RECOVERY)
+    out += mark(ground.get("scale_out_enabled_at"), f"{r} enabled in HAProxy", RECOVERY)
+    out += mark(ground.get("scale_out_serving_at"), f"{r} serving", RECOVERY)
+    rec, end = figures.get("recovery_s"), ground.get("spike_end_at")
+    if rec is not None and end is not None:
+        out += mark(float(end) + float(rec), "P99 and errors back in baseline", RECOVERY)
+    return out
 
 
 def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -13,11 +13,25 @@ Definitions (``shared/measurement.md`` "Drill figures" plus the ones below), all
 - ``queue_max`` (requests queued in HAProxy), ``hung_sessions_max`` (sessions open on the frozen
   replica at once), ``survivor_waiting_max`` / ``survivor_running_max`` (engines'
   ``vllm:num_requests_waiting`` / ``running``): queue growth while the fault was held.
-- ``interruption_s`` / ``failed_requests``: :func:`chaoslib_infer.measure.figures.interruption`.
+- ``interruption_s`` / ``failed_requests`` / ``interruption_settled``: :func:`interruption`, the
+  measurement.md definition with failures still pending counted (below).
+- ``hung_sent_first_at`` / ``hung_sent_last_at``: send times of the first and last hung request
+  (the window in which the gateway still sent requests to the frozen replica).
+
+Interruption (``shared/measurement.md``, "Drill figures"): from the first user-visible failure
+after the fault to the last failure before service is sustained again (a settling window). Here
+the failures are sparse and late: each hung request shows only when the client gives up on it (its
+first-token timeout, 10 s by default), so with the common 5 s window
+(:func:`chaoslib_infer.measure.figures.interruption`) the first failure looked "settled" while the
+other requests hung on the same frozen replica were still pending, and the figure read 0. The
+settling window after a failure F therefore counts every failed attempt that was in flight in it
+(sent before its end, ended after F), not only failures that became visible inside it.
 
 Ground truth (lab side): ``ejected_at`` and ``hung_sessions`` (HAProxy's ``scur`` of the frozen
 server once it was ejected: requests it had sent there that never came back), ``frozen_at`` (the
-freezer write), ``thawed_at`` (the lab's ``fault cleared`` event), ``mode``/``freezer``.
+freezer write), ``thawed_at`` (the lab's ``fault cleared`` event), ``mode``/``freezer``,
+``lb_up_again_at`` (the first ``lb_state`` snapshot after the ejection with the replica UP again;
+only where the lab's recorder sampled HAProxy).
 """
 
 from __future__ import annotations
@@ -26,13 +40,105 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figures import DrillContext
-from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.evidence.figures import (
+    FAULT,
+    MILESTONE,
+    RECOVERY,
+    DrillContext,
+    Marker,
+    mark,
+)
 
-__all__ = ["TIMEOUT_CLASSES", "compute", "hung_sessions"]
+__all__ = [
+    "LEDGER_LABELS",
+    "SETTLE_S",
+    "TIMEOUT_CLASSES",
+    "compute",
+    "hung_sessions",
+    "interruption",
+    "markers",
+]
 
 KIND = "upstream-timeout"
 TIMEOUT_CLASSES = frozenset({"timeout_connect", "timeout_ttft", "timeout_idle", "timeout_total"})
+#: Settling window of the interruption figure (s), as in ``measure.figures.interruption``.
+SETTLE_S = 5.0
+LEDGER_LABELS = ("freeze injected", "thawed (fault removed)")
+
+
+def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
+    """Timeline markers: replica frozen, first failure a client saw, ejection by HAProxy, last
+    failure of the interruption, replica UP in HAProxy again after the thaw."""
+    r = ground.get("replica")
+    out = mark(ground.get("fault_at"), f"{r} frozen", FAULT)
+    out += mark(figures.get("first_failure_at"), "first client failure", MILESTONE)
+    out += mark(ground.get("ejected_at"), f"{r} ejected by HAProxy", MILESTONE)
+    last = figures.get("last_failure_at")
+    if last is not None and last != figures.get("first_failure_at"):
+        out += mark(last, "last failure (interruption ends)", RECOVERY)
+    out += mark(ground.get("lb_up_again_at"), f"{r} UP in HAProxy again", RECOVERY)
+    return out
+
+
+def interruption(
+    records: list[dict[str, Any]], fault_at: float, settle_s: float = SETTLE_S
+) -> dict[str, Any]:
+    """Interruption time with failures still pending counted (module docstring).
+
+    A failure F (its ``end_at``: when the user saw it) is followed by sustained service when the
+    settling window ``(F, F + settle_s]`` holds at least one success and no failed attempt was
+    in flight in it: none with ``end_at > F`` and ``sent_at <= F + settle_s``. The first such F
+    ends the interruption. Without one (the data end first), the last failure ends it and
+    ``sustained`` is False.
+
+    Args:
+        records: attempt records (unix-second ``sent_at`` / ``end_at``).
+        fault_at: fault injection (unix s); failures visible before it are ignored.
+        settle_s: settling window (s).
+
+    Returns:
+        ``{"interruption_s", "failed_requests", "first_failure_at", "last_failure_at",
+        "sustained"}``: seconds (0.0 without failure), failed attempts visible in
+        ``[first, last]``, unix times (None without failure), bool.
+    """
+    recs = [
+        r for r in records if isinstance(r.get("end_at"), int | float) and r["end_at"] >= fault_at
+    ]
+    fails = sorted(
+        (
+            (float(r["end_at"]), float(r.get("sent_at") or r["end_at"]))
+            for r in recs
+            if not r.get("ok")
+        ),
+    )
+    if not fails:
+        return {
+            "interruption_s": 0.0,
+            "failed_requests": 0,
+            "first_failure_at": None,
+            "last_failure_at": None,
+            "sustained": True,
+        }
+    succ = sorted(float(r["end_at"]) for r in recs if r.get("ok"))
+    observed_until = max(float(r["end_at"]) for r in recs)
+    last, sustained = fails[-1][0], False
+    for i, (f, _) in enumerate(fails):
+        horizon = f + settle_s
+        if any(end > f and sent <= horizon for end, sent in fails[i + 1 :]):
+            continue  # a failure visible in the window, or one in flight in it: not settled
+        if any(f < t <= horizon for t in succ) and (
+            i + 1 < len(fails) or observed_until >= horizon
+        ):
+            last, sustained = f, True
+            break
+    first = fails[0][0]
+    return {
+        "interruption_s": last - first,
+        "failed_requests": sum(1 for end, _ in fails if end <= last),
+        "first_failure_at": first,
+        "last_failure_at": last,
+        "sustained": sustained,
+    }
 
 
 def _samples(path: str | None) -> list[dict[str, Any]]:
@@ -101,6 +207,17 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
         and e.get("fault_id") == fault.get("fault_id")
     ]
     ground["thawed_at"] = min(cleared) if cleared else None
+    snapshots = [e for e in ctx.lab_events if e.get("event") == "lb_state"]
+    if snapshots and ejected_at is not None:
+        ground["lb_up_again_at"] = next(
+            (
+                float(e["t"])
+                for e in sorted(snapshots, key=lambda e: float(e["t"]))
+                if float(e["t"]) > float(ejected_at)
+                and (e.get("servers") or {}).get(replica) == "UP"
+            ),
+            None,
+        )
 
     after = [r for r in ctx.records if r.get("end_at") is not None and r["end_at"] >= fault_at]
     failed = sorted((r for r in after if not r.get("ok")), key=lambda r: r["end_at"])
@@ -108,6 +225,8 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     figures["time_to_first_error_s"] = (failed[0]["end_at"] - fault_at) if failed else None
     figures["hung_requests"] = len(hung)
     figures["hung_request_max_s"] = max(r["end_at"] - r["sent_at"] for r in hung) if hung else None
+    figures["hung_sent_first_at"] = min((r["sent_at"] for r in hung), default=None)
+    figures["hung_sent_last_at"] = max((r["sent_at"] for r in hung), default=None)
     figures["hung_by_class"] = {
         c: sum(1 for r in hung if r.get("error_class") == c)
         for c in sorted({str(r.get("error_class")) for r in hung})
@@ -119,9 +238,10 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     figures["survivor_scur_max"] = fault.get("survivor_scur_max")
     figures["survivor_waiting_max"] = fault.get("survivor_waiting_max")
     figures["survivor_running_max"] = fault.get("survivor_running_max")
-    intr = mfig.interruption(ctx.records, fault_at)
-    figures["interruption_s"] = float(intr.get("interruption_s") or 0.0)
-    figures["failed_requests"] = int(intr.get("failed_requests") or 0)
+    intr = interruption(ctx.records, fault_at)
+    figures["interruption_s"] = float(intr["interruption_s"])
+    figures["failed_requests"] = int(intr["failed_requests"])
+    figures["interruption_settled"] = bool(intr["sustained"])
     figures["first_failure_at"] = intr.get("first_failure_at")
     figures["last_failure_at"] = intr.get("last_failure_at")
     return figures, ground

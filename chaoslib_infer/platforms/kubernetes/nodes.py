@@ -6,16 +6,37 @@ Drain follows ``kubectl drain``: DaemonSet pods and mirror (static) pods are ski
 An eviction refused with 429 (the budget allows no disruption now) is retried every ``retry_s``
 until ``deadline_s`` or ``max_attempts``, then *reported* as refused; it is never retried forever.
 Rollback: :func:`uncordon` (only when the node was schedulable before the cordon).
+
+Two more variants (issue 4): :func:`taint` adds a ``NoExecute`` taint (the taint manager evicts
+every pod that does not tolerate it, PodDisruptionBudgets are *not* consulted, as on a real node
+failure), undone by :func:`untaint`; :func:`delete_node` deletes the Node object (the VM and its
+kubelet are not touched; the pod garbage collector deletes the pods bound to a missing node after
+its quarantine, about 40 s, and their controllers recreate them elsewhere), undone by
+:func:`recreate_node` from the stored object. A running kubelet does not re-register a deleted
+Node by itself (kubernetes/kubernetes#71398; it does when it restarts), so the restore matters;
+once the object is back, the kubelet's status updates reach it again.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from chaoslib_infer.platforms.kubernetes import K8sError, call
+from chaoslib_infer.platforms.kubernetes import K8sError, call, call_bytes, request_json
 
-__all__ = ["cordon", "drain", "is_unschedulable", "node_of_pod", "uncordon"]
+__all__ = [
+    "cordon",
+    "delete_node",
+    "drain",
+    "is_unschedulable",
+    "node_of_pod",
+    "recreate_node",
+    "snapshot_node",
+    "taint",
+    "uncordon",
+    "untaint",
+]
 
 _STRATEGIC = "application/strategic-merge-patch+json"
 
@@ -225,3 +246,128 @@ def drain(
         "still_terminating": [f"{ns}/{n}" for ns, n in terminating],
         "drain_s": round(time.monotonic() - t0, 3),
     }
+
+
+_MERGE = "application/merge-patch+json"
+#: ``metadata`` fields the API server sets; stripped before a Node is created again.
+SERVER_SET = (
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "managedFields",
+    "selfLink",
+)
+
+
+def taint(
+    core: Any, node: str, key: str, effect: str = "NoExecute", value: str = "true"
+) -> dict[str, Any]:
+    """Add taint ``key=value:effect`` to ``node`` (JSON merge patch of the whole ``spec.taints``).
+
+    The patch carries the node's ``resourceVersion``, so a concurrent change of the node makes it
+    fail with 409 rather than drop someone else's taint.
+
+    Returns:
+        ``{"node", "taint": {...}, "taints_before": [...] | None}`` (None: the node had no
+        ``spec.taints``).
+
+    Raises:
+        K8sError: 404 node absent, 403, 409 changed meanwhile; a taint with the same key and
+            effect is already there (the rollback could not tell it from ours).
+    """
+    if effect not in ("NoExecute", "NoSchedule", "PreferNoSchedule"):
+        raise K8sError(
+            f"taint effect must be NoExecute, NoSchedule or PreferNoSchedule, got {effect!r}"
+        )
+    doc = call(f"get node {node}", core.read_node, node)
+    spec = doc.get("spec") or {}
+    before = spec.get("taints")
+    if any(t.get("key") == key and t.get("effect") == effect for t in before or []):
+        raise K8sError(f"node {node} already has a taint {key}:{effect}; refusing to add it twice")
+    new = {"key": key, "value": value, "effect": effect}
+    call(
+        f"taint node {node}",
+        core.patch_node,
+        node,
+        {
+            "metadata": {"resourceVersion": doc["metadata"]["resourceVersion"]},
+            "spec": {"taints": [*(before or []), new]},
+        },
+        _content_type=_MERGE,
+    )
+    return {"node": node, "taint": new, "taints_before": before}
+
+
+def untaint(core: Any, node: str, key: str, effect: str) -> str:
+    """Remove the taints ``key:effect`` from ``node``, leaving any other taint as it is now.
+
+    Returns:
+        One line saying what was done.
+
+    Raises:
+        K8sError: 403; 404 node absent; 409 changed meanwhile.
+    """
+    doc = call(f"get node {node}", core.read_node, node)
+    taints = (doc.get("spec") or {}).get("taints") or []
+    keep = [t for t in taints if not (t.get("key") == key and t.get("effect") == effect)]
+    if len(keep) == len(taints):
+        return f"node {node} has no taint {key}:{effect}"
+    call(
+        f"untaint node {node}",
+        core.patch_node,
+        node,
+        {
+            "metadata": {"resourceVersion": doc["metadata"]["resourceVersion"]},
+            "spec": {"taints": keep or None},
+        },
+        _content_type=_MERGE,
+    )
+    return f"taint {key}:{effect} removed from node {node}"
+
+
+def snapshot_node(core: Any, node: str) -> str:
+    """The Node object exactly as the API server sends it (JSON text), for :func:`recreate_node`.
+
+    Raises:
+        K8sError: 404 node absent, 403.
+    """
+    return call_bytes(f"get node {node}", core.read_node, node).decode("utf-8")
+
+
+def delete_node(core: Any, node: str) -> None:
+    """DELETE the Node object (the machine is not touched).
+
+    Raises:
+        K8sError: 404 node absent, 403.
+    """
+    call(f"delete node {node}", core.delete_node, node)
+
+
+def recreate_node(core: Any, raw: str) -> str:
+    """Create the Node again from its stored object, minus :data:`SERVER_SET` metadata fields.
+
+    The body is sent as-is (``spec``, labels, annotations and ``status``, which a Node accepts on
+    create, so the scheduler sees its capacity before the kubelet's next status update).
+
+    Returns:
+        One line; a Node of that name that exists again (its kubelet restarted and re-registered
+        it) is left as it is.
+
+    Raises:
+        K8sError: 403, or another API error.
+    """
+    body = json.loads(raw)
+    meta = body.setdefault("metadata", {})
+    for key in SERVER_SET:
+        meta.pop(key, None)
+    name = meta.get("name")
+    try:
+        request_json(core.api_client, f"create node {name}", "POST", "/api/v1/nodes", body)
+    except K8sError as exc:
+        if exc.status == 409:
+            return f"node {name} exists again (re-registered meanwhile); left as it is"
+        raise
+    return f"node {name} recreated"

@@ -1,4 +1,6 @@
-"""quota-cut on Kubernetes: lower a ResourceQuota's GPU request and a Deployment's replicas.
+"""quota-cut on Kubernetes: lower a ResourceQuota's GPU request, a Deployment's replicas and its
+HorizontalPodAutoscaler's ``maxReplicas`` (``autoscaling/v2``; ``minReplicas`` too when it would
+exceed the new maximum, which the API would refuse).
 
 The cut first stores both objects exactly as the API server returned them (the raw JSON bytes of
 a GET), then patches them (``application/merge-patch+json``). The restore replaces each object with
@@ -24,21 +26,49 @@ GPU_QUOTA_KEY = "requests.nvidia.com/gpu"
 _MERGE = "application/merge-patch+json"
 
 
+def _autoscaling(core: Any) -> Any:
+    from kubernetes import client
+
+    return client.AutoscalingV2Api(core.api_client)
+
+
 def snapshot(
-    core: Any, apps: Any, namespace: str, quota: str | None, deployment: str | None
+    core: Any,
+    apps: Any,
+    namespace: str,
+    quota: str | None,
+    deployment: str | None,
+    hpa: str | None = None,
+    hpa_optional: bool = False,
+    hpa_target: str | None = None,
 ) -> dict[str, Any]:
-    """The raw stored form of the quota and the deployment (the bodies the restore will PUT).
+    """The raw stored form of the quota, the deployment and the HPA (the bodies the restore PUTs).
+
+    Args:
+        core, apps: ``CoreV1Api``, ``AppsV1Api``. namespace: theirs.
+        quota, deployment, hpa: object names (None: not part of the cut).
+        hpa_optional: an absent HPA (404) is recorded as skipped instead of an error (its name
+            was guessed from the Deployment's, not given).
+        hpa_target: the Deployment the HPA must scale (default ``deployment``).
 
     Returns:
-        ``{"namespace", "quota": {"name", "raw"} | None, "deployment": {"name", "raw"} | None}``
-        with ``raw`` the exact JSON text the API server sent.
+        ``{"namespace", "quota": {"name", "raw"} | None, "deployment": {"name", "raw"} | None,
+        "hpa": {"name", "raw"} | None, "hpa_skipped": str | None}`` with ``raw`` the exact JSON
+        text the API server sent.
 
     Raises:
-        K8sError: an object is absent (404) or unreadable (403); neither named.
+        K8sError: an object is absent (404) or unreadable (403); none named; the HPA scales
+            another object than ``deployment``.
     """
-    if not quota and not deployment:
-        raise K8sError("quota-cut needs a ResourceQuota name, a Deployment name, or both")
-    out: dict[str, Any] = {"namespace": namespace, "quota": None, "deployment": None}
+    if not quota and not deployment and not hpa:
+        raise K8sError("quota-cut needs a ResourceQuota, a Deployment or an HPA name")
+    out: dict[str, Any] = {
+        "namespace": namespace,
+        "quota": None,
+        "deployment": None,
+        "hpa": None,
+        "hpa_skipped": None,
+    }
     if quota:
         raw = call_bytes(
             f"get resourcequota {namespace}/{quota}",
@@ -55,11 +85,37 @@ def snapshot(
             namespace,
         )
         out["deployment"] = {"name": deployment, "raw": raw.decode("utf-8")}
+    if hpa:
+        try:
+            raw = call_bytes(
+                f"get horizontalpodautoscaler {namespace}/{hpa}",
+                _autoscaling(core).read_namespaced_horizontal_pod_autoscaler,
+                hpa,
+                namespace,
+            )
+        except K8sError as exc:
+            if exc.status != 404 or not hpa_optional:
+                raise
+            out["hpa_skipped"] = f"no HorizontalPodAutoscaler {namespace}/{hpa}"
+        else:
+            ref = (json.loads(raw).get("spec") or {}).get("scaleTargetRef") or {}
+            owner = hpa_target or deployment
+            if owner and (ref.get("kind"), ref.get("name")) != ("Deployment", owner):
+                raise K8sError(
+                    f"horizontalpodautoscaler {namespace}/{hpa} scales {ref.get('kind')} "
+                    f"{ref.get('name')}, not Deployment {owner}"
+                )
+            out["hpa"] = {"name": hpa, "raw": raw.decode("utf-8")}
     return out
 
 
 def cut(
-    core: Any, apps: Any, saved: dict[str, Any], gpus: int | None, replicas: int | None
+    core: Any,
+    apps: Any,
+    saved: dict[str, Any],
+    gpus: int | None,
+    replicas: int | None,
+    hpa_max_replicas: int | None = None,
 ) -> dict[str, Any]:
     """Apply the cut described by ``gpus`` / ``replicas`` to the objects in ``saved``.
 
@@ -68,16 +124,19 @@ def cut(
         saved: from :func:`snapshot` (store it durably *before* calling this).
         gpus: new ``requests.nvidia.com/gpu`` hard limit (None: leave the quota alone).
         replicas: new ``spec.replicas`` of the Deployment (None: leave it alone).
+        hpa_max_replicas: new ``spec.maxReplicas`` of the HPA (None: leave it alone; ignored
+            when the HPA was skipped by :func:`snapshot`).
 
     Returns:
-        ``{"quota": {"name", "before", "after"} | None, "deployment": {...} | None}``
-        (before/after: the GPU hard limit string, the replica count).
+        ``{"quota": {"name", "before", "after"} | None, "deployment": {...} | None,
+        "hpa": {"name", "before", "after", "min_before", "min_after"} | None}``
+        (before/after: the GPU hard limit string, the replica count, ``maxReplicas``).
 
     Raises:
         K8sError: a patch failed (403/404...), or a value is asked for an object not in ``saved``.
     """
     ns = saved["namespace"]
-    out: dict[str, Any] = {"quota": None, "deployment": None}
+    out: dict[str, Any] = {"quota": None, "deployment": None, "hpa": None}
     if gpus is not None:
         if not saved.get("quota"):
             raise K8sError("a GPU quota cut needs the ResourceQuota name (target 'quota:')")
@@ -116,6 +175,32 @@ def cut(
             _content_type=_MERGE,
         )
         out["deployment"] = {"name": name, "before": before, "after": doc["spec"].get("replicas")}
+    if hpa_max_replicas is not None and saved.get("hpa"):
+        if hpa_max_replicas < 1:
+            raise K8sError(f"hpa_max_replicas must be >= 1, got {hpa_max_replicas}")
+        name = saved["hpa"]["name"]
+        spec = json.loads(saved["hpa"]["raw"]).get("spec") or {}
+        patch: dict[str, Any] = {"maxReplicas": int(hpa_max_replicas)}
+        min_before = spec.get("minReplicas", 1)
+        if hpa_max_replicas < min_before:
+            patch["minReplicas"] = int(hpa_max_replicas)
+        doc = call(
+            f"patch horizontalpodautoscaler {ns}/{name}",
+            _autoscaling(core).patch_namespaced_horizontal_pod_autoscaler,
+            name,
+            ns,
+            {"spec": patch},
+            _content_type=_MERGE,
+        )
+        out["hpa"] = {
+            "name": name,
+            "before": spec.get("maxReplicas"),
+            "after": doc["spec"].get("maxReplicas"),
+            "min_before": min_before,
+            "min_after": doc["spec"].get("minReplicas", 1),
+        }
+    elif hpa_max_replicas is not None and not saved.get("hpa_skipped"):
+        raise K8sError("an HPA cut needs the HorizontalPodAutoscaler (target 'hpa:')")
     return out
 
 
@@ -144,6 +229,12 @@ def restore(core: Any, apps: Any, saved: dict[str, Any]) -> list[str]:
             "resourcequota",
             f"/api/v1/namespaces/{ns}/resourcequotas",
             core.read_namespaced_resource_quota,
+        ),
+        (
+            "hpa",
+            "horizontalpodautoscaler",
+            f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers",
+            _autoscaling(core).read_namespaced_horizontal_pod_autoscaler,
         ),
         (
             "deployment",

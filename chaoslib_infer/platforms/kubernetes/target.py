@@ -10,6 +10,11 @@ Example (``target.yaml``)::
     url: https://llm.example.com        # where traffic goes (Service, Ingress or gateway)
     deployment: vllm                    # optional: the Deployment owning the pods (quota-cut)
     quota: gpu-quota                    # optional: the ResourceQuota to cut (quota-cut)
+    service: vllm                       # optional: the Service in front of the pods (observation:
+                                        #   its EndpointSlices give the ready endpoints)
+    hpa: vllm                           # optional: the HorizontalPodAutoscaler (KEDA: keda-hpa-<name>)
+                                        #   of the Deployment (traffic-spike; found by its
+                                        #   scaleTargetRef when absent)
     allow:
       contexts: [prod-eu-1, "kind-*"]   # fnmatch globs
       namespaces: [llm, "llm-*"]
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +50,15 @@ _KEYS = {
     "url",
     "deployment",
     "quota",
+    "service",
+    "hpa",
     "allow",
+}
+
+# Service names are DNS-1035 labels; HPA names DNS-1123 subdomains (Kubernetes object names).
+_NAME_RULES = {
+    "service": (re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$"), 63, "a DNS-1035 label"),
+    "hpa": (re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), 253, "a DNS-1123 subdomain"),
 }
 
 
@@ -60,6 +74,8 @@ class K8sTarget:
     kubeconfig: str | None = None  # None: $KUBECONFIG, ~/.kube/config or in-cluster
     deployment: str | None = None
     quota: str | None = None
+    service: str | None = None  # observation: EndpointSlices labelled kubernetes.io/service-name
+    hpa: str | None = None  # traffic-spike: the HPA to watch (None: found by its scaleTargetRef)
     allow_contexts: tuple[str, ...] = field(default_factory=tuple)
     allow_namespaces: tuple[str, ...] = field(default_factory=tuple)
     source: str = "<target>"
@@ -106,6 +122,15 @@ def _str(doc: dict[str, Any], key: str, source: str, required: bool = True) -> s
         return None
     if not isinstance(value, str):
         raise ConfigError(f"{source}: field {key!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _object_name(doc: dict[str, Any], key: str, source: str) -> str | None:
+    """Optional field ``key`` holding a Kubernetes object name (validated by :data:`_NAME_RULES`)."""
+    value = _str(doc, key, source, required=False)
+    pattern, limit, what = _NAME_RULES[key]
+    if value is not None and (len(value) > limit or not pattern.match(value)):
+        raise ConfigError(f"{source}: field {key!r} must be {what} (a {key} name), got {value!r}")
     return value
 
 
@@ -160,6 +185,8 @@ def load_target(path: str | Path, check: bool = True) -> K8sTarget:
         kubeconfig=str(Path(kubeconfig).expanduser()) if kubeconfig else None,
         deployment=_str(doc, "deployment", source, required=False),
         quota=_str(doc, "quota", source, required=False),
+        service=_object_name(doc, "service", source),
+        hpa=_object_name(doc, "hpa", source),
         allow_contexts=lists["contexts"],
         allow_namespaces=lists["namespaces"],
         source=source,

@@ -1,0 +1,633 @@
+"""Distributed load: N workers (local processes or a Kubernetes Indexed Job), one merged result.
+
+A **worker** (``python -m chaoslib_infer.load.workers --shard K/N MODE ...``) runs shard ``K`` of
+``N`` of a load run: the soak (``soak.run_soak``) or the ramp and burst of the three-phase test
+(``phases.run_three_phase``) at ``1/N`` of the rate and concurrency, with its own seed
+(``seed * 1000 + K``, as :mod:`.shard` does, so the union of the shards' Poisson schedules is a
+Poisson schedule at the full rate). It writes its records (``<out-dir>/shard-K/``), builds HDR
+histograms of them (:class:`.soak.StreamStats`: E2E, TTFT, ITL, TPOT, send lag; 1 us, 3
+significant digits) and prints one line ``CHAOS_INFER_WORKER_RESULT {json}`` on stdout with the
+histograms (HdrHistogram's compressed base64 encoding) and counts. In a pod, that line is read
+back from the pod's log through the API: no shared volume is needed.
+
+The **runner** starts the workers and merges their results: HDR histograms add bucket by bucket
+(exact), counts add, so the merged percentiles equal those one process computes over the union
+of the records (``tests/test_workers.py`` checks it) at the histogram's precision.
+
+- :func:`run_local` starts N worker processes on this machine (``--workers N --local``) and also
+  concatenates their record files (``records.jsonl`` / ``<step>.jsonl``);
+- :func:`run_k8s` creates an Indexed Job (``completionMode: Indexed``, ``completions`` =
+  ``parallelism`` = N, ``backoffLimit`` 0, ``activeDeadlineSeconds``) in the runner's namespace,
+  waits for it, reads every pod's log, merges, and deletes the Job (also on failure and Ctrl-C).
+  The records stay in the worker pods (lost with them); the histograms and counts are the result.
+
+Workers are started together and begin at a common instant (``--start-at``, unix seconds), so
+their ramp steps and bursts overlap to within one request's latency. The three-phase test's
+single stream is one stream by definition: it runs as a first stage with one worker, then the
+ramp and burst run on N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .records import iter_records
+from .soak import StreamStats
+
+__all__ = [
+    "MARKER",
+    "decode_stats",
+    "encode_stats",
+    "job_manifest",
+    "main",
+    "merge_results",
+    "merge_stats",
+    "parse_result",
+    "run_k8s",
+    "run_local",
+    "shard_share",
+    "worker_args",
+]
+
+#: Prefix of the one stdout line that carries a worker's result.
+MARKER = "CHAOS_INFER_WORKER_RESULT "
+PROG = "python -m chaoslib_infer.load.workers"
+_MODES = ("soak", "three-phase")
+
+
+# -- histograms and counts ---------------------------------------------------------------------
+
+
+def encode_stats(st: StreamStats) -> dict[str, Any]:
+    """A JSON-able form of ``st``: every histogram HDR-encoded (compressed, base64), the counts."""
+    return {
+        "h": {k: h.encode().decode("ascii") for k, h in st.h.items() if h.get_total_count()},
+        "n": st.n,
+        "ok": st.ok,
+        "timeouts": st.timeouts,
+        "errors": st.errors,
+        "first_sent": st.first_sent,
+        "last_sent": st.last_sent,
+        "by_class": st.by_class,
+    }
+
+
+def decode_stats(doc: Mapping[str, Any]) -> StreamStats:
+    """Inverse of :func:`encode_stats`.
+
+    Raises:
+        ValueError: a malformed document or histogram.
+    """
+    st = StreamStats()
+    try:
+        for name, text in (doc.get("h") or {}).items():
+            if name not in st.h:
+                raise ValueError(f"unknown histogram {name!r}")
+            st.h[name].decode_and_add(str(text).encode("ascii"))
+        st.n, st.ok, st.timeouts = int(doc["n"]), int(doc["ok"]), int(doc["timeouts"])
+        st.errors = {str(k): dict(v) for k, v in (doc.get("errors") or {}).items()}
+        st.first_sent = doc.get("first_sent")
+        st.last_sent = doc.get("last_sent")
+        st.by_class = {str(k): int(v) for k, v in (doc.get("by_class") or {}).items()}
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed worker statistics: {exc}") from None
+    return st
+
+
+def merge_stats(parts: Iterable[StreamStats]) -> StreamStats:
+    """Sum of shard statistics: histograms added bucket by bucket (exact), counts summed, the
+    first/last send times widened, one sample error message kept per class."""
+    out = StreamStats()
+    for st in parts:
+        for name, h in st.h.items():
+            out.h[name].add(h)
+        out.n += st.n
+        out.ok += st.ok
+        out.timeouts += st.timeouts
+        for cls, info in st.errors.items():
+            mine = out.errors.setdefault(cls, {"count": 0, "sample": info.get("sample")})
+            mine["count"] += int(info.get("count") or 0)
+        for cls, count in st.by_class.items():
+            out.by_class[cls] = out.by_class.get(cls, 0) + count
+        if st.first_sent is not None:
+            out.first_sent = (
+                st.first_sent if out.first_sent is None else min(out.first_sent, st.first_sent)
+            )
+        if st.last_sent is not None:
+            out.last_sent = (
+                st.last_sent if out.last_sent is None else max(out.last_sent, st.last_sent)
+            )
+    return out
+
+
+def _file_stats(path: Path) -> StreamStats:
+    st = StreamStats()
+    if path.exists():
+        for r in iter_records(path):
+            st.add(r)
+    return st
+
+
+def shard_share(total: int, k: int, n: int) -> int:
+    """Shard ``k``'s part of ``total`` split over ``n`` (the first ``total % n`` get one more)."""
+    return total // n + (1 if k < total % n else 0)
+
+
+# -- the worker --------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The worker's argument parser (exposed for documentation and tests)."""
+    p = _Parser(prog=PROG, description="One shard of a distributed load run; prints its result.")
+    p.add_argument("mode", choices=_MODES)
+    p.add_argument(
+        "--shard",
+        required=True,
+        metavar="K/N",
+        help="this worker's index K (0-based; a non-number reads $JOB_COMPLETION_INDEX) of N",
+    )
+    p.add_argument("--url", required=True)
+    p.add_argument("--out-dir", required=True, help="records go to OUT_DIR/shard-K/")
+    p.add_argument("--start-at", type=float, default=None, help="unix s to start at (aligned)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="chaos-sim")
+    p.add_argument("--timeout-s", type=float, default=60.0)
+    # soak
+    p.add_argument("--duration-s", type=float, default=60.0)
+    p.add_argument("--rate", type=float, default=1.0, help="total rate of all shards, req/s")
+    p.add_argument("--mix", default="short:70,mid:25,long:5")
+    p.add_argument("--burstiness", default="poisson")
+    p.add_argument("--headroom", type=float, default=1.0)
+    p.add_argument("--lag-p99-max-ms", type=float, default=50.0)
+    p.add_argument("--max-concurrency", type=int, default=1024, help="total of all shards")
+    p.add_argument("--max-tokens-scale", type=float, default=1.0)
+    # three-phase
+    p.add_argument("--single-n", type=int, default=0)
+    p.add_argument("--ramp", default="", help="total concurrencies, comma-separated")
+    p.add_argument("--step-s", type=float, default=30.0)
+    p.add_argument("--burst-rps", type=float, default=None, help="total burst rate")
+    p.add_argument("--burst-s", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=32)
+    return p
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    k_text, sep, n_text = text.partition("/")
+    if not sep:
+        raise ValueError(f"--shard {text!r}: expected K/N")
+    if not k_text.strip().isdigit():  # $(JOB_COMPLETION_INDEX) not expanded: read it
+        k_text = os.environ.get("JOB_COMPLETION_INDEX", "")
+    try:
+        k, n = int(k_text), int(n_text)
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: K and N must be integers") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise ValueError(f"--shard {text!r}: expected 0 <= K < N")
+    return k, n
+
+
+def _run_worker(args: argparse.Namespace, k: int, n: int) -> dict[str, Any]:
+    out = Path(args.out_dir) / f"shard-{k}"
+    out.mkdir(parents=True, exist_ok=True)
+    if args.start_at is not None:  # a common start: bounded wait (a late pod starts at once)
+        time.sleep(min(max(args.start_at - time.time(), 0.0), 300.0))
+    seed = args.seed * 1000 + k
+    result: dict[str, Any] = {"mode": args.mode, "shard": k, "of": n, "started_at": time.time()}
+    if args.mode == "soak":
+        from .soak import SoakSpec, parse_burstiness, parse_mix, run_soak
+
+        spec = SoakSpec(
+            url=args.url, duration_s=args.duration_s, rate_rps=args.rate / n,
+            mix=parse_mix(args.mix), gamma_shape=parse_burstiness(args.burstiness),
+            headroom=args.headroom, max_concurrency=max(1, args.max_concurrency // n),
+            lag_p99_max_s=args.lag_p99_max_ms / 1000, seed=seed, model=args.model,
+            timeout_s=args.timeout_s, max_tokens_scale=args.max_tokens_scale,
+        )  # fmt: skip
+        report = run_soak(spec, out)
+        report.pop("stats", None)
+        result["report"] = report
+        result["stats"] = encode_stats(_file_stats(out / "records.jsonl"))
+    else:
+        from .phases import ThreePhaseSpec, run_three_phase
+
+        ramp = tuple(int(x) for x in args.ramp.split(",") if x.strip())
+        mine = tuple(shard_share(c, k, n) for c in ramp)
+        if any(c < 1 for c in mine):
+            raise ValueError(f"--ramp {args.ramp}: every step needs at least {n} (one per shard)")
+        tspec = ThreePhaseSpec(
+            url=args.url, single_n=args.single_n if k == 0 else 0, ramp=mine,
+            step_s=args.step_s,
+            burst_rps=args.burst_rps / n if args.burst_rps is not None else None,
+            burst_s=args.burst_s, max_tokens=args.max_tokens, model=args.model,
+            timeout_s=args.timeout_s,
+        )  # fmt: skip
+        report = run_three_phase(tspec, out)
+        totals = iter(ramp)  # name ramp steps by their total concurrency, as one process would
+        result["steps"] = [
+            {
+                "step": f"ramp-{next(totals)}" if s["kind"] == "ramp" else s["step"],
+                "kind": s["kind"],
+                "start_at": s["start_at"],
+                "end_at": s["end_at"],
+                "rate_rps": s.get("rate_rps"),
+                "stats": encode_stats(_file_stats(Path(s["records"]))),
+            }
+            for s in report["steps"]
+        ]
+    result["ended_at"] = time.time()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Worker entry point; returns 0 (result line printed) or 2 (bad arguments or a failed run,
+    one line on stderr)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        k, n = _parse_shard(args.shard)
+        result = _run_worker(args, k, n)
+    except (ValueError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    print(MARKER + json.dumps(result, separators=(",", ":")), flush=True)
+    return 0
+
+
+def parse_result(text: str) -> dict[str, Any] | None:
+    """The result in a worker's stdout or pod log (the last marker line), or None."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith(MARKER):
+            try:
+                doc = json.loads(line[len(MARKER) :])
+            except ValueError:
+                return None
+            return doc if isinstance(doc, dict) else None
+    return None
+
+
+# -- the runner ---------------------------------------------------------------------------------
+
+
+def worker_args(mode: str, params: Mapping[str, Any], n: int, index: str | int) -> list[str]:
+    """The worker's arguments (after ``python -m chaoslib_infer.load.workers``) for shard ``index``
+    (an int, or ``"$(JOB_COMPLETION_INDEX)"`` in a Job) of ``n``; ``params`` maps option names
+    without dashes (``url``, ``rate``, ``duration_s``...) to values (None: left out)."""
+    out = [mode, "--shard", f"{index}/{n}"]
+    for key, value in params.items():
+        if value is None:
+            continue
+        out += [f"--{key.replace('_', '-')}", str(value)]
+    return out
+
+
+def _stage_timeout(mode: str, params: Mapping[str, Any]) -> float:
+    """Upper bound of one stage's duration in seconds (schedule + drain + start-up)."""
+    t = float(params.get("timeout_s") or 60.0)
+    if mode == "soak":
+        work = float(params.get("duration_s") or 0.0)
+    else:
+        steps = [x for x in str(params.get("ramp") or "").split(",") if x.strip()]
+        work = len(steps) * float(params.get("step_s") or 0.0) + float(params.get("burst_s") or 0.0)
+        work += float(params.get("single_n") or 0) * t
+    return work + 2 * t + 60.0
+
+
+def _stages(mode: str, params: Mapping[str, Any], n: int) -> list[tuple[dict[str, Any], int]]:
+    """``[(params, workers)]``: the three-phase single stream first on one worker."""
+    if mode == "three-phase" and int(params.get("single_n") or 0) > 0 and n > 1:
+        single = {**params, "ramp": "", "burst_s": 0.0}
+        rest = {**params, "single_n": 0}
+        return [(single, 1), (rest, n)]
+    return [(dict(params), n)]
+
+
+def run_local(
+    mode: str,
+    params: Mapping[str, Any],
+    n: int,
+    out_dir: Path,
+    log: Callable[[str], None] = lambda _m: None,
+    start_delay_s: float = 2.0,
+) -> dict[str, Any]:
+    """Run ``n`` worker processes on this machine, merge their results (and record files).
+
+    Args:
+        mode: ``"soak"`` or ``"three-phase"``.
+        params: worker options (see :func:`worker_args`; ``url`` required; totals, not shares).
+        n: workers (>= 1).
+        out_dir: where the shards write and ``report.json`` goes (created).
+        log: progress line sink.
+        start_delay_s: the common start is this many seconds after the processes are started.
+
+    Returns:
+        The merged report (:func:`merge_results`), also written to ``out_dir/report.json``.
+
+    Raises:
+        RuntimeError: a worker failed, overran its bound (it is killed) or printed no result.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    for stage_params, workers in _stages(mode, params, n):
+        stage = {**stage_params, "out_dir": str(out_dir), "start_at": time.time() + start_delay_s}
+        bound = time.monotonic() + _stage_timeout(mode, stage) + start_delay_s
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "chaoslib_infer.load.workers",
+                    *worker_args(mode, stage, workers, k),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for k in range(workers)
+        ]
+        log(f"workers: {workers} local process(es) started ({mode})")
+        errors: list[str] = []
+        stage_results: list[dict[str, Any]] = []
+        for k, p in enumerate(procs):
+            try:
+                out, err = p.communicate(timeout=max(1.0, bound - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+                errors.append(f"worker {k} overran its bound and was killed")
+                continue
+            res = parse_result(out)
+            if p.returncode != 0 or res is None:
+                tail = (err.strip().splitlines() or ["no output"])[-1]
+                errors.append(f"worker {k} exited {p.returncode}: {tail}")
+                continue
+            stage_results.append(res)
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        results += stage_results
+    report = merge_results(mode, results, n)
+    if mode == "soak":
+        from .shard import merge_record_files
+
+        files = sorted(out_dir.glob("shard-*/records.jsonl"))
+        report["records"] = merge_record_files(files, out_dir / "records.jsonl")
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    return report
+
+
+def merge_results(mode: str, results: Sequence[Mapping[str, Any]], n: int) -> dict[str, Any]:
+    """One report from the workers' results (histograms merged exactly, counts summed).
+
+    Returns:
+        soak: ``{"mode", "workers", "shards", "stats"}`` (``StreamStats.summary`` of the merged
+        statistics, ``valid``: every shard kept its schedule); three-phase: ``{"mode",
+        "workers", "steps": [{"step", "kind", "start_at", "end_at", "stats", "acceptance",
+        "passed", "flags"}], "passed", "flagged"}``, acceptance as ``measure.slo.evaluate``.
+
+    Raises:
+        ValueError: a malformed result.
+    """
+    if mode == "soak":
+        merged = merge_stats(decode_stats(r["stats"]) for r in results)
+        reports = [r.get("report") or {} for r in results]
+        invalid = [str(x.get("invalid_reason")) for x in reports if not x.get("valid")]
+        return {
+            "mode": mode,
+            "workers": n,
+            "shards": [
+                {"shard": r.get("shard"), **{k: v for k, v in (r.get("report") or {}).items()}}
+                for r in results
+            ],
+            "valid": not invalid,
+            "invalid_reason": invalid[0] if invalid else None,
+            "stats": merged.summary(),
+        }
+    from chaoslib_infer.measure.slo import evaluate
+
+    from .phases import flag_steps
+
+    by_step: dict[str, list[Mapping[str, Any]]] = {}
+    order: list[str] = []
+    for r in results:
+        for s in r.get("steps") or []:
+            if s["step"] not in by_step:
+                order.append(s["step"])
+            by_step.setdefault(s["step"], []).append(s)
+    steps: list[dict[str, Any]] = []
+    for name in order:
+        parts = by_step[name]
+        st = merge_stats(decode_stats(p["stats"]) for p in parts)
+        start = min(float(p["start_at"]) for p in parts)
+        end = max(float(p["end_at"]) for p in parts)
+        stats = st.summary()
+        stats["ok_rps"] = stats["ok"] / max(end - start, 1e-9)
+        rows = evaluate(stats)
+        step: dict[str, Any] = {
+            "step": name,
+            "kind": parts[0]["kind"],
+            "workers": len(parts),
+            "start_at": start,
+            "end_at": end,
+            "stats": stats,
+            "acceptance": rows,
+            "passed": all(x["passed"] for x in rows),
+            "flags": [],
+        }
+        rates = [float(p["rate_rps"]) for p in parts if p.get("rate_rps") is not None]
+        if rates:
+            step["rate_rps"] = math.fsum(rates)
+        steps.append(step)
+    flag_steps(steps)
+    return {
+        "mode": mode,
+        "workers": n,
+        "steps": steps,
+        "passed": all(s["passed"] for s in steps),
+        "flagged": any(s["flags"] for s in steps),
+    }
+
+
+def job_manifest(
+    name: str,
+    namespace: str,
+    image: str,
+    mode: str,
+    params: Mapping[str, Any],
+    n: int,
+    deadline_s: int,
+) -> dict[str, Any]:
+    """The Indexed Job running ``n`` workers (``batch/v1``).
+
+    Each pod runs ``python -m chaoslib_infer.load.workers MODE --shard $(JOB_COMPLETION_INDEX)/N
+    ...`` (the kubelet expands ``$(JOB_COMPLETION_INDEX)``, which the Job controller sets in
+    every container), writes its records to an ``emptyDir`` and prints its result line to its
+    log. No service-account token is mounted: the workers only send traffic.
+    """
+    args = worker_args(mode, {**params, "out_dir": "/work/out"}, n, "$(JOB_COMPLETION_INDEX)")
+    labels = {"app.kubernetes.io/name": "chaos-infer-load", "app.kubernetes.io/instance": name}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": n,
+            "parallelism": n,
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": deadline_s,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "securityContext": {"runAsNonRoot": True},
+                    "containers": [
+                        {
+                            "name": "worker",
+                            "image": image,
+                            "command": ["python", "-m", "chaoslib_infer.load.workers"],
+                            "args": args,
+                            "volumeMounts": [{"name": "out", "mountPath": "/work/out"}],
+                            "resources": {
+                                "requests": {"cpu": "1", "memory": "512Mi"},
+                                "limits": {"memory": "1Gi"},
+                            },
+                        }
+                    ],
+                    "volumes": [{"name": "out", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def run_k8s(
+    target: Any,
+    mode: str,
+    params: Mapping[str, Any],
+    n: int,
+    out_dir: Path,
+    image: str,
+    namespace: str = "chaos-infer",
+    log: Callable[[str], None] = lambda _m: None,
+    poll_s: float = 2.0,
+    start_delay_s: float = 30.0,
+) -> dict[str, Any]:
+    """Run the workers as a Kubernetes Indexed Job in ``namespace``; merge their pod logs.
+
+    The cluster is the target file's (kubeconfig, context); its allowlist was checked by the
+    caller (:func:`~chaoslib_infer.platforms.kubernetes.target.load_target`). The Job is
+    deleted (``propagationPolicy: Background``) when done, failed or interrupted.
+
+    Args:
+        target: the ``K8sTarget``.
+        mode, params, n: as :func:`run_local`.
+        out_dir: where ``report.json`` and each worker's log (``worker-K.log``) go.
+        image: the container image with this package (see the project's ``Dockerfile``).
+        namespace: where the Job runs (RBAC: ``deploy/rbac.yaml``, Role chaos-infer-load-workers).
+        log: progress line sink. poll_s: Job status polling interval, seconds.
+        start_delay_s: the common start is this many seconds after the Job is created (image
+            pull and pod start-up; a later pod starts at once and overlaps less).
+
+    Returns:
+        The merged report (:func:`merge_results`).
+
+    Raises:
+        K8sError: an API call refused (one line: 403 names the missing permission).
+        RuntimeError: a worker failed, the Job overran its deadline, or a log has no result.
+    """
+    from kubernetes import client
+
+    from chaoslib_infer.platforms.kubernetes import call, call_bytes, clients
+
+    api = clients(target.kubeconfig, target.context)
+    batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    for i, (stage_params, workers) in enumerate(_stages(mode, params, n)):
+        name = f"chaos-infer-load-{int(time.time())}-{i}"
+        stage = {**stage_params, "start_at": round(time.time() + start_delay_s, 3)}
+        deadline = int(_stage_timeout(mode, stage) + start_delay_s)
+        job = job_manifest(name, namespace, image, mode, stage, workers, deadline)
+        call(f"create job {namespace}/{name}", batch.create_namespaced_job, namespace, job)
+        log(f"workers: Job {namespace}/{name} created ({workers} indexed pod(s))")
+        try:
+            stage_results = _wait_job(batch, core, namespace, name, workers, deadline, poll_s)
+        finally:
+            call_bytes(
+                f"delete job {namespace}/{name}",
+                batch.delete_namespaced_job,
+                name,
+                namespace,
+                propagation_policy="Background",
+            )
+        for k, (res, text) in enumerate(stage_results):
+            (out_dir / f"worker-{i}-{k}.log").write_text(text, encoding="utf-8")
+            results.append(res)
+    report = merge_results(mode, results, n)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    return report
+
+
+def _wait_job(
+    batch: Any, core: Any, namespace: str, name: str, n: int, deadline_s: float, poll_s: float
+) -> list[tuple[dict[str, Any], str]]:
+    from chaoslib_infer.platforms.kubernetes import call, call_bytes
+
+    end = time.monotonic() + deadline_s + 30.0
+    while True:
+        job = call(f"get job {namespace}/{name}", batch.read_namespaced_job, name, namespace)
+        status = (job or {}).get("status") or {}
+        if int(status.get("succeeded") or 0) >= n:
+            break
+        if int(status.get("failed") or 0) > 0:
+            raise RuntimeError(f"Job {namespace}/{name}: {status['failed']} worker pod(s) failed")
+        if time.monotonic() > end:
+            raise RuntimeError(f"Job {namespace}/{name} did not complete in {deadline_s:.0f} s")
+        time.sleep(poll_s)
+    pods = call(
+        f"list pods of job {namespace}/{name}",
+        core.list_namespaced_pod,
+        namespace,
+        label_selector=f"batch.kubernetes.io/job-name={name}",
+    )
+    by_index: dict[int, tuple[dict[str, Any], str]] = {}
+    for pod in (pods or {}).get("items") or []:
+        meta = pod["metadata"]
+        if (pod.get("status") or {}).get("phase") != "Succeeded":
+            continue
+        idx = int((meta.get("annotations") or {})["batch.kubernetes.io/job-completion-index"])
+        text = call_bytes(
+            f"read log of pod {namespace}/{meta['name']}",
+            core.read_namespaced_pod_log,
+            meta["name"],
+            namespace,
+            container="worker",
+        ).decode("utf-8", errors="replace")
+        res = parse_result(text)
+        if res is None:
+            raise RuntimeError(f"pod {namespace}/{meta['name']}: no result line in its log")
+        by_index[idx] = (res, text)
+    missing = sorted(set(range(n)) - set(by_index))
+    if missing:
+        raise RuntimeError(f"Job {namespace}/{name}: no result from index(es) {missing}")
+    return [by_index[k] for k in range(n)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

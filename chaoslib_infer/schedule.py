@@ -1,0 +1,298 @@
+"""Scheduled game days: ``chaos-infer schedule`` writes the Kubernetes objects of a recurring game day.
+
+``build_schedule`` returns, in ``kubectl apply`` order:
+
+1. the ``ServiceAccount``, ``Role``/``RoleBinding`` (target namespace) and, when a drill of the
+   plan touches nodes, the node-loss ``ClusterRole``/``ClusterRoleBinding``, all taken from
+   ``deploy/rbac.yaml`` (the single source of truth; ``tests/test_k8s_rbac.py`` checks it covers
+   every API call) with its namespaces replaced by the target's and the runner's. The load
+   workers' Role is left out: a game day does not start workers;
+2. a ``ConfigMap`` holding ``plan.yaml`` (the plan, each drill's experiment renamed to its key),
+   ``target.yaml`` (the target file without its ``kubeconfig``: in the pod the service account is
+   used; the context the allowlist accepted is written in) and one ``<drill>.yaml`` per experiment;
+3. a ``batch/v1`` ``CronJob`` (``concurrencyPolicy: Forbid``, ``activeDeadlineSeconds``) whose
+   pod runs ``chaos-infer gameday /config/plan.yaml --target /config/target.yaml --out
+   /evidence/gameday-<UTC time>`` from the project's image (``Dockerfile``), as the
+   ServiceAccount, non-root. ``/evidence`` is a PersistentVolumeClaim when one is named, else an
+   ``emptyDir`` (the evidence then lives only as long as the pod; the log has the verdict).
+
+Nothing is sent to a cluster: the output is YAML to apply (``kubectl apply -f``).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from chaoslib_infer.errors import ConfigError
+
+__all__ = [
+    "CONFIG_DIR",
+    "NODE_FUNCS",
+    "ScheduleSpec",
+    "build_schedule",
+    "dump_documents",
+    "rbac_path",
+    "validate_cron",
+]
+
+#: Where the ConfigMap is mounted in the game-day pod.
+CONFIG_DIR = "/config"
+#: Actions that touch Node objects: a plan using one gets the node-loss ClusterRole.
+NODE_FUNCS = frozenset(
+    {
+        "k8s_drain_model_node",
+        "k8s_uncordon_node",
+        "k8s_taint_model_node",
+        "k8s_remove_node_taint",
+        "k8s_delete_model_node",
+        "k8s_restore_node",
+    }
+)
+_NODE_ROLE = "chaos-infer-node-loss"
+_WORKERS_ROLE = "chaos-infer-load-workers"
+_RBAC_TARGET_NS = "llm"  # the placeholder target namespace in deploy/rbac.yaml
+_RBAC_OWN_NS = "chaos-infer"
+_MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
+_CM_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_CM_MAX = 1024 * 1024 - 4096  # a ConfigMap holds at most 1 MiB; keep room for metadata
+
+
+def validate_cron(expr: str) -> str:
+    """Check a CronJob schedule: five fields (minute hour day-of-month month day-of-week) or a
+    macro (``@daily`` ...), as Kubernetes accepts them.
+
+    Returns:
+        The expression, whitespace-normalised.
+
+    Raises:
+        ConfigError: one line naming the expression and the expected form.
+    """
+    from croniter import croniter
+
+    text = " ".join(expr.split())
+    if text in _MACROS:
+        return text
+    fields = text.split(" ")
+    if len(fields) != 5 or not croniter.is_valid(text):
+        raise ConfigError(
+            f"--cron {expr!r}: not a valid schedule; expected 5 fields 'minute hour "
+            "day-of-month month day-of-week' (e.g. '0 3 * * 1': Mondays 03:00) or @daily/@weekly..."
+        )
+    return text
+
+
+def rbac_path() -> Path:
+    """``deploy/rbac.yaml``: ``$CHAOS_INFER_RBAC`` or the checkout's."""
+    import os
+
+    env = os.environ.get("CHAOS_INFER_RBAC")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "deploy" / "rbac.yaml"
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What ``chaos-infer schedule`` was asked for.
+
+    Attributes:
+        cron: the CronJob schedule (checked by :func:`validate_cron`).
+        plan: a plan file with ``platform: kubernetes``.
+        target: the Kubernetes target file (its allowlist is checked).
+        image: the image with this package (``Dockerfile``).
+        namespace: where the ServiceAccount, ConfigMap and CronJob live.
+        name: the CronJob's and ConfigMap's name.
+        deadline_s: ``activeDeadlineSeconds`` of each run (seconds).
+        evidence_pvc: PersistentVolumeClaim mounted at ``/evidence`` (None: ``emptyDir``).
+        api_key_secret: Secret whose key ``api-key`` becomes ``$CHAOS_INFER_API_KEY`` (or None).
+    """
+
+    cron: str
+    plan: Path
+    target: Path
+    image: str
+    namespace: str = "chaos-infer"
+    name: str = "chaos-infer-gameday"
+    deadline_s: int = 3600
+    evidence_pvc: str | None = None
+    api_key_secret: str | None = None
+
+
+def _functions(experiment: dict[str, Any]) -> set[str]:
+    out = set()
+    for section in ("method", "rollbacks"):
+        for act in experiment.get(section) or []:
+            func = ((act or {}).get("provider") or {}).get("func")
+            if func:
+                out.add(str(func))
+    return out
+
+
+def _rbac(target_ns: str, own_ns: str, with_nodes: bool) -> list[dict[str, Any]]:
+    path = rbac_path()
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read the RBAC manifests: {exc}") from None
+    out = []
+    for doc in docs:
+        doc = copy.deepcopy(doc)
+        meta = doc.setdefault("metadata", {})
+        if meta.get("name") == _WORKERS_ROLE:
+            continue
+        if meta.get("name") == _NODE_ROLE and not with_nodes:
+            continue
+        if meta.get("namespace") == _RBAC_TARGET_NS:
+            meta["namespace"] = target_ns
+        elif meta.get("namespace") == _RBAC_OWN_NS:
+            meta["namespace"] = own_ns
+        for subject in doc.get("subjects") or []:
+            if subject.get("kind") == "ServiceAccount":
+                subject["namespace"] = own_ns
+        out.append(doc)
+    return out
+
+
+def _config_target(target_path: Path) -> tuple[str, Any]:
+    from chaoslib_infer.platforms.kubernetes.target import _resolve_context, load_target
+
+    target = load_target(target_path)  # allowlist: refused here, before anything is written
+    raw = yaml.safe_load(target_path.expanduser().read_text(encoding="utf-8"))
+    raw.pop("kubeconfig", None)  # in the pod: the service account (in-cluster configuration)
+    raw["context"] = target.context or _resolve_context(target.kubeconfig) or "in-cluster"
+    return yaml.safe_dump(raw, sort_keys=False), target
+
+
+def build_schedule(spec: ScheduleSpec) -> list[dict[str, Any]]:
+    """The Kubernetes objects of a scheduled game day (see the module docstring).
+
+    Returns:
+        ServiceAccount, Role, RoleBinding, [ClusterRole, ClusterRoleBinding], ConfigMap, CronJob
+        (plain dicts, ``kubectl apply`` order).
+
+    Raises:
+        ConfigError: a bad cron expression, a plan that is not for Kubernetes (or malformed), a
+            target refused by its allowlist, a bad name, or a ConfigMap over 1 MiB.
+    """
+    from chaoslib_infer.plan import load_plan
+
+    cron = validate_cron(spec.cron)
+    for what, value in (("--namespace", spec.namespace), ("--name", spec.name)):
+        if not _DNS_LABEL.match(value):
+            raise ConfigError(f"{what} {value!r}: expected a DNS label (a-z, 0-9, '-')")
+    if spec.deadline_s < 60:
+        raise ConfigError(f"--deadline-s {spec.deadline_s}: a game day needs at least 60 s")
+    plan = load_plan(spec.plan)
+    if plan.platform != "kubernetes":
+        raise ConfigError(
+            f"{spec.plan}: a scheduled game day runs on the cluster: the plan needs "
+            "platform: kubernetes (e.g. drills/gameday-k8s.yaml)"
+        )
+    target_text, target = _config_target(spec.target)
+    raw_plan = yaml.safe_load(spec.plan.read_text(encoding="utf-8"))
+    raw_plan.pop("target", None)
+    data: dict[str, str] = {"target.yaml": target_text}
+    funcs: set[str] = set()
+    for drill, item in zip(plan.drills, raw_plan["drills"], strict=True):
+        key = f"{drill.name}.yaml"
+        if not _CM_KEY.match(key) or key in ("plan.yaml", "target.yaml"):
+            raise ConfigError(f"{spec.plan}: drill name {drill.name!r} cannot be a ConfigMap key")
+        text = drill.experiment.read_text(encoding="utf-8")
+        funcs |= _functions(yaml.safe_load(text) or {})
+        data[key] = text
+        item["experiment"] = key  # relative to /config/plan.yaml
+    data["plan.yaml"] = (
+        f"# {spec.plan.name}, scheduled by chaos-infer schedule; experiments beside it\n"
+        + yaml.safe_dump(raw_plan, sort_keys=False)
+    )
+    size = sum(len(k) + len(v.encode("utf-8")) for k, v in data.items())
+    if size > _CM_MAX:
+        raise ConfigError(
+            f"plan, target and experiments are {size} bytes: over a ConfigMap's 1 MiB"
+        )
+    labels = {"app.kubernetes.io/name": "chaos-infer", "app.kubernetes.io/component": "gameday"}
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
+        "data": {
+            k: data[k]
+            for k in ["plan.yaml", "target.yaml", *sorted(set(data) - {"plan.yaml", "target.yaml"})]
+        },
+    }
+    run = (
+        f"exec chaos-infer gameday {CONFIG_DIR}/plan.yaml --target {CONFIG_DIR}/target.yaml "
+        '--out "/evidence/gameday-$(date -u +%Y%m%dT%H%M%SZ)"'
+    )
+    container: dict[str, Any] = {
+        "name": "gameday",
+        "image": spec.image,
+        "command": ["/bin/sh", "-c", run],
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "evidence", "mountPath": "/evidence"},
+        ],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    if spec.api_key_secret:
+        container["env"] = [
+            {
+                "name": "CHAOS_INFER_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": spec.api_key_secret, "key": "api-key"}},
+            }
+        ]
+    evidence: dict[str, Any] = (
+        {"name": "evidence", "persistentVolumeClaim": {"claimName": spec.evidence_pvc}}
+        if spec.evidence_pvc
+        else {"name": "evidence", "emptyDir": {}}
+    )
+    cron_job = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
+        "spec": {
+            "schedule": cron,
+            "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": 600,
+            "successfulJobsHistoryLimit": 3,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "backoffLimit": 0,  # a failed game day is evidence, not something to retry
+                    "activeDeadlineSeconds": spec.deadline_s,
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "serviceAccountName": "chaos-infer",
+                            "restartPolicy": "Never",
+                            "securityContext": {
+                                "runAsNonRoot": True,
+                                "runAsUser": 10001,
+                                "fsGroup": 10001,
+                            },
+                            "containers": [container],
+                            "volumes": [
+                                {"name": "config", "configMap": {"name": spec.name}},
+                                evidence,
+                            ],
+                        },
+                    },
+                },
+            },
+        },
+    }
+    with_nodes = bool(funcs & NODE_FUNCS)
+    return [*_rbac(target.namespace, spec.namespace, with_nodes), config_map, cron_job]
+
+
+def dump_documents(docs: list[dict[str, Any]], header: str = "") -> str:
+    """Multi-document YAML (``---`` between documents), with an optional comment header."""
+    head = "".join(f"# {line}\n" for line in header.splitlines())
+    return head + yaml.safe_dump_all(docs, sort_keys=False, width=100)
