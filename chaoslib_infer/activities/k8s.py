@@ -86,7 +86,27 @@ def _state_path(configuration: dict[str, Any] | None, kind: str) -> Path:
     return folder / f"{kind}.json"
 
 
-def _save_state(configuration: dict[str, Any] | None, kind: str, state: dict[str, Any]) -> None:
+def _target_record(target: K8sTarget) -> dict[str, Any]:
+    """Where a saved fault was injected, for a rollback replayed without the drill
+    (``chaos-infer rollback --run-dir``): the target file (absolute), the context resolved now
+    (as the allowlist saw it) and the namespace."""
+    from chaoslib_infer.platforms.kubernetes.target import _resolve_context
+
+    return {
+        "file": str(Path(target.source).expanduser().resolve()),
+        "context": target.context or _resolve_context(target.kubeconfig) or "in-cluster",
+        "namespace": target.namespace,
+    }
+
+
+def _save_state(
+    configuration: dict[str, Any] | None,
+    kind: str,
+    state: dict[str, Any],
+    target: K8sTarget | None = None,
+) -> None:
+    if target is not None:  # kept by later saves of the same dict
+        state.setdefault("k8s_target", _target_record(target))
     path = _state_path(configuration, kind)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state), encoding="utf-8")
@@ -230,7 +250,7 @@ def k8s_cut_quota(
             hpa_optional=not hpa_named,
             hpa_target=t.deployment,
         )
-        _save_state(configuration, "quota-cut", saved)
+        _save_state(configuration, "quota-cut", saved, t)
         fault_at = time.time()
         done = k8s_quota.cut(ctx.core, ctx.apps, saved, gpus, replicas, hpa_max_replicas)
         done["hpa_skipped"] = saved.get("hpa_skipped")
@@ -307,7 +327,7 @@ def k8s_drain_model_node(
         chosen = k8s_pods.select_pods(before, 1, [pod] if pod else None)[0]
         node = k8s_nodes.node_of_pod(ctx.core, t.namespace, chosen["metadata"]["name"])
         was = k8s_nodes.is_unschedulable(ctx.core, node)
-        _save_state(configuration, "node-loss", {"node": node, "was_unschedulable": was})
+        _save_state(configuration, "node-loss", {"node": node, "was_unschedulable": was}, t)
         fault_at = time.time()
         _log_fault(
             configuration,
@@ -442,6 +462,7 @@ def k8s_network_jitter(
             configuration,
             "network-jitter",
             {"namespace": t.namespace, "pod": pod_name, "container": name, "image": image},
+            t,
         )
         fault_at = time.time()
         _log_fault(
@@ -614,7 +635,7 @@ def k8s_oom_kill(
             "hog_mb": mb,
             "hog": None,
         }
-        _save_state(configuration, "oom-kill", state)
+        _save_state(configuration, "oom-kill", state, t)
         fault_at = time.time()
         _log_fault(
             configuration,
@@ -768,7 +789,7 @@ def k8s_freeze_model_server(
             "how": how,
             "timer": None,
         }
-        _save_state(configuration, "upstream-freeze", saved)
+        _save_state(configuration, "upstream-freeze", saved, t)
         fault_at = time.time()
         _log_fault(
             configuration,
@@ -867,7 +888,7 @@ def k8s_block_pod_ingress(
             "token": token,
             "labels": dict(chosen["metadata"].get("labels") or {}),
         }
-        _save_state(configuration, "upstream-ingress", saved)
+        _save_state(configuration, "upstream-ingress", saved, t)
         fault_at = time.time()
         _log_fault(
             configuration,
@@ -991,7 +1012,7 @@ def k8s_taint_model_node(
         before = k8s_pods.list_pods(ctx.core, t.namespace, t.selector)
         chosen = k8s_pods.select_pods(before, 1, [pod] if pod else None)[0]
         node = k8s_nodes.node_of_pod(ctx.core, t.namespace, chosen["metadata"]["name"])
-        _save_state(configuration, "node-taint", {"node": node, "key": key, "effect": effect})
+        _save_state(configuration, "node-taint", {"node": node, "key": key, "effect": effect}, t)
         fault_at = time.time()
         _log_fault(
             configuration,
@@ -1092,7 +1113,7 @@ def k8s_delete_model_node(
         chosen = k8s_pods.select_pods(before, 1, [pod] if pod else None)[0]
         node = k8s_nodes.node_of_pod(ctx.core, t.namespace, chosen["metadata"]["name"])
         raw = k8s_nodes.snapshot_node(ctx.core, node)
-        _save_state(configuration, "node-delete", {"node": node, "raw": raw})
+        _save_state(configuration, "node-delete", {"node": node, "raw": raw}, t)
         fault_at = time.time()
         _log_fault(configuration, {"kind": "k8s-node-delete", "fault_at": fault_at, "node": node})
         try:

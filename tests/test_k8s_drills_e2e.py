@@ -1,0 +1,351 @@
+"""The six other Kubernetes drills end to end through the command line, against the fake API.
+
+``chaos-infer drill run NAME --target k8s-target.yaml`` runs as a subprocess (KUBECONFIG pointing at
+the HTTP-level fake of tests/fake_k8s.py, a simulated engine on loopback as the target's ``url``),
+as ``tests/test_k8s_cli.py`` does for simultaneous-restarts. What a real cluster would do behind
+the API is scripted here: the fake's controllers (ReplicaSet, scheduler, taint manager, endpoint
+controller), a kubelet stand-in for the in-container programs (:class:`k8s_sim.SimContainer`:
+the hog makes the container restart ``OOMKilled``; SIGSTOP/SIGCONT flip the process states) and,
+for traffic-spike, an autoscaler that reads the load's own records and rescales the HPA when the
+send rate doubles. The engine behind ``url`` is one process, not the pods, so the client figures
+show a healthy service (availability 1.0): these tests check the plumbing (each fault reaches the
+cluster with the exact calls, its figures match the scripted ground truth, its rollback restores
+the cluster and removes its saved state), not the service's resilience.
+
+Holds and settles are shortened through the plan's ``vars`` (``hold_s``, ``settle_s``) so each
+drill takes about 10 s.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fake_k8s import ExecCall, ExecReply, FakeK8s, make_cluster, write_target
+from k8s_sim import SimContainer, kubelet_restart
+
+from chaoslib_infer.load.ceiling import sim_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S_EXPERIMENTS = ROOT / "experiments" / "k8s"
+NS = "llm"
+SPIKE_AT_S = 5.0  # traffic-spike: the baseline phase before the spike (seconds of the profile)
+
+COMMON_VARS = {"load_warmup_s": 2, "window_s": 2, "load_rate_rps": 10}
+VARS: dict[str, dict[str, Any]] = {
+    "node-loss": {"settle_s": 1},
+    "oom-kill": {"settle_s": 1},
+    "network-jitter": {"hold_s": 2, "settle_s": 1, "jitter_delay_ms": 150, "jitter_ms": 40},
+    "traffic-spike": {"load_profile": [[SPIKE_AT_S, 6], [4, 40], [6, 6]], "window_s": 3},
+    "upstream-timeout": {"hold_s": 2},
+    "quota-cut": {"hold_s": 2},
+}
+
+
+def _strip_rv(obj: dict[str, Any] | None) -> dict[str, Any]:
+    """The object without its resourceVersion (the only field a PUT back must change)."""
+    assert obj is not None
+    out = copy.deepcopy(obj)
+    out["metadata"].pop("resourceVersion", None)
+    return out
+
+
+class Kubelet:
+    """The exec handler of every model pod: one :class:`SimContainer` per pod; a memory hog
+    makes that container die ``OOMKilled`` and restart (:func:`k8s_sim.kubelet_restart`)."""
+
+    def __init__(self, fake: FakeK8s) -> None:
+        self.fake = fake
+        self.containers: dict[str, SimContainer] = {}
+        self.restarts: list[dict[str, Any]] = []  # ground truth of each scripted OOM kill
+
+    def _on_hog(self, pod: str) -> Callable[[int], None]:
+        def hog(mb: int) -> None:
+            truth = kubelet_restart(self.fake, NS, pod, "vllm", "OOMKilled", 137, 0.2, 0.3)
+            self.restarts.append({"pod": pod, "hog_mb": mb, "truth": truth})
+
+        return hog
+
+    def __call__(self, call: ExecCall) -> ExecReply:
+        sim = self.containers.get(call.pod)
+        if sim is None:
+            sim = self.containers[call.pod] = SimContainer(call.pod, on_hog=self._on_hog(call.pod))
+        return sim(call)
+
+
+class Autoscaler(threading.Thread):
+    """An HPA stand-in: every 0.2 s it counts the attempts the load scheduled in the last second
+    (``intended_at`` in the drill's records.jsonl: the offered rate, not skewed by a busy
+    client); the first time that count reaches ``threshold``, it rescales the HPA to ``desired``
+    (the fake then scales the Deployment 0.3 s later)."""
+
+    def __init__(self, fake: FakeK8s, records: Path, threshold: int, desired: int) -> None:
+        super().__init__(daemon=True)
+        self.fake, self.records, self.threshold, self.desired = fake, records, threshold, desired
+        self.fired_at: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2) and self.fired_at is None:
+            try:
+                lines = self.records.read_text().splitlines()
+            except OSError:
+                continue
+            now = time.time()
+            sent = 0
+            for line in lines[-200:]:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                if now - 1.0 <= float(rec.get("intended_at") or 0) <= now:
+                    sent += 1
+            if sent >= self.threshold:
+                self.fired_at = time.time()
+                self.fake.hpa_rescale(NS, "vllm", self.desired, scale_after_s=0.3)
+
+
+@pytest.fixture()
+def cluster(tmp_path: Path) -> Iterator[tuple[FakeK8s, dict[str, str]]]:
+    """The fake API (3 model pods, HPA ``vllm``); env with KUBECONFIG pointing at it."""
+    with FakeK8s(schedule_delay_s=0.1, ready_delay_s=0.2) as fake:
+        make_cluster(fake, hpa="vllm")
+        kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        env.pop("CHAOS_INFER_ALLOW", None)
+        yield fake, env
+
+
+def _run_drill(
+    tmp_path: Path, env: dict[str, str], name: str, url: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    plan = tmp_path / "plan.yaml"
+    drill = {
+        "name": name,
+        "experiment": str(K8S_EXPERIMENTS / f"{name}.yaml"),
+        "vars": {**COMMON_VARS, **VARS[name]},
+    }
+    plan.write_text(
+        yaml.safe_dump({"name": "k8s-e2e", "platform": "kubernetes", "drills": [drill]})
+    )
+    target = write_target(tmp_path / "k8s-target.yaml", Path(env["KUBECONFIG"]), url=url + "/v1")
+    doc = yaml.safe_load(target.read_text())
+    doc.pop("kubeconfig")  # the client finds the fake through $KUBECONFIG, as a user's would
+    doc["service"] = "vllm"
+    target.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", "drill", "run", name]
+        + ["--target", str(target), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env={**env, "CHAOS_INFER_K8S_PLAN": str(plan)},
+        timeout=90,
+        cwd=ROOT,
+    )
+    return proc, out
+
+
+def _outputs(journal: dict[str, Any]) -> dict[str, Any]:
+    """``{activity name: output}`` of the method (the last run of each name)."""
+    return {r["activity"]["name"]: r.get("output") for r in journal["run"]}
+
+
+@pytest.mark.parametrize("name", sorted(VARS))
+def test_k8s_drill_runs_end_to_end_on_the_fake_cluster(
+    tmp_path: Path, cluster: tuple[FakeK8s, dict[str, str]], name: str
+) -> None:
+    fake, env = cluster
+    kubelet = Kubelet(fake)
+    fake.exec_handler = kubelet
+    pods0 = {p["metadata"]["name"]: p for p in fake.pods(NS, "app=vllm")}
+    nodes0 = {n["metadata"]["name"]: n for n in fake.list("", "nodes")}
+    objs0 = {
+        "quota": fake.get("", "resourcequotas", "gpu-quota", NS),
+        "deployment": fake.get("apps", "deployments", "vllm", NS),
+        "hpa": fake.get("autoscaling", "horizontalpodautoscalers", "vllm", NS),
+    }
+    scaler = Autoscaler(fake, tmp_path / "out" / name / "records.jsonl", threshold=25, desired=4)
+    if name == "traffic-spike":
+        scaler.start()
+    try:
+        with sim_engine(zero_latency=False, itl_s=0.002, output_tokens=8) as url:
+            proc, out = _run_drill(tmp_path, env, name, url)
+    finally:
+        scaler.stop.set()
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text, text
+    assert proc.returncode == 0, text
+    run_dir = out / name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is True and summary["target"]["kind"] == "kubernetes"
+    (drill,) = summary["drills"]
+    assert drill["status"] == "passed", drill
+    assert drill["hypothesis"] == {"before": True, "after": True}
+    figures = drill["figures"]
+    # one engine behind the url, untouched by the cluster's faults: a healthy client view
+    assert figures["requests"] >= 20 and figures["availability"] == 1.0, figures
+    journal = json.loads((run_dir / "journal.json").read_text())
+    assert journal["status"] == "completed", journal["status"]
+    failed = [
+        r["activity"]["name"]
+        for r in journal["run"] + journal["rollbacks"]
+        if r.get("status") != "succeeded"
+    ]
+    assert failed == [], failed
+    assert [r["activity"]["name"] for r in journal["rollbacks"]][-1] == "stop-observation"
+    faults = [json.loads(line) for line in (run_dir / "faults.jsonl").read_text().splitlines()]
+    kinds = [f["kind"] for f in faults]
+    assert kinds[0] == "k8s-observation"
+    # every saved fault was undone by the drill's own rollback: nothing left to replay
+    assert sorted(p.name for p in run_dir.glob("k8s-state/*")) == []
+    assert (run_dir / "k8s-observations.jsonl").stat().st_size > 0
+    outputs = _outputs(journal)
+    CHECKS[name](Seen(fake, kubelet, scaler, outputs, faults, pods0, nodes0, objs0))
+
+
+@dataclass
+class Seen:
+    """What one drill run left: the fake, the scripted kubelet and autoscaler, the method's
+    outputs (by activity name), the fault log, and the cluster before the run."""
+
+    fake: FakeK8s
+    kubelet: Kubelet
+    scaler: Autoscaler
+    outputs: dict[str, Any]
+    faults: list[dict[str, Any]]
+    pods0: dict[str, dict[str, Any]]
+    nodes0: dict[str, dict[str, Any]]
+    objs0: dict[str, dict[str, Any] | None]
+
+
+def _check_node_loss(r: Seen) -> None:
+    taint = r.outputs["taint-model-node"]
+    node = taint["node"]
+    on_node = sorted(n for n, p in r.pods0.items() if p["spec"]["nodeName"] == node)
+    assert taint["taint"] == {
+        "key": "chaos-infer.io/node-loss",
+        "value": "true",
+        "effect": "NoExecute",
+    }
+    rec = taint["recovery"]
+    assert sorted(p["pod"] for p in rec["pods"]) == on_node and rec["unrecovered"] == []
+    # the fake schedules after 0.1 s and readies 0.2 s later; polled every 0.25 s
+    assert 0.3 - 0.05 <= rec["max_total_recovery_s"] <= 0.3 + 0.25 + 1.0, rec
+    assert _strip_rv(r.fake.get("", "nodes", node)) == _strip_rv(r.nodes0[node])  # taint removed
+    now = {p["metadata"]["name"]: p for p in r.fake.pods(NS, "app=vllm")}
+    assert len(now) == 3 and not set(now) & set(on_node)
+    assert all(p["spec"]["nodeName"] != node for p in now.values())
+    assert r.outputs["ready-endpoints-after-node-loss"] == 3
+    assert any(f["kind"] == "k8s-node-taint" and f.get("phase") == "cleared" for f in r.faults)
+
+
+def _check_oom_kill(r: Seen) -> None:
+    oom = r.outputs["oom-kill-model-server"]
+    (restart,) = r.kubelet.restarts
+    truth = restart["truth"]
+    assert oom["pod"] == restart["pod"] == sorted(r.pods0)[0]
+    assert oom["reason"] == "OOMKilled" and oom["exit_code"] == 137
+    assert oom["restart_count_before"] == 0 and oom["restart_count_after"] == 1
+    # the pods' limit is 24Gi; the hog defaults to limit + 10% + 64 MiB: ceil(27033.6) + 64
+    assert oom["memory_limit_bytes"] == 24 * 2**30
+    assert oom["hog_mb"] == restart["hog_mb"] == 27034 + 64
+    # observed to within the poll interval (0.5 s) of the scripted kubelet's ground truth
+    assert truth["died_at"] - 0.05 <= oom["oom_at"] <= truth["died_at"] + 0.5 + 0.3
+    assert truth["ready_at"] - 0.05 <= oom["ready_at"] <= truth["ready_at"] + 0.5 + 0.3
+    assert 0 <= oom["restart_s"] <= 0.2 + 0.5 + 0.3 and oom["ready_s"] >= oom["restart_s"]
+    assert r.outputs["oomkilled-pods"] == [oom["pod"]]
+    assert r.outputs["restart-counts"][oom["pod"]] == 1
+    assert sum(r.outputs["restart-counts"].values()) == 1
+    # the hog died with its container: the rollback had nothing to exec
+    hogs = [c for c in r.kubelet.containers[oom["pod"]].calls if c[1] == "hog"]
+    kills = [c for c in r.kubelet.containers[oom["pod"]].calls if c[1] == "kill"]
+    assert len(hogs) == 1 and kills == []
+
+
+def _check_network_jitter(r: Seen) -> None:
+    inj = r.outputs["inject-network-jitter"]
+    patches = r.fake.calls("PATCH", "/ephemeralcontainers")
+    assert [q.path for q in patches] == [
+        f"/api/v1/namespaces/{NS}/pods/{inj['pod']}/ephemeralcontainers"
+    ] * 2
+    added = [q.body["spec"]["ephemeralContainers"][-1] for q in patches]
+    assert added[0]["name"] == inj["container"] and added[1]["name"] == inj["container"] + "-undo"
+    assert added[0]["command"] == [
+        "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", "150ms", "40ms",
+        "distribution", "normal",
+    ]  # fmt: skip
+    assert added[1]["command"] == ["tc", "qdisc", "del", "dev", "eth0", "root"]
+    assert all(c["securityContext"]["capabilities"]["add"] == ["NET_ADMIN"] for c in added)
+    assert r.outputs["remove-network-jitter"].startswith("netem qdisc removed from pod")
+    assert [f.get("phase") for f in r.faults if f["kind"] == "k8s-network-jitter"] == [
+        None,
+        "cleared",
+    ]
+
+
+def _check_traffic_spike(r: Seen) -> None:
+    res = r.outputs["wait-for-scale-out"]
+    assert res["spike_source"] == "load profile (records.jsonl)"
+    assert res["timed_out"] is False and res["new_ready"] >= 1 and res["hpa"] == "vllm"
+    assert res["hpa_desired_before"] == 3 and res["hpa_desired_after"] == 4
+    (logged,) = [f for f in r.faults if f.get("spike_source")]
+    spike_at = logged["fault_at"]
+    # the autoscaler fired on the spike it saw in the records: after the spike's start
+    assert r.scaler.fired_at is not None and r.scaler.fired_at >= spike_at - 0.2
+    # the HPA decision is seen to within the probe's poll (1 s) of when it happened
+    assert abs(spike_at + res["hpa_desired_at_s"] - r.scaler.fired_at) <= 1.0 + 0.3, res
+    order = [res[k] for k in ("hpa_desired_at_s", "pod_created_at_s", "ready_at_s", "serving_at_s")]
+    assert order == sorted(order), res
+    assert res["completed_at_s"] >= res["serving_at_s"] and res["serving_at_s"] <= 4 + 2.0
+    assert len(r.fake.pods(NS, "app=vllm")) == 4
+
+
+def _check_upstream_timeout(r: Seen) -> None:
+    frz = r.outputs["freeze-model-server"]
+    sim = r.kubelet.containers[frz["pod"]]
+    assert sorted(frz["stopped"]) == [7, 9] and frz["not_stopped"] == []  # under tini: its tree
+    assert [c[1] for c in sim.calls][:3] == ["probe", "signal", "probe"]
+    # thawed by the rollback: every process runs again, the dead-man timer is gone
+    assert {pid: p["state"] for pid, p in sim.procs.items()} == {1: "S", 7: "S", 9: "S"}
+    assert frz["timer"]["pid"] not in sim.procs
+    assert any(c[1] == "signal" and c[2][0] == "CONT" for c in sim.calls)
+    assert r.outputs["ready-endpoints-while-frozen"] == 3
+
+
+def _check_quota_cut(r: Seen) -> None:
+    cut = r.outputs["cut-quota"]
+    assert cut["quota"]["after"] == "2" and cut["deployment"]["after"] == 2
+    assert cut["hpa"]["after"] == 2 and cut["hpa"]["min_after"] == 2
+    # put back exactly as saved before the cut
+    assert _strip_rv(r.fake.get("", "resourcequotas", "gpu-quota", NS)) == _strip_rv(
+        r.objs0["quota"]
+    )
+    assert _strip_rv(r.fake.get("apps", "deployments", "vllm", NS)) == _strip_rv(
+        r.objs0["deployment"]
+    )
+    assert _strip_rv(
+        r.fake.get("autoscaling", "horizontalpodautoscalers", "vllm", NS)
+    ) == _strip_rv(r.objs0["hpa"])
+    assert r.outputs["ready-endpoints-at-quota"] == 3
+
+
+CHECKS: dict[str, Callable[..., None]] = {
+    "node-loss": _check_node_loss,
+    "oom-kill": _check_oom_kill,
+    "network-jitter": _check_network_jitter,
+    "traffic-spike": _check_traffic_spike,
+    "upstream-timeout": _check_upstream_timeout,
+    "quota-cut": _check_quota_cut,
+}
