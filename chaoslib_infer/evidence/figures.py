@@ -189,11 +189,7 @@ def drill_figures(
     figures = common_figures(records, ledger)
     ground: dict[str, Any] = {}
     ctx = DrillContext(run_dir, records, faults, lab_events, ledger, served_after)
-    kinds: list[str] = []
-    for f in faults:
-        kind = str(f.get("kind") or "")
-        if kind and kind not in kinds:
-            kinds.append(kind)
+    kinds = _fault_kinds(faults)
     for kind in kinds:
         module = kind_module(kind)
         if module is None:
@@ -222,6 +218,9 @@ def _fault_kinds(faults: list[dict[str, Any]]) -> list[str]:
         kind = str(f.get("kind") or "")
         if kind and kind not in kinds:
             kinds.append(kind)
+    # the Kubernetes actions' own figures (journal outputs, fault log): kinds/k8s_actions.py;
+    # always, as an action that failed before logging a fault still has its failure line
+    kinds.append("k8s-actions")
     return kinds
 
 
