@@ -57,6 +57,14 @@ def _unix(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
+def _cap_end(gt: dict[str, Any]) -> float:
+    """End of the cap: the rollback starting the first stopped replica (``lift_started_at``),
+    never after the ledger's cleared event; checked here against the lab's own start events."""
+    lift, restored = gt["lift_started_at"], gt["restored_at"]
+    assert lift is not None and lift <= restored
+    return float(lift)
+
+
 def _check_faults_cleared_by_rollback(out: Path, drill: str) -> None:
     """Every fault the drill put in the lab's ledger was cleared by the rollback (before the
     journal ended and the lab went down), and the lab left no process behind."""
@@ -115,16 +123,22 @@ def test_quota_cut_to_the_planned_instances_carries_the_load(tmp_path: Path) -> 
     served = {
         e.server
         for e in hap.parse_request_log(out / "lab" / "haproxy-requests.log")
-        if e.forwarded_t is not None and gt["cut_done_at"] <= e.forwarded_t < gt["restored_at"]
+        if e.forwarded_t is not None and gt["cut_done_at"] <= e.forwarded_t < _cap_end(gt)
     }
     assert served == {"r0", "r1"}
     assert [(e["replica"], e["expected"]) for e in gt["stopped_exits"]] == [("r2", True)]
     assert gt["fault_at"] <= gt["stopped_exits"][0]["t"] <= gt["cut_done_at"] + 0.01
     assert gt["restored_ready_at"]["r2"] >= gt["cut_done_at"]
     assert gt["scale_outs_during_cut"] == 0
+    restarts = [
+        e["t"]
+        for e in _events(out / "lab")
+        if e.get("event") == "start" and e["replica"] == "r2" and e["t"] >= gt["cut_done_at"]
+    ]
+    assert gt["lift_started_at"] == restarts[0]  # the rollback's restart of the stopped replica
 
     # SLO figures at Q are the records sent while the cap held (counts exact)
-    at_q = [r for r in records if gt["cut_done_at"] <= r["sent_at"] < gt["restored_at"]]
+    at_q = [r for r in records if gt["cut_done_at"] <= r["sent_at"] < _cap_end(gt)]
     assert fig["quota_requests"] == len(at_q) > 60
     assert fig["quota_availability"] == sum(r["ok"] for r in at_q) / len(at_q) == 1.0
     assert fig["quota_p99_e2e_s"] <= 10.0
@@ -156,7 +170,7 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     assert fig["held_at_quota"] is False
     assert gt["servers_serving_during_cut"] == ["r0"] and gt["stopped"] == ["r1", "r2"]
     records = read_records(out / "quota-cut" / "records.jsonl")
-    at_q = [r for r in records if gt["cut_done_at"] <= r["sent_at"] < gt["restored_at"]]
+    at_q = [r for r in records if gt["cut_done_at"] <= r["sent_at"] < _cap_end(gt)]
     shed = [r for r in at_q if r["status"] == 429]
     assert shed and fig["quota_availability"] == (len(at_q) - sum(not r["ok"] for r in at_q)) / len(
         at_q
@@ -165,7 +179,7 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     samples = [
         json.loads(x) for x in (out / "lab" / "queue-depth.jsonl").read_text().splitlines() if x
     ]
-    capped = [s for s in samples if gt["cut_done_at"] <= s["t"] < gt["restored_at"]]
+    capped = [s for s in samples if gt["cut_done_at"] <= s["t"] < _cap_end(gt)]
     longest, since = 0.0, None
     for s in capped:  # the policy's condition: depth above 1 for >= 1 s without a break
         since = (since if since is not None else s["t"]) if s["depth"] > 1 else None

@@ -66,6 +66,8 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     held: ``quota_requests``, ``quota_availability``, ``quota_error_rate``, ``quota_timeout_rate``,
     ``quota_p50_e2e_s``, ``quota_p95_e2e_s``, ``quota_p99_e2e_s``.
     Ground truth: ``fault_at``, ``cut_done_at``, ``restored_at`` (cap cleared in the fault ledger),
+    ``lift_started_at`` (the rollback starts the first stopped replica: the cap's end for the
+    "at quota" window and ``servers_serving_during_cut``),
     ``quota``, ``kept``, ``stopped``, ``stopped_exits`` (the lab's exit events of the stopped
     replicas), ``servers_serving_during_cut`` (HAProxy log: servers that were sent requests while
     the cap held), ``instances_serving_during_cut``, ``restored_ready_at`` (ready events after the
@@ -87,7 +89,19 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
         ),
         None,
     )
-    end = restored_at
+    # the cap holds until the rollback starts the first stopped replica again (the ledger's
+    # "cleared" event comes only once the undo is complete, replicas ready and back in HAProxy)
+    lift_started_at = min(
+        (
+            float(e["t"])
+            for e in ctx.lab_events
+            if e.get("event") == "start"
+            and e.get("replica") in stopped
+            and float(e["t"]) >= cut_done
+        ),
+        default=None,
+    )
+    end = min((t for t in (restored_at, lift_started_at) if t is not None), default=None)
     if end is None:
         end = max((float(r["sent_at"]) for r in ctx.records if r.get("sent_at")), default=cut_done)
     at_q = window_stats(ctx.records, start=cut_done, end=end)
@@ -140,6 +154,7 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
         "fault_at": fault_at,
         "cut_done_at": cut_done,
         "restored_at": restored_at,
+        "lift_started_at": lift_started_at,
         "quota": int(fault["quota"]),
         "kept": fault.get("kept"),
         "stopped": stopped,
