@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from chaoslib.exceptions import ActivityFailed
 
@@ -54,6 +55,8 @@ __all__ = [
 ]
 
 ENV_TARGET = "CHAOS_INFER_K8S_TARGET"
+
+_T = TypeVar("_T")
 
 
 class _Ctx:
@@ -124,6 +127,40 @@ def _load_state(configuration: dict[str, Any] | None, kind: str) -> dict[str, An
 def _log_fault(configuration: dict[str, Any] | None, entry: dict[str, Any]) -> None:
     with settings.faults_path(configuration).open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry) + "\n")
+
+
+def _undo(
+    configuration: dict[str, Any] | None,
+    target_file: str | None,
+    kind: str,
+    nothing: _T,
+    undo: Callable[[_Ctx, dict[str, Any]], _T],
+    log_keys: tuple[str, ...] = (),
+    when_gone: Callable[[dict[str, Any]], _T] | None = None,
+) -> _T:
+    """The shape every rollback shares: read ``k8s-state/<kind>.json`` (none: return
+    ``nothing``, idempotent), run ``undo(ctx, state)``, then remove the state and append the
+    ``cleared`` line (kind ``k8s-<kind>`` plus the state's ``log_keys``) to the fault log.
+
+    A 404 is handed to ``when_gone(state)`` when given (the object went away with the fault);
+    any other :class:`K8sError` raises one ``ActivityFailed`` line and keeps the state, so
+    ``chaos-infer rollback`` can retry.
+    """
+    state = _load_state(configuration, kind)
+    if state is None:
+        return nothing
+    ctx = _ctx(target_file, configuration)
+    try:
+        result = undo(ctx, state)
+    except K8sError as exc:
+        if when_gone is None or exc.status != 404:
+            raise ActivityFailed(str(exc)) from None
+        result = when_gone(state)
+    _state_path(configuration, kind).unlink(missing_ok=True)
+    entry = {"kind": f"k8s-{kind}", "phase": "cleared", "at": time.time()}
+    entry.update({k: state[k] for k in log_keys if k in state})
+    _log_fault(configuration, entry)
+    return result
 
 
 def k8s_simultaneous_restarts(
@@ -275,17 +312,14 @@ def k8s_restore_quota(
     Raises:
         ActivityFailed: a PUT refused (403/404) or the object read back differs from the saved one.
     """
-    saved = _load_state(configuration, "quota-cut")
-    if saved is None:
-        return []
-    ctx = _ctx(target_file, configuration)
-    try:
-        done = k8s_quota.restore(ctx.core, ctx.apps, saved)
-    except K8sError as exc:
-        raise ActivityFailed(str(exc)) from None
-    _state_path(configuration, "quota-cut").unlink()
-    _log_fault(configuration, {"kind": "k8s-quota-cut", "phase": "cleared", "at": time.time()})
-    return done
+    nothing: list[str] = []
+    return _undo(
+        configuration,
+        target_file,
+        "quota-cut",
+        nothing,
+        lambda ctx, saved: k8s_quota.restore(ctx.core, ctx.apps, saved),
+    )
 
 
 def k8s_drain_model_node(
@@ -398,20 +432,14 @@ def k8s_uncordon_node(
     Raises:
         ActivityFailed: the PATCH was refused (403) or the node is gone (404).
     """
-    state = _load_state(configuration, "node-loss")
-    if state is None:
-        return "no node cordoned by this run"
-    ctx = _ctx(target_file, configuration)
-    try:
-        line = k8s_nodes.uncordon(ctx.core, state["node"], bool(state.get("was_unschedulable")))
-    except K8sError as exc:
-        raise ActivityFailed(str(exc)) from None
-    _state_path(configuration, "node-loss").unlink()
-    _log_fault(
+    return _undo(
         configuration,
-        {"kind": "k8s-node-loss", "phase": "cleared", "at": time.time(), "node": state["node"]},
+        target_file,
+        "node-loss",
+        "no node cordoned by this run",
+        lambda ctx, st: k8s_nodes.uncordon(ctx.core, st["node"], bool(st.get("was_unschedulable"))),
+        log_keys=("node",),
     )
-    return line
 
 
 def k8s_network_jitter(
@@ -833,20 +861,14 @@ def k8s_thaw_model_server(
     Raises:
         ActivityFailed: the pod could not be read or the exec was refused (403).
     """
-    state = _load_state(configuration, "upstream-freeze")
-    if state is None:
-        return "no model server frozen by this run"
-    ctx = _ctx(target_file, configuration)
-    try:
-        line = k8s_freeze.thaw(ctx.core, state)
-    except K8sError as exc:
-        raise ActivityFailed(str(exc)) from None
-    _state_path(configuration, "upstream-freeze").unlink(missing_ok=True)
-    _log_fault(
+    return _undo(
         configuration,
-        {"kind": "k8s-upstream-freeze", "phase": "cleared", "at": time.time(), "pod": state["pod"]},
+        target_file,
+        "upstream-freeze",
+        "no model server frozen by this run",
+        lambda ctx, st: k8s_freeze.thaw(ctx.core, st),
+        log_keys=("pod",),
     )
-    return line
 
 
 def k8s_block_pod_ingress(
@@ -1060,22 +1082,15 @@ def k8s_remove_node_taint(
     Raises:
         ActivityFailed: 403, or 409 (the node changed during the PATCH).
     """
-    state = _load_state(configuration, "node-taint")
-    if state is None:
-        return "no node tainted by this run"
-    ctx = _ctx(target_file, configuration)
-    try:
-        line = k8s_nodes.untaint(ctx.core, state["node"], state["key"], state["effect"])
-    except K8sError as exc:
-        if exc.status != 404:
-            raise ActivityFailed(str(exc)) from None
-        line = f"node {state['node']} is gone; its taint went with it"
-    _state_path(configuration, "node-taint").unlink(missing_ok=True)
-    _log_fault(
+    return _undo(
         configuration,
-        {"kind": "k8s-node-taint", "phase": "cleared", "at": time.time(), "node": state["node"]},
+        target_file,
+        "node-taint",
+        "no node tainted by this run",
+        lambda ctx, st: k8s_nodes.untaint(ctx.core, st["node"], st["key"], st["effect"]),
+        log_keys=("node",),
+        when_gone=lambda st: f"node {st['node']} is gone; its taint went with it",
     )
-    return line
 
 
 def k8s_delete_model_node(
@@ -1150,17 +1165,11 @@ def k8s_restore_node(
     Raises:
         ActivityFailed: 403 (nodes create) or another API error.
     """
-    state = _load_state(configuration, "node-delete")
-    if state is None:
-        return "no node deleted by this run"
-    ctx = _ctx(target_file, configuration)
-    try:
-        line = k8s_nodes.recreate_node(ctx.core, state["raw"])
-    except K8sError as exc:
-        raise ActivityFailed(str(exc)) from None
-    _state_path(configuration, "node-delete").unlink(missing_ok=True)
-    _log_fault(
+    return _undo(
         configuration,
-        {"kind": "k8s-node-delete", "phase": "cleared", "at": time.time(), "node": state["node"]},
+        target_file,
+        "node-delete",
+        "no node deleted by this run",
+        lambda ctx, st: k8s_nodes.recreate_node(ctx.core, st["raw"]),
+        log_keys=("node",),
     )
-    return line
