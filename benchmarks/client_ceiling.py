@@ -66,6 +66,7 @@ from typing import Any
 
 MODEL = "chaos-sim"
 PEERS = ("aiperf", "guidellm", "inference-perf", "vllm")
+TRANSPORTS = ("aiohttp", "raw")
 DEFAULT_PEER_DIR = Path("/tmp/chaos-infer-peers")
 SAMPLE_S = 0.2
 _TCK = os.sysconf("SC_CLK_TCK")
@@ -682,8 +683,9 @@ def ensure_tokenizer(peer_dir: Path, venvs: list[Path]) -> Path | None:
 
 
 def ours_main(argv: list[str]) -> None:
-    """``client_ceiling.py _ours MODE URL DURATION_S CONCURRENCY MAX_TOKENS RATE OUT``: run our
-    client (``run_load``, records streamed to ``OUT``) and print its summary as JSON.
+    """``client_ceiling.py _ours MODE URL DURATION_S CONCURRENCY MAX_TOKENS RATE OUT [TRANSPORT]``:
+    run our client (``run_load``, records streamed to ``OUT``, ``LoadSpec.transport`` TRANSPORT,
+    default the spec's default) and print its summary as JSON.
 
     MODE ``closed``: constant arrivals far above any rate this client can reach, capped at
     CONCURRENCY in flight (a closed loop through the real open-loop path). MODE ``open``: Poisson
@@ -691,9 +693,11 @@ def ours_main(argv: list[str]) -> None:
     """
     from chaoslib_infer.load.client import LoadSpec, run_load_blocking
 
-    mode, url, dur, conc, toks, rate, out = argv
+    mode, url, dur, conc, toks, rate, out = argv[:7]
     closed = mode == "closed"
+    transport = {"transport": argv[7]} if len(argv) > 7 else {}
     spec = LoadSpec(
+        **transport,  # type: ignore[arg-type]
         url=url, api="completions", model=MODEL, rate_rps=20_000.0 if closed else float(rate),
         duration_s=float(dur), max_concurrency=int(conc), max_tokens=int(toks), prompt_words=12,
         arrival="constant" if closed else "poisson", timeout_s=30.0,
@@ -768,6 +772,9 @@ def _fmt(v: float | None, spec: str = ".0f") -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (``--help``)."""
+    from chaoslib_infer.load.client import LoadSpec
+
+    default_transport = LoadSpec.__dataclass_fields__["transport"].default
     p = argparse.ArgumentParser(
         prog="client_ceiling.py",
         description=(
@@ -828,6 +835,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="run every tool this many times, interleaved; medians shown (default 1)",
     )
+    p.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default=default_transport,
+        help="our client's transport for the 'ours' row, the ratio and the TTFT run "
+        "(default %(default)s, LoadSpec's default)",
+    )
+    p.add_argument(
+        "--also-transport",
+        choices=(*TRANSPORTS, "none"),
+        default=None,
+        help="an extra row 'ours-<transport>' (ceiling and TTFT error), interleaved; default: "
+        "the transport --transport is not; 'none' to skip",
+    )
     p.add_argument("--engine-core", type=int, default=0, help="core of the engine (default 0)")
     p.add_argument("--client-core", type=int, default=1, help="core of each client (default 1)")
     p.add_argument(
@@ -842,6 +863,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         p.error(f"unknown peer {bad[0]!r} (known: {', '.join(PEERS)})")
     a.peer_list = list(dict.fromkeys(peers))
+    if a.also_transport is None:
+        a.also_transport = next(t for t in TRANSPORTS if t != a.transport)
+    if a.also_transport in ("none", a.transport):
+        a.also_transport = None
     if not (a.duration_s >= 3 and a.ttft_duration_s >= 1):
         p.error("--duration-s must be >= 3 and --ttft-duration-s >= 1")
     if a.max_tokens < 2 or a.concurrency < 1 or a.install_cap_s <= 0 or a.rounds < 1:
@@ -901,9 +926,14 @@ def _bench(a: argparse.Namespace, work: Path) -> int:
         ctx = Ctx(eng.url, a.max_tokens, a.concurrency, a.duration_s, tokenizer, work, a.peer_dir)
         for rnd in range(a.rounds):
             wait_idle(eng)
-            ours = _run_ours(me, eng, a, work / f"ours-{rnd}")
+            ours = _run_ours(me, eng, a, work / f"ours-{rnd}", a.transport)
             runs.setdefault("ours", []).append(ours)
             ctx.expected_rps = max(ctx.expected_rps if rnd else 0.0, ours.engine_rps or 0.0)
+            if a.also_transport:
+                alt = f"ours-{a.also_transport}"
+                wait_idle(eng)
+                got_alt = _run_ours(me, eng, a, work / f"{alt}-{rnd}", a.also_transport, alt)
+                runs.setdefault(alt, []).append(got_alt)
             for name, venv in venvs.items():
                 if name in skipped:
                     continue
@@ -913,35 +943,42 @@ def _bench(a: argparse.Namespace, work: Path) -> int:
                     skipped[name] = got
                 else:
                     runs.setdefault(name, []).append(got)
-        # ---- TTFT error at half our ceiling
-        wait_idle(eng)
+        # ---- TTFT error at half our ceiling (the same rate for --also-transport)
         half = statistics.median(r.engine_rps or 0.0 for r in runs["ours"]) / 2
-        os.truncate(eng.ttft_log, 0)  # the engine appends (O_APPEND): only this run's lines
-        tdir = work / "ours-ttft"
-        tdir.mkdir(exist_ok=True)
-        argv = [*me, "open", eng.url, str(a.ttft_duration_s), "1024", str(a.max_tokens),
-                str(half), str(tdir / "records.jsonl")]  # fmt: skip
-        tr, rc = run_tool("ours-ttft", argv, eng, a.client_core, a.ttft_duration_s + 60,
-                          tdir / "log.txt")  # fmt: skip
-        if rc != 0:
-            raise BenchError(f"the TTFT run failed (exit {rc})")
-        wait_idle(eng)
-        terr = ttft_error(tdir / "records.jsonl", eng.ttft_log)
+        ttft: list[tuple[str, dict[str, Any], Run]] = []
+        for transport in (a.transport, a.also_transport):
+            if transport is None:
+                continue
+            wait_idle(eng)
+            os.truncate(eng.ttft_log, 0)  # the engine appends (O_APPEND): only this run's lines
+            tdir = work / f"ours-ttft-{transport}"
+            tdir.mkdir(exist_ok=True)
+            argv = [*me, "open", eng.url, str(a.ttft_duration_s), "1024", str(a.max_tokens),
+                    str(half), str(tdir / "records.jsonl"), transport]  # fmt: skip
+            tr, rc = run_tool("ours-ttft", argv, eng, a.client_core, a.ttft_duration_s + 60,
+                              tdir / "log.txt")  # fmt: skip
+            if rc != 0:
+                raise BenchError(f"the TTFT run ({transport}) failed (exit {rc})")
+            wait_idle(eng)
+            ttft.append((transport, ttft_error(tdir / "records.jsonl", eng.ttft_log), tr))
     merged = [_median_run(name, rs) for name, rs in runs.items()]
-    _report(merged, skipped, terr, half, tr, a)
+    _report(merged, skipped, ttft, half, a)
     return 0
 
 
-def _run_ours(me: list[str], eng: Engine, a: argparse.Namespace, out: Path) -> Run:
-    """One closed-loop run of our client (``run_load``, records streamed to disk).
+def _run_ours(
+    me: list[str], eng: Engine, a: argparse.Namespace, out: Path, transport: str, row: str = "ours"
+) -> Run:
+    """One closed-loop run of our client (``run_load`` over ``transport``, records streamed to
+    disk), shown as ``row``.
 
     Raises:
         BenchError: it failed or served too few requests.
     """
     out.mkdir(parents=True, exist_ok=True)
     argv = [*me, "closed", eng.url, str(a.duration_s), str(a.concurrency), str(a.max_tokens),
-            "0", str(out / "records.jsonl")]  # fmt: skip
-    run, rc = run_tool("ours", argv, eng, a.client_core, a.duration_s + 60, out / "log.txt")
+            "0", str(out / "records.jsonl"), transport]  # fmt: skip
+    run, rc = run_tool(row, argv, eng, a.client_core, a.duration_s + 60, out / "log.txt")
     log = (out / "log.txt").read_text(errors="replace")
     if rc != 0 or run.engine_rps is None:
         raise BenchError(f"our client failed (exit {rc}): {log.strip()[-300:]}")
@@ -1000,9 +1037,8 @@ def _median_run(name: str, runs: list[Run]) -> Run:
 def _report(
     runs: list[Run],
     skipped: dict[str, str],
-    terr: dict[str, Any],
+    ttft: list[tuple[str, dict[str, Any], Run]],
     half: float,
-    ttft_run: Run,
     a: argparse.Namespace,
 ) -> None:
     head = (f"{'tool':<16}{'own req/s':>10}{'engine req/s':>13}{'tok/req':>8}{'client CPU':>11}"
@@ -1018,7 +1054,7 @@ def _report(
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     ours = runs[0]
-    peers = runs[1:]
+    peers = [r for r in runs if not r.tool.startswith("ours")]
     ratio = math.nan
     if peers:
         best_rps = max(peers, key=lambda r: r.engine_rps or 0)
@@ -1029,6 +1065,10 @@ def _report(
             ratio = ours.req_per_core_s / best.req_per_core_s
         print(f"ratio req per client core-second, ours / best peer ({best.tool}): {ratio:.2f} "
               "(target >= 1.5, aim 2)")  # fmt: skip
+        for alt in runs[1:]:
+            if alt.tool.startswith("ours") and alt.req_per_core_s and best.req_per_core_s:
+                print(f"ratio req per client core-second, {alt.tool} / best peer ({best.tool}): "
+                      f"{alt.req_per_core_s / best.req_per_core_s:.2f}")  # fmt: skip
     busy = [r.tool for r in runs if r.cpu_util is not None and r.cpu_util < 0.9]
     if busy:
         print(f"note: {', '.join(busy)} used < 90% of the client core: the one-core engine (or "
@@ -1038,23 +1078,26 @@ def _report(
         "multi-process tool its own processes queueing for the one core); a high share "
         "from other work makes every figure, the TTFT tail most, noisy")  # fmt: skip
     ms = lambda v: _fmt(None if v is None else v * 1000, ".3f")  # noqa: E731
-    verdict = "PASS" if terr["p99_s"] is not None and terr["p99_s"] <= 0.001 else "FAIL"
-    print(
-        f"TTFT error at half our ceiling ({half:.0f} req/s Poisson, {a.ttft_duration_s:g} s, "
-        f"engine-counted {_fmt(ttft_run.engine_rps)} req/s, client run-queue wait "
-        f"{_fmt(None if ttft_run.runq_share is None else 100 * ttft_run.runq_share)}%; "
-        f"{terr['matched']} of {terr['ok']} ok "
-        f"requests matched by id): P50 {ms(terr['p50_s'])} ms, P99 {ms(terr['p99_s'])} ms, "
-        f"max {ms(terr['max_s'])} ms (target P99 <= 1 ms: {verdict}); client TTFT P50/P99 "
-        f"{ms(terr['client_p50_s'])}/{ms(terr['client_p99_s'])} ms, engine TTFT P50/P99 "
-        f"{ms(terr['server_p50_s'])}/{ms(terr['server_p99_s'])} ms"
-    )
-    print(
-        f"TTFT error legs: send -> engine arrival (client send path + loopback + engine HTTP "
-        f"parsing/queueing) P50/P99 {ms(terr['up_p50_s'])}/{ms(terr['up_p99_s'])} ms; engine "
-        f"first token sent -> parsed by our client (loopback + client receive path) P50/P99 "
-        f"{ms(terr['down_p50_s'])}/{ms(terr['down_p99_s'])} ms"
-    )
+    for transport, terr, ttft_run in ttft:
+        verdict = "PASS" if terr["p99_s"] is not None and terr["p99_s"] <= 0.001 else "FAIL"
+        print(
+            f"TTFT error, transport {transport}, at half our ceiling ({half:.0f} req/s Poisson, "
+            f"{a.ttft_duration_s:g} s, engine-counted {_fmt(ttft_run.engine_rps)} req/s, client "
+            f"run-queue wait "
+            f"{_fmt(None if ttft_run.runq_share is None else 100 * ttft_run.runq_share)}%; "
+            f"{terr['matched']} of {terr['ok']} ok "
+            f"requests matched by id): P50 {ms(terr['p50_s'])} ms, P99 {ms(terr['p99_s'])} ms, "
+            f"max {ms(terr['max_s'])} ms (target P99 <= 1 ms: {verdict}); client TTFT P50/P99 "
+            f"{ms(terr['client_p50_s'])}/{ms(terr['client_p99_s'])} ms, engine TTFT P50/P99 "
+            f"{ms(terr['server_p50_s'])}/{ms(terr['server_p99_s'])} ms"
+        )
+        print(
+            f"TTFT error legs ({transport}): send -> engine arrival (client send path + loopback "
+            f"+ engine HTTP parsing/queueing) P50/P99 {ms(terr['up_p50_s'])}/"
+            f"{ms(terr['up_p99_s'])} ms; engine first token sent -> parsed by our client "
+            f"(loopback + client receive path) P50/P99 "
+            f"{ms(terr['down_p50_s'])}/{ms(terr['down_p99_s'])} ms"
+        )
     print(f"ratio_vs_best_peer={ratio:.3f}" if math.isfinite(ratio) else "ratio_vs_best_peer=nan")
 
 

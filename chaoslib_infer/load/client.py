@@ -1,4 +1,8 @@
-"""Open-loop streaming load generator for OpenAI-compatible inference services (aiohttp).
+"""Open-loop streaming load generator for OpenAI-compatible inference services.
+
+Two transports, same records and error classes (``LoadSpec.transport``): ``"raw"`` (default;
+``rawhttp``: asyncio Protocol + httptools, keep-alive pool, SSE parsed in ``data_received``) and
+``"aiohttp"``.
 
 Arrivals follow an absolute, precomputed schedule (``schedule.poisson_schedule`` by default): request
 *i* is due at ``start + offset[i]`` whatever happened to earlier requests. A concurrency cap
@@ -48,7 +52,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -62,6 +66,9 @@ from .schedule import (
     profile_schedule,
 )
 from .sse import StreamParser
+
+if TYPE_CHECKING:
+    from .rawhttp import RawSession
 
 __all__ = [
     "DEFAULT_RETRY_ON",
@@ -159,6 +166,9 @@ class LoadSpec:
             in ``ERROR_CLASSES``.
         profile: consecutive ``(duration_s, rate_rps)`` phases; when given it defines the
             schedule (``schedule.profile_schedule``), ``duration_s`` and ``rate_rps``.
+        transport: ``"raw"`` (default; ``rawhttp``: asyncio Protocol + httptools, less client
+            CPU per request, chunk times taken as the bytes arrive) or ``"aiohttp"``; same
+            records and error classes.
 
     Raises:
         ValueError: from ``__post_init__`` on an invalid value (one-line message).
@@ -186,6 +196,7 @@ class LoadSpec:
     attempt_timeout_s: float | None = None
     retry_on: tuple[str, ...] = DEFAULT_RETRY_ON
     profile: list[tuple[float, float]] | None = None
+    transport: Literal["aiohttp", "raw"] = "raw"
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -195,6 +206,8 @@ class LoadSpec:
             raise ValueError(f"api must be 'chat' or 'completions', got {self.api!r}")
         if self.arrival not in ("poisson", "constant"):
             raise ValueError(f"arrival must be 'poisson' or 'constant', got {self.arrival!r}")
+        if self.transport not in ("aiohttp", "raw"):
+            raise ValueError(f"transport must be 'aiohttp' or 'raw', got {self.transport!r}")
 
         def pos(
             name: str, v: float | None, allow_none: bool = False, allow_zero: bool = False
@@ -335,10 +348,15 @@ def build_body(spec: LoadSpec, rng: random.Random, nonce: str | None = None) -> 
     return body
 
 
-def make_session(spec: LoadSpec) -> aiohttp.ClientSession:
+def make_session(spec: LoadSpec) -> aiohttp.ClientSession | RawSession:
     """An aiohttp session for ``spec``: no connection limit (the run caps concurrency), no
     redirects, no proxies from the environment, connect timeout ``spec.connect_timeout_s``; all
-    other timeouts are enforced by ``send_attempt``. Must be created inside a running loop."""
+    other timeouts are enforced by ``send_attempt``. Must be created inside a running loop.
+    With ``spec.transport == "raw"``: a ``rawhttp.RawSession`` with the same behaviour."""
+    if spec.transport == "raw":
+        from .rawhttp import RawSession
+
+        return RawSession(spec)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=spec.connect_timeout_s)
     session = aiohttp.ClientSession(
@@ -433,7 +451,7 @@ class _Deadline:
 
 
 async def send_attempt(
-    session: aiohttp.ClientSession,
+    session: aiohttp.ClientSession | RawSession,
     spec: LoadSpec,
     body: bytes,
     request_id: str,
@@ -445,7 +463,7 @@ async def send_attempt(
     service-side failures; ``asyncio.CancelledError`` propagates and produces no record).
 
     Args:
-        session: from ``make_session``.
+        session: from ``make_session`` (a ``RawSession`` goes to ``rawhttp.send_attempt_raw``).
         spec: timeouts, headers.
         body: JSON request body (bytes).
         request_id: the logical request id, sent as ``X-Request-Id``; retries reuse it.
@@ -457,6 +475,10 @@ async def send_attempt(
         The record dict of contracts.md section 3; times in unix seconds. ``final`` is True (a lone
         attempt ends its logical request); the retry policy of ``run_load`` sets it.
     """
+    if not isinstance(session, aiohttp.ClientSession):
+        from .rawhttp import send_attempt_raw
+
+        return await send_attempt_raw(session, spec, body, request_id, attempt, intended_at, url)
     loop = asyncio.get_running_loop()
     pc = time.perf_counter
     headers = {"X-Request-Id": request_id}
