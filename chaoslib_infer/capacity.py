@@ -1,6 +1,6 @@
-"""Capacity planning: the seed's instance-count formula, as one function everyone calls.
+"""Capacity planning: the instance-count formula, as one function everyone calls.
 
-From ``shared/domain.md`` ("Capacity planning")::
+From ``docs/definitions.md`` ("Capacity planning")::
 
     instances = ceil(peak_QPS x expected_latency_s / max_concurrency_per_instance / redundancy_factor)
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 __all__ = ["AUTOSCALER_MIN_SHARE", "ACCEPTANCE_FACTOR", "CapacityPlan", "instances", "plan"]
 
-#: The autoscaler's minimum as a share of the planned instances (shared/domain.md: "about 60%").
+#: The autoscaler's minimum as a share of the planned instances (docs/definitions.md: "about 60%").
 AUTOSCALER_MIN_SHARE = 0.6
-#: Acceptance load as a multiple of the real peak (shared/domain.md: "1.5x the real peak").
+#: Acceptance load as a multiple of the real peak (docs/definitions.md: "1.5x the real peak").
 ACCEPTANCE_FACTOR = 1.5
 #: Tolerance for float error before rounding up (200 x 1 / 20 / 0.5 must give 20, not 21).
 _EPS = 1e-9
@@ -73,7 +73,7 @@ def plan(
     max_concurrency_per_instance: float,
     redundancy_factor: float = 0.7,
 ) -> CapacityPlan:
-    """Plan the instance count with the seed's formula (``shared/domain.md``).
+    """Plan the instance count with the capacity formula (``docs/definitions.md``).
 
     Args:
         peak_qps: peak requests/s (> 0).
@@ -120,7 +120,7 @@ def instances(
 ) -> int:
     """``ceil(peak_QPS x expected_latency_s / max_concurrency_per_instance / redundancy_factor)``.
 
-    Example (``shared/domain.md``): ``instances(200, 1.0, 20, 0.7) == 15``.
+    Example (``docs/definitions.md``): ``instances(200, 1.0, 20, 0.7) == 15``.
 
     Raises:
         ValueError: see :func:`plan`.

@@ -6,9 +6,9 @@ share, as ratios 0..1). On a machine without NVML (no driver, no GPU, no ``pynvm
 ``{"available": False, "reason": "..."}`` instead of raising: a drill on a CPU-only box still runs,
 and its evidence says why there is no GPU figure.
 
-Thresholds (``shared/domain.md``, alert table): GPU memory > 92% for 5 min, GPU utilisation > 95%
-for 10 min. Cluster-side, the same figures come from the DCGM exporter through Prometheus
-(``DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)`` and
+Thresholds (``docs/definitions.md``, "Alert table"): GPU memory > 92% for 5 min, GPU
+utilisation > 95% for 10 min. Cluster-side, the same figures come from the DCGM exporter through
+Prometheus (``DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)`` and
 ``DCGM_FI_DEV_GPU_UTIL / 100``; see :mod:`chaoslib_infer.prometheus`).
 """
 
@@ -26,9 +26,9 @@ __all__ = [
     "unavailable",
 ]
 
-#: The seed's GPU memory alert threshold (share of memory used).
+#: The GPU memory alert threshold (share of memory used).
 MEMORY_ALERT_RATIO = 0.92
-#: The seed's GPU utilisation watch threshold (share of time busy).
+#: The GPU utilisation watch threshold (share of time busy).
 UTILISATION_ALERT_RATIO = 0.95
 
 _LOCK = threading.Lock()

@@ -106,7 +106,7 @@ def test_quota_cut_to_the_planned_instances_carries_the_load(tmp_path: Path) -> 
     fig, gt = drill["figures"], drill["ground_truth"]
     records = read_records(out / "quota-cut" / "records.jsonl")
 
-    # the quota is the seed's formula for the drill's load: 8 req/s x P50 / max_num_seqs 4 / 0.7
+    # the quota is the capacity formula for the drill's load: 8 req/s x P50 / max_num_seqs 4 / 0.7
     assert fig["quota_source"] == "formula"
     assert fig["offered_rps"] == 8.0 and fig["max_concurrency_per_instance"] == 4
     steady = window_stats(records, start=gt["fault_at"] - 8.0, end=gt["fault_at"])

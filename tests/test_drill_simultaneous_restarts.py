@@ -82,7 +82,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _interruption(records: list[dict[str, Any]], fault_at: float, settle_s: float = 5.0) -> float:
-    """The measurement.md definition, written again (see test_drill_upstream_timeout)."""
+    """The docs/definitions.md definition, written again (see test_drill_upstream_timeout)."""
     ends = sorted((r["end_at"], bool(r["ok"])) for r in records if r["end_at"] >= fault_at)
     fails = [t for t, ok in ends if not ok]
     if not fails:

@@ -75,7 +75,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _interruption(records: list[dict[str, Any]], fault_at: float, settle_s: float = 5.0) -> float:
-    """The measurement.md definition, written again: first failure after the fault to the last
+    """The docs/definitions.md definition, written again: first failure after the fault to the last
     failure followed by ``settle_s`` with at least one success and no failed request in flight
     (one sent before the window's end that failed after the failure: a hung request)."""
     after = [r for r in records if r["end_at"] >= fault_at]

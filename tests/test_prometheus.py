@@ -1,4 +1,4 @@
-"""Alert rules (the seed's alert table) and PromQL probes against a fake Prometheus on loopback.
+"""Alert rules (docs/definitions.md alert table) and PromQL probes against a fake Prometheus.
 
 ``promtool`` (Debian package ``prometheus``) checks the generated rules and evaluates them on
 synthetic series (``promtool test rules``); those tests skip, saying so, where it is absent.
@@ -33,7 +33,7 @@ needs_promtool = pytest.mark.skipif(
     reason="promtool not installed (Debian package 'prometheus'): rule files not checked",
 )
 
-# alert -> (for, threshold, substrings its expr must contain), from shared/domain.md's table
+# alert -> (for, threshold, substrings its expr must contain), from docs/definitions.md's table
 EXPECTED = {
     "InferenceErrorRateHigh": (
         "3m",

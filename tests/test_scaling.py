@@ -33,7 +33,7 @@ from chaoslib_infer.lab.scaling import (
     stop_replica,
 )
 
-# -- capacity formula (shared/domain.md) ----------------------------------------------------
+# -- capacity formula (docs/definitions.md) -------------------------------------------------
 
 
 def test_capacity_formula_reproduces_the_seed_example() -> None:

@@ -1,4 +1,4 @@
-"""Scorecard in the seed's tiers, from a hand-made summary and records (exact arithmetic)."""
+"""Scorecard in three priority tiers, from a hand-made summary and records (exact arithmetic)."""
 
 from __future__ import annotations
 

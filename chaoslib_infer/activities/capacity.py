@@ -4,8 +4,9 @@ Both act on the local lab (see :mod:`chaoslib_infer.lab.scaling`) and append the
 drill's fault log (``<infer_run_dir>/faults.jsonl``), from which
 ``chaoslib_infer.evidence.kinds.quota_cut`` / ``traffic_spike`` compute the figures.
 
-- :func:`cut_replica_quota` plans the instance count for the drill's own load with the seed's formula
-  (:mod:`chaoslib_infer.capacity`) and caps the serving replicas at that quota (or at a given one).
+- :func:`cut_replica_quota` plans the instance count for the drill's own load with the capacity
+  formula (:mod:`chaoslib_infer.capacity`) and caps the serving replicas at that quota (or at a
+  given one).
 - :func:`inject_traffic_spike` records the spike that the background load's rate ``profile`` is about
   to play (before it starts) and waits for it; :func:`wait_for_spike_over` waits until the spike and
   a settling time are over and reports the lab's scale-out ground truth.
@@ -60,7 +61,7 @@ def cut_replica_quota(
 ) -> dict[str, Any]:
     """Lower the replicas allowed to ``quota`` while the planned load goes on.
 
-    The quota defaults to the seed's capacity formula for the offered load (``shared/domain.md``):
+    The quota defaults to the capacity formula for the offered load (``docs/definitions.md``):
     ``ceil(offered_rps x expected_latency_s / max_concurrency_per_instance / redundancy_factor)``,
     with the latency the steady-state P50 E2E of the last ``window_s`` seconds and the concurrency
     the engine's ``max_num_seqs`` (from the lab's engine arguments). The replicas beyond the quota

@@ -6,7 +6,7 @@ tolerance can decide whether a missing GPU matters. Cluster-side through the DCG
 in Prometheus (``DCGM_FI_DEV_FB_USED``/``DCGM_FI_DEV_FB_FREE``, ``DCGM_FI_DEV_GPU_UTIL``), with the
 queries of the alert rules (:mod:`chaoslib_infer.prometheus`).
 
-Thresholds from ``shared/domain.md``: memory > 92%, utilisation > 95%.
+Thresholds from ``docs/definitions.md``: memory > 92%, utilisation > 95%.
 """
 
 from __future__ import annotations

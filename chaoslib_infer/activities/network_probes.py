@@ -27,7 +27,7 @@ def duplicates_check(
 
     Counts the logical requests of this run's background load (every attempt record since the
     load started) that the engine generated more than once, from the lab's generation ledger
-    (definition: ``shared/measurement.md``, "Duplicate generations").
+    (definition: ``docs/definitions.md``, "Drill figures").
 
     Args:
         max_duplicates: the budget (logical requests generated more than once); a negative value

@@ -134,7 +134,7 @@ def error_rate(
 
     Returns:
         :func:`prometheus_query`'s mapping plus ``"threshold": 0.005`` and ``"passed"`` (value below
-        the seed's 0.5% alert threshold; ``None`` without data).
+        the 0.5% alert threshold; ``None`` without data).
 
     Raises:
         ActivityFailed: see :func:`prometheus_query`; a malformed window or selector.
@@ -203,7 +203,7 @@ def restarts(
 
     Returns:
         :func:`prometheus_query`'s mapping (``value``: the most restarts of any container) plus
-        ``"threshold": 2`` and ``"passed"`` (no container above the seed's 2 per hour).
+        ``"threshold": 2`` and ``"passed"`` (no container above the alert's 2 per hour).
 
     Raises:
         ActivityFailed: see :func:`prometheus_query`.

@@ -2,9 +2,9 @@
 
 Every probe reads the per-attempt records that the load control streams to
 ``<infer_run_dir>/records.jsonl`` and looks at the attempts *sent* in the last ``window_s`` seconds
-that have completed. Definitions follow ``shared/measurement.md``: availability, error rate and timeout
-rate are over attempted requests; latency percentiles are over successful requests, with the failed
-(censored) fraction reported beside them.
+that have completed. Definitions follow ``docs/definitions.md``: availability, error rate and
+timeout rate are over attempted requests; latency percentiles are over successful requests, with
+the failed (censored) fraction reported beside them.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def availability(window_s: float = 10.0, configuration: dict[str, Any] | None = 
     """Return availability over the last ``window_s`` seconds: successful / attempted requests (0..1).
 
     Timeouts, HTTP 5xx and 429, error objects in a 200 stream, empty, garbled and truncated replies
-    all count as failures (``shared/domain.md``). Returns 0.0 when no request was attempted, so a
+    all count as failures (``docs/definitions.md``). Returns 0.0 when no request was attempted, so a
     silent target never passes.
     """
     stats = _stats(window_s, configuration)
@@ -143,7 +143,7 @@ def slo_check(
     window_s: float = 10.0,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Check one acceptance metric of ``shared/domain.md`` over the last ``window_s`` seconds.
+    """Check one acceptance metric of ``docs/definitions.md`` over the last ``window_s`` seconds.
 
     Thresholds default to the acceptance table (P50 E2E <= 2 s, P95 <= 3x P50, P99 <= 10 s,
     timeout rate < 0.5%, error rate < 0.1%, availability >= 99.9%) and are overridden by

@@ -5,7 +5,7 @@ file (:mod:`chaoslib_infer.platforms.endpoint`: profile, URL, model, key source,
 outside the allowlist), probes each for conformance to its provider profile
 (:mod:`chaoslib_infer.providers`), runs the plan's phases against each in turn
 (:mod:`chaoslib_infer.certify.run`: three-phase load test, soak, client-side faults), scores them
-in the seed's tiers and ranks them (:mod:`chaoslib_infer.certify.report`), then writes
+in three priority tiers and ranks them (:mod:`chaoslib_infer.certify.report`), then writes
 ``summary.json``, ``report.html`` (self-contained, plots inlined), ``report.md``, per target
 ``<name>/<phase>/records.jsonl`` and ``timeline.png``, and ``SHA256SUMS``; every file is scrubbed
 of the targets' keys.

@@ -14,7 +14,7 @@ record per attempt, contracts.md section 3):
 6. ``timeouts``: the business timeout per attempt with retries.
 
 Figures are computed from the records with ``chaoslib_infer.measure`` (definitions of
-``shared/measurement.md``): attempt statistics (``window_stats``), logical statistics for phases
+``docs/definitions.md``): attempt statistics (``window_stats``), logical statistics for phases
 with retries (``logical_stats``), retries (``retry_stats``), recovery (``figures.recovery``).
 **Possible duplicate generations** (client side, no provider access): logical requests with an
 attempt that got a 200 and was then cut by our timeout or a dropped stream and retried: the

@@ -1,4 +1,4 @@
-"""The game day's scorecard, in the seed's tiers (``shared/domain.md``, "Priorities").
+"""The game day's scorecard, in three priority tiers (``docs/definitions.md``).
 
 Tier 1, stability, comes first: error rate, P99 latency, recovery time, disaster tolerance. Tier 2,
 performance and cost: QPS, P50 latency, cost per request (only when a price is given). Tier 3, model
@@ -6,7 +6,7 @@ quality, is out of scope: this project measures the service, not the model.
 
 Inputs are ``summary.json`` (each drill's ``figures`` and ``hypothesis``) and, where the run folder
 is at hand, each drill's ``records.jsonl`` (for achieved QPS and output tokens). References are the
-seed's acceptance references (``chaoslib_infer.measure.slo.Thresholds`` defaults): error rate below
+acceptance references (``chaoslib_infer.measure.slo.Thresholds`` defaults): error rate below
 0.1%, P99 at most 10 s, P50 within 2 s (chat), recovery "minutes at most" (read here as 5 minutes).
 
 Definitions used:
@@ -41,7 +41,7 @@ __all__ = [
     "drill_load_stats",
 ]
 
-#: Acceptance references (shared/domain.md, "Acceptance metrics").
+#: Acceptance references (docs/definitions.md, "Acceptance SLOs").
 ERROR_RATE_REFERENCE = 0.001
 P99_REFERENCE_S = 10.0
 P50_REFERENCE_S = 2.0
@@ -139,7 +139,7 @@ def build_scorecard(
     run_dir: Path | None = None,
     pricing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Score a game day in the seed's three tiers.
+    """Score a game day in the three priority tiers.
 
     Args:
         summary: the ``summary.json`` mapping (``drills[].figures``, ``hypothesis``, ``target``).

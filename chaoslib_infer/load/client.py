@@ -8,7 +8,8 @@ Arrivals follow an absolute, precomputed schedule (``schedule.poisson_schedule``
 *i* is due at ``start + offset[i]`` whatever happened to earlier requests. A concurrency cap
 (``LoadSpec.max_concurrency``) bounds in-flight attempts; an arrival that finds the cap full waits,
 and its record shows ``intended_at`` (schedule) vs ``sent_at`` (actual), so client-side queueing is
-visible instead of silently hiding latency (coordinated omission, ``shared/measurement.md``).
+visible instead of silently hiding latency (coordinated omission, ``docs/definitions.md``,
+"Send time").
 
 Every attempt produces one record (``docs/contracts.md`` section 3), written as soon as it
 finishes. The transport never retries: ``send_attempt`` performs exactly one HTTP attempt (aiohttp's

@@ -1,4 +1,4 @@
-"""Three-phase load test (the seed's method): single stream, concurrency ramp, burst.
+"""Three-phase load test (``docs/definitions.md``): single stream, concurrency ramp, burst.
 
 1. **single**: ``single_n`` sequential requests (concurrency 1), each prompt starting with a fresh
    random nonce (token 0), so no prefix or response cache can serve it: the service's unloaded
@@ -12,7 +12,7 @@
 Each step's records go to ``<out>/<step>.jsonl``; server-side ``/metrics`` are scraped beside them
 (``measure.scrape``, every ``scrape_interval_s`` <= 1 s) into ``<out>/server_metrics.jsonl``. The
 report (``<out>/report.json``) has, per step, the acceptance table of ``measure.slo`` (the
-references of ``shared/domain.md``) with pass/fail, the window statistics (percentiles with the
+references of ``docs/definitions.md``) with pass/fail, the window statistics (percentiles with the
 censored fraction beside them), the server-side window summary (queue time vs engine TTFT), and a
 ``p99_jump`` flag when a step's P99 E2E is more than ``jump_factor`` (10) times the previous step's.
 

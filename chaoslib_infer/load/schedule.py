@@ -3,7 +3,7 @@
 A schedule is a precomputed, sorted list of **absolute offsets in seconds** from the start of a run.
 The load client sends request *i* at ``start + schedule[i]`` no matter how earlier requests fared
 (open loop), so queueing inside the client shows up as ``sent_at - intended_at`` instead of being
-hidden (coordinated omission, see ``shared/measurement.md``, "Send time").
+hidden (coordinated omission, see ``docs/definitions.md``, "Send time").
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def _record_many(h: HdrHistogram, seconds: np.ndarray[Any, Any]) -> None:
 class StreamStats:
     """Constant-memory statistics of attempt records (HDR histograms, 1 us, 3 digits).
 
-    Definitions as ``measure.metrics.window_stats`` (``shared/measurement.md``): rates over
+    Definitions as ``measure.metrics.window_stats`` (``docs/definitions.md``): rates over
     attempted requests, latency percentiles over successful ones with the censored fraction
     beside them; lag over every attempt.
 

@@ -11,7 +11,7 @@ Two layers:
   ``/v1/completions`` stream: counts output-bearing chunks, records ``finish_reason``, ``usage``,
   ``[DONE]``, error objects, and classifies the whole reply (``classify``).
 
-Classification (``shared/measurement.md``, "Denominators"), first match wins:
+Classification (``docs/definitions.md``, "Denominators"), first match wins:
 
 1. ``stream_error``: an error object inside the stream (``{"error": ...}``, ``{"object": "error"}``,
    an ``event: error`` event, or ``finish_reason`` ``"error"``/``"abort"``), or a non-SSE body that is
@@ -227,7 +227,7 @@ class StreamParser:
     An output-bearing chunk is an event with at least one choice carrying non-empty
     ``delta.content``, ``delta.reasoning_content``, ``delta.reasoning``, ``delta.tool_calls`` (chat)
     or ``text`` (completions). The role-only first chunk of a chat stream, a finish-only chunk and a
-    usage-only chunk are not output-bearing (``shared/measurement.md``, TTFT).
+    usage-only chunk are not output-bearing (``docs/definitions.md``, "Metrics").
 
     Attributes:
         done: ``data: [DONE]`` was seen.

@@ -1,6 +1,6 @@
 """Recompute TTFT / ITL / TPOT / E2E under our, vLLM's, AIPerf's and GuideLLM's definitions.
 
-Our definitions are those of ``shared/measurement.md`` ("Request metrics"); the other tools'
+Our definitions are those of ``docs/definitions.md`` ("Metrics"); the other tools'
 are restated here from their own code and documentation so that our numbers can be compared with
 theirs on the same raw chunk times:
 

@@ -1,4 +1,4 @@
-"""Drill figures computed from load records (definitions: ``shared/measurement.md``, "Drill
+"""Drill figures computed from load records (definitions: ``docs/definitions.md``, "Drill
 figures"). All times are unix seconds; durations are seconds.
 
 Conventions used here:

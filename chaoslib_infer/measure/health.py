@@ -1,6 +1,6 @@
 """Health disagreement: the health endpoint says "healthy" while completions on that replica fail.
 
-Definition (``shared/measurement.md``, "Drill figures"): intervals where the health endpoint
+Definition (``docs/definitions.md``, "Drill figures"): intervals where the health endpoint
 reports healthy while completions fail. Made concrete here, per replica:
 
 * The span from the replica's first to its last health sample is cut into windows of ``window_s``

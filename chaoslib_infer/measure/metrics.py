@@ -1,6 +1,6 @@
 """Window statistics over load records (``docs/contracts.md`` section 4).
 
-Definitions come from ``shared/measurement.md``:
+Definitions come from ``docs/definitions.md``:
 
 * **E2E** = ``end_at - sent_at``; **TTFT** = ``first_token_at - sent_at`` (first output-bearing
   chunk); **ITL** = every raw gap between successive ``chunk_times``; **TPOT** =

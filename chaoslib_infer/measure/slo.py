@@ -1,6 +1,6 @@
 """Acceptance thresholds and their evaluation against ``metrics.window_stats`` output.
 
-Defaults are the acceptance references of ``shared/domain.md`` ("Acceptance metrics"):
+Defaults are the acceptance references of ``docs/definitions.md`` ("Acceptance SLOs"):
 P50 latency within 2 s (chat); P95 under 3x P50; P99 over 10 s fails; timeout rate below 0.5%;
 error rate below 0.1%; availability at least 99.9% ("three nines is the floor").
 """
@@ -63,7 +63,7 @@ def evaluate(
         thresholds: default ``Thresholds()``.
 
     Returns:
-        One row per enabled check, in the order of ``shared/domain.md``:
+        One row per enabled check, in the order of ``docs/definitions.md``:
         ``{"metric", "value", "op", "threshold", "passed"}``. A metric without data (value None)
         fails. For ``p95_e2e_s`` the threshold is ``p95_over_p50 * p50`` (None, failing, when P50
         is unknown).

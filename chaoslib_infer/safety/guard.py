@@ -3,7 +3,7 @@
 Two guards, both over the attempts that **completed** in the last ``window_s`` seconds (``end_at``
 in ``(now - window_s, now]``; a failure counts when it is decided, which is when the user sees it):
 
-- ``availability_floor``: availability (ok / attempted, ``shared/measurement.md``) below the floor;
+- ``availability_floor``: availability (ok / attempted, ``docs/definitions.md``) below the floor;
 - ``max_burn_rate``: error-budget burn rate above the maximum, where
   ``burn_rate = error_rate / (1 - slo_availability)`` (1.0 = spending the budget exactly as fast
   as the SLO allows; with a 99.9 % SLO, a 10 % error rate burns at 100).
@@ -52,7 +52,7 @@ class StopConditions:
         max_burn_rate: trip when the error-budget burn rate stays above this.
         window_s: look-back window of each check, seconds.
         for_s: how long a breach must last before the guard trips, seconds.
-        slo_availability: the SLO whose error budget burns (default 0.999, shared/domain.md).
+        slo_availability: the SLO whose error budget burns (default 0.999, docs/definitions.md).
         min_requests: completed attempts a window needs to count as evidence.
         interval_s: seconds between checks.
     """

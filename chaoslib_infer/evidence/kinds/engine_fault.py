@@ -5,7 +5,7 @@ Ground truth: the engine's own ledger (one ``"event": "fault"`` line per sabotag
 by the sim engine when it sabotages it) and the lab's exit events (``crash_on_long_prompt``).
 Client view: the load records' error classes, and the health samples/checks that
 :func:`chaoslib_infer.activities.health.health_disagreement_check` wrote to the run folder.
-Definitions: ``shared/measurement.md`` (failure classes, health disagreement) and
+Definitions: ``docs/definitions.md`` (failure classes, health disagreement) and
 :mod:`chaoslib_infer.measure.health`.
 """
 

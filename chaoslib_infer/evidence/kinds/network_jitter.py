@@ -1,6 +1,6 @@
 """Figures of the ``network-jitter`` fault: retries, duplicate generations, tail latency under jitter.
 
-Definitions: ``shared/measurement.md`` ("Duplicate generations", request metrics). Client figures
+Definitions: ``docs/definitions.md`` ("Drill figures", "Metrics"). Client figures
 come from the attempt records (every attempt is a record with the logical ``request_id`` and its
 ``attempt`` number); duplicates are the client's logical requests that the engine's generation
 ledger shows generated more than once. Ground truth comes from the lab only: the fault window from

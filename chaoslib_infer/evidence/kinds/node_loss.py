@@ -1,7 +1,7 @@
 """Figures of the ``node-loss`` fault: interruption, failed requests, replacement serving time,
 recovery, lost replicas.
 
-Definitions: ``shared/measurement.md`` ("Drill figures"); "replacement serving time" is ours: from
+Definitions: ``docs/definitions.md`` ("Drill figures"); "replacement serving time" is ours: from
 the node loss (network cut, ``fault_at``) until the last lost replica serves a request again at its
 new place. Ground truth comes from the lab: its events (``node_down``, ``node_up``, ``rescheduled``,
 ``ready``, ``serving``), the first request each replica served (engine ledger / HAProxy request log,

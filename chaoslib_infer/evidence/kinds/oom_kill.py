@@ -1,6 +1,6 @@
 """Figures of the ``oom-kill`` fault: interruption, restart, first-request warm-up.
 
-Definitions: ``shared/measurement.md`` ("Drill figures"). Ground truth: the fault log (cgroup
+Definitions: ``docs/definitions.md`` ("Drill figures"). Ground truth: the fault log (cgroup
 ``oom_kill`` counter before/after), the lab's exit/ready events, and the first request the replica
 served again (engine ledger / HAProxy log).
 """

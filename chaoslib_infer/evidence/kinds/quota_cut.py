@@ -1,8 +1,8 @@
 """Figures of the ``quota-cut`` fault: does the quota (by default the capacity formula's instance
 count for the drill's own load) carry the load within the SLO?
 
-Definitions: the capacity formula of ``shared/domain.md`` ("Capacity planning"); SLO figures as in
-``shared/measurement.md`` over the requests *sent* while the cap was in place. Ground truth: the
+Definitions: the capacity formula of ``docs/definitions.md`` ("Capacity planning"); SLO figures
+as in ``docs/definitions.md`` over the requests *sent* while the cap was in place. Ground truth: the
 lab's fault ledger events (cut recorded, cap cleared), its exit/ready events for the stopped
 replicas, and HAProxy's request log (which replicas served requests during the cut).
 """

@@ -1,7 +1,7 @@
 """Figures of the ``traffic-spike`` fault: how fast the lab scaled out, what it shed, how the tail
 latency held, and how long it took to be back to normal after the spike.
 
-Definitions (``shared/measurement.md``): shed requests are attempts answered 429 or 503 (the engines'
+Definitions (``docs/definitions.md``): shed requests are attempts answered 429 or 503 (the engines'
 queue-full answer, HAProxy's queue timeout); percentiles over successful requests sent in the spike
 phase; recovery time from ``chaoslib_infer.measure.figures.recovery`` against the baseline phase.
 Ground truth: the autoscaler's ``scale_out_*`` events (``events.jsonl``), HAProxy's request log

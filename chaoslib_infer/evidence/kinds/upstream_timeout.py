@@ -1,6 +1,6 @@
 """Figures of the ``upstream-timeout`` fault: does the gateway fail fast, or let requests hang?
 
-Definitions (``shared/measurement.md`` "Drill figures" plus the ones below), all times unix s:
+Definitions (``docs/definitions.md`` "Drill figures" plus the ones below), all times unix s:
 
 - ``time_to_first_error_s``: fault injection to the first attempt that failed after it (its
   ``end_at``, when the user saw it); None when nothing failed.
@@ -14,11 +14,11 @@ Definitions (``shared/measurement.md`` "Drill figures" plus the ones below), all
   replica at once), ``survivor_waiting_max`` / ``survivor_running_max`` (engines'
   ``vllm:num_requests_waiting`` / ``running``): queue growth while the fault was held.
 - ``interruption_s`` / ``failed_requests`` / ``interruption_settled``: :func:`interruption`, the
-  measurement.md definition with failures still pending counted (below).
+  docs/definitions.md definition with failures still pending counted (below).
 - ``hung_sent_first_at`` / ``hung_sent_last_at``: send times of the first and last hung request
   (the window in which the gateway still sent requests to the frozen replica).
 
-Interruption (``shared/measurement.md``, "Drill figures"): from the first user-visible failure
+Interruption (``docs/definitions.md``, "Drill figures"): from the first user-visible failure
 after the fault to the last failure before service is sustained again (a settling window). Here
 the failures are sparse and late: each hung request shows only when the client gives up on it (its
 first-token timeout, 10 s by default), so with the common 5 s window
