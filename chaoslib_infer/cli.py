@@ -24,6 +24,25 @@ def _fail(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def prepare_out_dir(path: Path, create: bool = True) -> None:
+    """Check (and with ``create``, make) an evidence folder before anything runs.
+
+    Args:
+        path: the ``--out`` folder.
+        create: make it (and its parents); False only checks it is not an existing file.
+
+    Raises:
+        ConfigError: the path is an existing non-folder, or the folder cannot be made.
+    """
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {path}: exists and is not a folder")
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--out {path}: cannot create it: {exc.strerror or exc}") from None
+
+
 def _parse_slo(values: tuple[str, ...]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in values:
@@ -104,7 +123,10 @@ def _check_k8s(the_plan: Any, k8s_file: Path | None, target_url: str | None, lab
         )
     if lab_opts:
         raise ConfigError("--replicas and --engine apply to the local lab, not to a cluster")
-    return load_target(k8s_file)
+    try:
+        return load_target(k8s_file)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{k8s_file}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _print_dry_run(
@@ -199,6 +221,7 @@ def _run_plan(
             # the load generator inherits it; never on a command line
             os.environ[redact.API_KEY_ENV] = key
         validate_plan(the_plan)  # after the key: experiments may reference $CHAOS_INFER_API_KEY
+        prepare_out_dir(out_dir, create=False)
     except InferChaosError as exc:
         _fail(str(exc))
         return
@@ -206,6 +229,15 @@ def _run_plan(
         _print_dry_run(the_plan, target_url, replicas, engine, overrides, k8s)
         return
     try:
+        if k8s is not None:  # one cheap API call: unreachable/forbidden refuses before any load
+            from chaoslib_infer.platforms.kubernetes.target import preflight
+
+            preflight(k8s)
+        elif target_url:  # TCP connect + one GET: an unreachable URL refuses before any load
+            from chaoslib_infer.gameday import preflight_url
+
+            preflight_url(target_url)
+        prepare_out_dir(out_dir)
         code = run_gameday(
             the_plan,
             out_dir,
@@ -503,9 +535,12 @@ def lab_up(
 def lab_status(state_dir: Path, as_json: bool) -> None:
     """Show replicas (pid, health, memory, OOM kills, restarts) and active faults."""
     from chaoslib_infer.lab.fleet import Lab, LabError
+    from chaoslib_infer.safety.ledger import pending_faults
 
     try:
-        status = Lab.attach(state_dir).status()
+        the_lab = Lab.attach(state_dir)
+        pending_faults(state_dir)  # an unreadable ledger is never shown as "0 faults": exit 2
+        status = the_lab.status()
     except LabError as exc:
         _fail(str(exc))
         return
@@ -729,9 +764,9 @@ def report(run_dir: Path, runbooks_path: Path | None) -> None:
     help="Redundancy factor (target utilisation, 0..1).",
 )
 def capacity(peak_qps: float, latency_s: float, concurrency: float, redundancy: float) -> None:
-    """Instances needed: ceil(peak_QPS x latency_s / concurrency / redundancy) (shared/domain.md).
+    """Instances needed: ceil(peak_QPS x latency_s / concurrency / redundancy).
 
-    The seed's example: 200 QPS x 1 s / 20 / 0.7 = 14.28, so 15 instances.
+    Worked example (docs/definitions.md): 200 QPS x 1 s / 20 / 0.7 = 14.28, so 15 instances.
     """
     from chaoslib_infer.capacity import plan
 
@@ -803,7 +838,7 @@ def alerts(
     namespace: str | None,
     out_dir: Path,
 ) -> None:
-    """Write the alert table of shared/domain.md as Prometheus rules (vLLM, DCGM,
+    """Write the alert table of docs/definitions.md as Prometheus rules (vLLM, DCGM,
     node_exporter and kube-state-metrics names); check them with `promtool check rules`."""
     from chaoslib_infer.prometheus import AlertConfig, alert_specs, write_alerts
 
@@ -927,6 +962,9 @@ def schedule(
     except InferChaosError as exc:
         _fail(str(exc))
         return
+    except UnicodeDecodeError as exc:  # the --plan or --target file
+        _fail(f"--plan/--target: a file is not UTF-8 text (byte {exc.start})")
+        return
     text = dump_documents(
         docs,
         f"chaos-infer {__version__} schedule --cron '{docs[-1]['spec']['schedule']}': "
@@ -979,8 +1017,12 @@ def certify(
     """
     from chaoslib_infer.certify import certify_command
 
-    sys.exit(
-        certify_command(
+    try:
+        prepare_out_dir(out_dir, create=not dry_run)
+    except ConfigError as exc:
+        _fail(str(exc))
+    try:
+        code = certify_command(
             targets,
             out_dir,
             plan_path,
@@ -992,7 +1034,10 @@ def certify(
             echo=click.echo,
             err=lambda m: click.echo(m, err=True),
         )  # fmt: skip
-    )
+    except UnicodeDecodeError as exc:  # a --target or --plan file
+        _fail(f"--target/--plan: a file is not UTF-8 text (byte {exc.start})")
+        return
+    sys.exit(code)
 
 
 from chaoslib_infer.load.commands import load_group  # noqa: E402 - `chaos-infer load ...`

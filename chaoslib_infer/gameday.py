@@ -33,7 +33,7 @@ from chaoslib.loader import load_experiment
 from chaoslib.run import RunEventHandler
 
 from chaoslib_infer.controls.guard import STOP_CONDITION_FILE, read_stop_condition
-from chaoslib_infer.controls.load import stop_load
+from chaoslib_infer.controls.load import LOAD_ERROR_FILE, stop_load
 from chaoslib_infer.errors import ConfigError, InferChaosError
 from chaoslib_infer.evidence.bundle import junit_xml, tool_versions, write_manifest
 from chaoslib_infer.evidence.figures import drill_figures, read_jsonl, unix_time
@@ -387,7 +387,8 @@ def run_drill(
         _add_guard(experiment, stop_conditions)
     secrets = redact.known_secrets([*(secrets or []), *redact.secrets_from_experiment(experiment)])
     drill_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("records.jsonl", "faults.jsonl", "journal.json", STOP_CONDITION_FILE):
+    stale_files = ("records.jsonl", "faults.jsonl", "journal.json", STOP_CONDITION_FILE)
+    for stale in (*stale_files, LOAD_ERROR_FILE):
         (drill_dir / stale).unlink(missing_ok=True)
     config_vars: dict[str, Any] = {
         "infer_run_dir": str(drill_dir),
@@ -442,6 +443,10 @@ def run_drill(
         started,
         ended,
     )
+    load_error = drill_dir / LOAD_ERROR_FILE
+    if load_error.is_file():  # the load control interrupted the drill before any fault
+        entry["error"] = redact.redact_text(load_error.read_text(encoding="utf-8"), secrets)
+        progress(f"drill {spec.name}: load: {entry['error']}")
     redact.scrub_tree(drill_dir, secrets)
     figures = entry["figures"]
     stop = entry.get("stop_condition")
@@ -545,6 +550,37 @@ def _url_pattern(url: str) -> str:
     shown = f"[{host}]" if ":" in host else host
     port = parts.port or {"http": 80, "https": 443}.get(parts.scheme, 0)
     return f"{parts.scheme}://{shown}:{port}"
+
+
+def preflight_url(url: str, timeout_s: float = 3.0) -> None:
+    """Check that a ``--target`` URL answers before any drill starts: TCP connect and one GET.
+
+    Any HTTP response (even 404/401) counts as reachable; redirects are not followed.
+
+    Args:
+        url: the target's base URL (already allowlist-checked).
+        timeout_s: connect and read timeout, seconds.
+
+    Raises:
+        ConfigError: refused, unresolvable, timed out, or not speaking HTTP.
+    """
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn_cls = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    try:
+        conn = conn_cls(parts.hostname or "", parts.port, timeout=timeout_s)
+        try:
+            conn.request("GET", parts.path or "/")
+            conn.getresponse().read(65536)
+        finally:
+            conn.close()
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise ConfigError(f"target {url} unreachable: {reason}; no drill started") from None
 
 
 def validate_plan(plan: Plan) -> None:
@@ -703,6 +739,10 @@ def run_gameday(
                 summary["stopped_by"] = {"drill": spec.name, **entry["stop_condition"]}
                 exit_code = max(exit_code, EXIT_DEVIATED)
                 progress("stop condition tripped: rollbacks played; no further drill runs")
+                break
+            if entry.get("error"):  # e.g. no request succeeded in warm-up: not a Ctrl-C
+                summary["error"] = f"drill {spec.name}: {entry['error']}"
+                exit_code = EXIT_ERROR
                 break
             if entry["status"] == "aborted":
                 exit_code = EXIT_INTERRUPTED

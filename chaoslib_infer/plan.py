@@ -18,6 +18,7 @@ Malformed plans raise :class:`chaoslib_infer.errors.ConfigError` naming the file
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,9 @@ from chaoslib_infer.errors import ConfigError
 
 ENGINES = ("sim", "llama-cpp")
 PLATFORMS = ("lab", "kubernetes")
+#: the top-level keys of a plan; ``allow`` is read by ``safety.allowlist.plan_allow`` and
+#: ``stop_conditions`` by ``safety.guard.plan_stop_conditions``
+PLAN_KEYS = "name description platform target lab drills allow stop_conditions".split()
 
 
 @dataclass
@@ -98,6 +102,13 @@ def load_plan(path: Path) -> Plan:
         raise ConfigError(f"{path}: YAML: invalid value ({type(exc).__name__})") from exc
     if not isinstance(raw, dict):
         raise _fail(path, "top level", "expected a mapping with 'drills'")
+    for key in raw:
+        if key not in PLAN_KEYS:
+            close = difflib.get_close_matches(str(key), PLAN_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _fail(
+                path, str(key), f"unknown top-level key{hint}; valid: {', '.join(PLAN_KEYS)}"
+            )
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name:
         raise _fail(path, "name", "expected a non-empty string")
@@ -129,9 +140,10 @@ def load_plan(path: Path) -> Plan:
     lab_params = set(inspect.signature(Lab.up).parameters) - {"cls", "state_dir"}
     for key in sorted(set(lab_raw) - {"replicas", "engine", "memory_limit_mb"}, key=str):
         if not isinstance(key, str) or key not in lab_params:
-            raise _fail(
-                path, f"lab.{key}", f"unknown field; known: {', '.join(sorted(lab_params))}"
-            )
+            known = sorted(lab_params | {"replicas", "engine", "memory_limit_mb"})
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _fail(path, f"lab.{key}", f"unknown field{hint}; known: {', '.join(known)}")
         lab.options[key] = lab_raw[key]
     if lab.engine not in ENGINES:
         raise _fail(path, "lab.engine", f"expected one of {', '.join(ENGINES)}, got {lab.engine!r}")

@@ -644,7 +644,7 @@ def test_evidence_figures_plot_and_rendered_section(tmp_path: Path) -> None:
 
 
 def test_target_service_and_hpa_keys_validated(tmp_path: Path) -> None:
-    kc = tmp_path / "kubeconfig"
+    kc = FakeK8s().write_kubeconfig(tmp_path / "kubeconfig")  # a named kubeconfig must exist
     t = load_target(write_target(tmp_path / "t.yaml", kc, service="vllm", hpa="keda-hpa-vllm"))
     assert (t.service, t.hpa) == ("vllm", "keda-hpa-vllm")
     assert load_target(write_target(tmp_path / "t.yaml", kc)).service is None

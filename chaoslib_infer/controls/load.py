@@ -24,6 +24,7 @@ longer than ``warmup_s``. ``max_duration_s`` still bounds the load (the profile 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -41,6 +42,9 @@ from chaoslib_infer.errors import InferChaosError
 __all__ = ["after_experiment_control", "before_experiment_control", "start_load", "stop_load"]
 
 _RUNNING: dict[str, subprocess.Popen[bytes]] = {}
+#: in the run folder: why the load could not start (e.g. no request succeeded in warm-up); read
+#: by ``gameday.run_drill`` to report it on the console and in ``summary.json``
+LOAD_ERROR_FILE = "load_error.txt"
 
 
 def _target_url(configuration: dict[str, Any] | None) -> str:
@@ -229,7 +233,14 @@ def before_experiment_control(
         "profile",
     }
     kwargs = {k: v for k, v in arguments.items() if k in allowed}
-    start_load(configuration=configuration, **kwargs)
+    try:
+        start_load(configuration=configuration, **kwargs)
+    except InterruptExecution as exc:
+        with contextlib.suppress(OSError):
+            (settings.run_dir(configuration) / LOAD_ERROR_FILE).write_text(
+                str(exc), encoding="utf-8"
+            )
+        raise
 
 
 def after_experiment_control(

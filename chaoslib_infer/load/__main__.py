@@ -13,6 +13,11 @@ dropped, not recorded: the service did not fail them), flush the records file, e
 Exit 2 with one error line on bad arguments or an unwritable output file.
 ``$CHAOS_INFER_API_KEY``, when set, is sent as ``Authorization: Bearer`` (unless ``--header``
 sets Authorization): the key stays off the command line.
+Parent watchdog: when the process that started the generator dies (a SIGKILLed runner; the
+generator runs in its own session, so no signal reaches it), ``os.getppid()`` changes; it is
+polled every 0.2 s and stops the run like SIGTERM does (records flushed, exit 0).
+(PR_SET_PDEATHSIG is not used: it fires when the spawning *thread* exits, and the runner starts
+load from worker threads.)
 """
 
 from __future__ import annotations
@@ -88,19 +93,30 @@ def _progress(snap: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok or stopped by signal, 2 bad arguments)."""
+    parent = os.getppid()  # first thing: the watchdog compares against it
     early: list[int] = []  # a signal that arrives before the event loop runs still stops cleanly
     previous = {
         sig: signal.signal(sig, lambda signum, frame: early.append(signum))
         for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
-        return _main(argv, early)
+        return _main(argv, early, parent)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _main(argv: list[str] | None, early: list[int]) -> int:
+async def _watch_parent(parent: int, stop: asyncio.Event, period_s: float = 0.2) -> None:
+    """Set ``stop`` once the parent process is gone (``os.getppid()`` no longer ``parent``)."""
+    while not stop.is_set():
+        if os.getppid() != parent:
+            print(f"{PROG}: parent process {parent} is gone; stopping", file=sys.stderr)
+            stop.set()
+            return
+        await asyncio.sleep(period_s)
+
+
+def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
     # imported here so that the signal handlers above are in place during the slow aiohttp import
     from .client import DEFAULT_RETRY_ON, LoadSpec, _new_loop, run_load
     from .records import RecordWriter
@@ -179,9 +195,11 @@ def _main(argv: list[str] | None, early: list[int]) -> int:
             loop.add_signal_handler(sig, stop.set)
         if early:
             stop.set()
+        watchdog = asyncio.create_task(_watch_parent(parent, stop))
         try:
             return await run_load(spec, writer, stop, _progress, args.progress_s)
         finally:
+            watchdog.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
 

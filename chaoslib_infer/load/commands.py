@@ -75,6 +75,17 @@ def _resolve(target: str | None, lab_dir: Path | None) -> tuple[str, list[str]]:
     return target or lab.url, murls or [lab.url + "/metrics"]
 
 
+def _out_ok(out: Path) -> None:
+    """Refuse (one line, exit 2) an ``--out`` that is a file or cannot be made, before any load."""
+    from chaoslib_infer.cli import prepare_out_dir
+    from chaoslib_infer.errors import ConfigError
+
+    try:
+        prepare_out_dir(out)
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
 def _ceiling(value: float | None) -> float | None:
     if value is not None:
         return value if value > 0 else None
@@ -197,6 +208,7 @@ def three_phase(
     except ValueError:
         _fail(f"--ramp must be comma-separated integers, got {ramp!r}")
     url, murls = _resolve(target, lab_dir)
+    _out_ok(out)
     if workers > 1:
         if any(c < workers for c in steps):
             _fail(f"--ramp {ramp}: with --workers {workers} every step needs >= {workers}")
@@ -288,6 +300,7 @@ def soak(
         )  # fmt: skip
         if not (dur > 0 and rate > 0 and headroom > 0):
             raise ValueError("--duration, --rate and --headroom must be > 0")
+        _out_ok(out)
         if workers > 1:
             if local:
                 from .ceiling import check_rate
@@ -309,6 +322,17 @@ def soak(
     else:
         click.echo(f"INVALID: {report['invalid_reason']}")
     click.echo(f"report: {out / 'report.json'}")
+    stats = report.get("stats") or {}
+    if stats.get("requests") and not stats.get("ok"):
+        errors = ", ".join(
+            f"{cls} {e['count']} ({e.get('sample', '')})"
+            for cls, e in (stats.get("errors_by_class") or {}).items()
+        )
+        click.echo(
+            f"FAILED: no request to {spec.url} succeeded ({stats['requests']} sent; {errors})",
+            err=True,
+        )
+        sys.exit(1)
     if strict and not report["valid"]:
         sys.exit(1)
 

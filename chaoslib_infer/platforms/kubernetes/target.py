@@ -39,7 +39,7 @@ import yaml
 
 from chaoslib_infer.errors import ConfigError
 
-__all__ = ["K8sTarget", "check_allowed", "load_target", "main"]
+__all__ = ["K8sTarget", "check_allowed", "load_target", "main", "preflight"]
 
 _KEYS = {
     "kubeconfig",
@@ -60,6 +60,60 @@ _NAME_RULES = {
     "service": (re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$"), 63, "a DNS-1035 label"),
     "hpa": (re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"), 253, "a DNS-1123 subdomain"),
 }
+
+# url: http(s)://host[:port][/path] (host: DNS name, IPv4 or [IPv6]); no query or fragment.
+_URL = re.compile(
+    r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:\d{1,5})?(/[^\s?#]*)?$"
+)
+# Label keys: [prefix/]name (DNS-1123 subdomain prefix, name <= 63); values <= 63, may be empty.
+_LKEY = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_LVAL = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
+_SEL_TERM = re.compile(
+    rf"^(!?{_LKEY}|{_LKEY}\s*(=|==|!=)\s*{_LVAL}"
+    rf"|{_LKEY}\s+(in|notin)\s+\(\s*{_LVAL}(\s*,\s*{_LVAL})*\s*\))$"
+)
+
+
+def _selector_ok(selector: str) -> bool:
+    """Whether ``selector`` parses as a Kubernetes label selector (equality- and set-based terms,
+    comma-separated; grammar of k8s.io/apimachinery ``labels.Parse``)."""
+    terms, depth, cur = [], 0, ""
+    for ch in selector:
+        depth += (ch == "(") - (ch == ")")
+        if depth < 0 or depth > 1:
+            return False
+        if ch == "," and depth == 0:
+            terms.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    terms.append(cur.strip())
+    return depth == 0 and all(_SEL_TERM.match(t) for t in terms)
+
+
+def _check_kubeconfig(kubeconfig: str, context: str | None, source: str) -> None:
+    """Refuse a named kubeconfig that is unreadable or lacks the context (no API call).
+
+    Raises:
+        ConfigError: one line naming the file and the kubeconfig.
+    """
+    try:
+        doc = yaml.safe_load(Path(kubeconfig).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{source}: kubeconfig {kubeconfig}: {exc.strerror}") from None
+    except yaml.YAMLError:
+        raise ConfigError(f"{source}: kubeconfig {kubeconfig}: not valid YAML") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: kubeconfig {kubeconfig}: not a kubeconfig (a mapping)")
+    names = {c.get("name") for c in doc.get("contexts") or [] if isinstance(c, dict)}
+    wanted = context or doc.get("current-context")
+    if not wanted:
+        raise ConfigError(f"{source}: kubeconfig {kubeconfig} has no current-context; set context:")
+    if wanted not in names:
+        raise ConfigError(
+            f"{source}: context {wanted!r} is not in kubeconfig {kubeconfig} "
+            f"(contexts: {', '.join(sorted(str(n) for n in names)) or 'none'})"
+        )
 
 
 @dataclass(frozen=True)
@@ -145,8 +199,10 @@ def load_target(path: str | Path, check: bool = True) -> K8sTarget:
         The :class:`K8sTarget`.
 
     Raises:
-        ConfigError: unreadable or malformed file, unknown or missing field, empty allowlist, or a
-            context/namespace outside the allowlist (one line naming the file and field).
+        ConfigError: unreadable or malformed file, unknown or missing field, a url that is not
+            http(s)://host[:port][/path], a selector that is not a label selector, empty
+            allowlist, a context/namespace outside the allowlist, or a named kubeconfig that is
+            unreadable or lacks the context (one line naming the file and field; no API call).
     """
     source = str(path)
     try:
@@ -176,13 +232,26 @@ def load_target(path: str | Path, check: bool = True) -> K8sTarget:
             raise ConfigError(f"{source}: allow.{key} must be a non-empty list of names or globs")
         lists[key] = tuple(value)
     kubeconfig = _str(doc, "kubeconfig", source, required=False)
+    url = str(_str(doc, "url", source))
+    if not _URL.match(url):
+        raise ConfigError(
+            f"{source}: field 'url' must be http(s)://host[:port][/path], got {url!r}"
+        )
+    selector = str(_str(doc, "selector", source))
+    if not _selector_ok(selector):
+        raise ConfigError(
+            f"{source}: field 'selector' is not a Kubernetes label selector "
+            f"(e.g. app=vllm or 'app in (vllm,sglang)'), got {selector!r}"
+        )
+    if kubeconfig:
+        kubeconfig = str(Path(kubeconfig).expanduser())
     target = K8sTarget(
         namespace=str(_str(doc, "namespace", source)),
-        selector=str(_str(doc, "selector", source)),
+        selector=selector,
         container=str(_str(doc, "container", source)),
-        url=str(_str(doc, "url", source)).rstrip("/"),
+        url=url.rstrip("/"),
         context=_str(doc, "context", source, required=False),
-        kubeconfig=str(Path(kubeconfig).expanduser()) if kubeconfig else None,
+        kubeconfig=kubeconfig,
         deployment=_str(doc, "deployment", source, required=False),
         quota=_str(doc, "quota", source, required=False),
         service=_object_name(doc, "service", source),
@@ -191,9 +260,36 @@ def load_target(path: str | Path, check: bool = True) -> K8sTarget:
         allow_namespaces=lists["namespaces"],
         source=source,
     )
+    if kubeconfig and not os.path.isfile(kubeconfig):  # before the allowlist: not "in-cluster"
+        raise ConfigError(f"{source}: kubeconfig {kubeconfig}: no such file")
     if check:
         check_allowed(target)
+    if kubeconfig:  # after the allowlist: a refused context is named as such
+        _check_kubeconfig(kubeconfig, target.context, source)
     return target
+
+
+def preflight(target: K8sTarget) -> None:
+    """One cheap API call before a real run starts anything: list at most one target pod.
+
+    ``list pods`` in the target namespace is granted by deploy/rbac.yaml, so an unreachable API
+    server, bad credentials or a missing grant refuse the run before any load is sent.
+
+    Raises:
+        ConfigError: one line (unusable kubeconfig, unreachable server, error status).
+    """
+    from chaoslib_infer.platforms.kubernetes import K8sError, clients, request_json
+
+    try:
+        api = clients(target.kubeconfig, target.context)
+        request_json(
+            api,
+            f"preflight: list pods {target.selector} in namespace {target.namespace}",
+            "GET",
+            f"/api/v1/namespaces/{target.namespace}/pods?limit=1",
+        )
+    except K8sError as exc:
+        raise ConfigError(f"{target.source}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
