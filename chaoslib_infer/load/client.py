@@ -567,6 +567,65 @@ async def send_attempt(
         if not expired:
             raise  # cancelled by the caller, not by our deadline: no record
         timed_out = True
+    return _finish_attempt(
+        spec,
+        parser,
+        request_id=request_id,
+        attempt=attempt,
+        intended_at=intended_at,
+        sent=sent,
+        end=pc(),
+        status=status,
+        replica=replica,
+        err_class=err_class,
+        err=err,
+        timed_out=timed_out,
+        kind=kind,
+        after_done=after_done,
+        done_at=done_at,
+        first_byte=first_byte,
+        first_token=first_token,
+        chunk_times=chunk_times,
+    )
+
+
+def _finish_attempt(
+    spec: LoadSpec,
+    parser: StreamParser,
+    *,
+    request_id: str,
+    attempt: int,
+    intended_at: float | None,
+    sent: float,
+    end: float,
+    status: int | None,
+    replica: str | None,
+    err_class: str | None,
+    err: str | None,
+    timed_out: bool,
+    kind: str,
+    after_done: bool,
+    done_at: float | None,
+    first_byte: float | None,
+    first_token: float | None,
+    chunk_times: list[float],
+) -> dict[str, Any]:
+    """The attempt's record, shared by both transports (aiohttp and ``rawhttp``).
+
+    Args:
+        spec: the load spec (timeouts for the messages). parser: the attempt's SSE parser.
+        sent, end, done_at, first_byte, first_token, chunk_times: ``time.perf_counter`` seconds
+            (``end``: when the transport finished; ``done_at``: ``[DONE]`` seen).
+        kind: the deadline that was armed when the attempt ended (``ttft``, ``idle``, ``total``,
+            ``done``); with ``timed_out`` it names the timeout class.
+        after_done: the transport failed or timed out after ``[DONE]``: the reply is judged by the
+            parser alone.
+        The other arguments go to the record as they are.
+
+    Returns:
+        One record (``docs/definitions.md``, "Metrics" and "Denominators"): unix-second times,
+        ``ok``/``error_class``/``error``, ``output_tokens`` from usage else the chunk count.
+    """
     if timed_out:
         if kind == "done":
             after_done = True  # reply was complete; the server just kept the socket open
@@ -575,8 +634,7 @@ async def send_attempt(
         elif kind == "idle":
             err_class, err = "timeout_idle", f"no output for {spec.idle_timeout_s} s"
         else:
-            err_class, err = "timeout_total", f"attempt exceeded {attempt_timeout} s"
-    end = pc()
+            err_class, err = "timeout_total", f"attempt exceeded {spec.attempt_timeout} s"
     if after_done:
         # [DONE] arrived before the transport failed or the grace timer fired: judge the reply
         parser.close()

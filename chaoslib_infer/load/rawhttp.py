@@ -38,7 +38,6 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from .records import perf_to_unix
 from .sse import StreamParser
 
 if TYPE_CHECKING:
@@ -436,46 +435,26 @@ async def send_attempt_raw(
         if not expired:
             raise  # cancelled by the caller, not by our deadline: no record
         timed_out = True
-    if timed_out:
-        if kind == "done":
-            after_done = True  # reply was complete; the server just kept the socket open
-        elif kind == "ttft":
-            err_class, err = "timeout_ttft", f"no output within {spec.ttft_timeout_s} s"
-        elif kind == "idle":
-            err_class, err = "timeout_idle", f"no output for {spec.idle_timeout_s} s"
-        else:
-            err_class, err = "timeout_total", f"attempt exceeded {attempt_timeout} s"
-    end = pc()
-    if after_done:
-        # [DONE] arrived before the transport failed or the grace timer fired: judge the reply
-        sp.close()
-        err_class, err = sp.classify()
-    if done_at is not None and err_class is None:
-        end = done_at
-    if sp.usage_tokens is not None:
-        output_tokens, source = sp.usage_tokens, "usage"
-    else:
-        output_tokens, source = len(chunk_times), "chunks"
-    sent_unix = perf_to_unix(sent)
-    return {
-        "request_id": request_id,
-        "attempt": attempt,
-        "final": True,
-        "intended_at": sent_unix if intended_at is None else intended_at,
-        "sent_at": sent_unix,
-        "status": status,
-        "ok": err_class is None,
-        "error_class": err_class,
-        "error": err,
-        "first_byte_at": None if first_byte is None else perf_to_unix(first_byte),
-        "first_token_at": None if first_token is None else perf_to_unix(first_token),
-        "chunk_times": [perf_to_unix(t) for t in chunk_times],
-        "end_at": perf_to_unix(end),
-        "output_tokens": output_tokens,
-        "tokens_source": source,
-        "replica": replica,
-        "text_len": sp.text_len,
-    }
+    return _c._finish_attempt(
+        spec,
+        sp,
+        request_id=request_id,
+        attempt=attempt,
+        intended_at=intended_at,
+        sent=sent,
+        end=pc(),
+        status=status,
+        replica=replica,
+        err_class=err_class,
+        err=err,
+        timed_out=timed_out,
+        kind=kind,
+        after_done=after_done,
+        done_at=done_at,
+        first_byte=first_byte,
+        first_token=first_token,
+        chunk_times=chunk_times,
+    )
 
 
 def _why(exc: BaseException) -> str:
