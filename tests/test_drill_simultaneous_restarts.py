@@ -198,7 +198,11 @@ def test_restarting_every_replica_deviates(tmp_path: Path) -> None:
     assert fig["survivor_share_ratio"] is None and fig["survivor_requests"] == 0
     assert fig["window_requests"] == len(window)
     assert fig["window_failed"] == len(failed) >= 3
-    assert all(r["status"] == 503 for r in failed)  # nothing left to route to
+    # requests sent once every replica was dead: HAProxy has nothing left to route to (503);
+    # a request already on its way to a replica at the kill instant may be cut (reset) instead
+    last_death = max(row["died_at"] for row in gt["restarts"].values())
+    assert all(r["status"] == 503 for r in failed if r["sent_at"] > last_death + 0.05)
+    assert all(r["status"] == 503 or r["error_class"] == "reset" for r in failed)
     assert abs(fig["interruption_s"] - _interruption(records, fault_at)) <= 0.25
     journal = json.loads((out / DRILL / "journal.json").read_text())
     assert [r["status"] for r in journal["rollbacks"]] == ["succeeded"]
