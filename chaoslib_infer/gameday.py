@@ -34,7 +34,7 @@ from chaoslib.run import RunEventHandler
 
 from chaoslib_infer.controls.guard import STOP_CONDITION_FILE, read_stop_condition
 from chaoslib_infer.controls.load import LOAD_ERROR_FILE, stop_load
-from chaoslib_infer.errors import ConfigError, InferChaosError
+from chaoslib_infer.errors import ConfigError, InferChaosError, TargetUnreachable
 from chaoslib_infer.evidence.bundle import junit_xml, tool_versions, write_manifest
 from chaoslib_infer.evidence.figures import drill_figures, read_jsonl, unix_time
 from chaoslib_infer.evidence.journal import drill_status, failed_activities, hypothesis_results
@@ -562,7 +562,7 @@ def preflight_url(url: str, timeout_s: float = 3.0) -> None:
         timeout_s: connect and read timeout, seconds.
 
     Raises:
-        ConfigError: refused, unresolvable, timed out, or not speaking HTTP.
+        TargetUnreachable: refused, unresolvable, timed out, or not speaking HTTP.
     """
     import http.client
     from urllib.parse import urlsplit
@@ -580,7 +580,7 @@ def preflight_url(url: str, timeout_s: float = 3.0) -> None:
             conn.close()
     except (OSError, http.client.HTTPException, ValueError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        raise ConfigError(f"target {url} unreachable: {reason}; no drill started") from None
+        raise TargetUnreachable(f"target {url} unreachable: {reason}; no drill started") from None
 
 
 def validate_plan(plan: Plan) -> None:
