@@ -38,7 +38,7 @@ def prepare_out_dir(path: Path, create: bool = True) -> None:
         raise ConfigError(f"--out {path}: exists and is not a folder")
     if create:
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise ConfigError(f"--out {path}: cannot create it: {exc.strerror or exc}") from None
 
@@ -78,6 +78,9 @@ def main() -> None:
     Evidence (summary.json, index.html, per-drill evidence.md/.html with a timeline plot, the
     Chaos Toolkit journal and one record per request) lands in the --out folder.
     """
+    import os
+
+    os.umask(0o077)  # run files hold server text: 0600 files, 0700 folders (docs/safety.md)
 
 
 def _experiments_dir() -> Path:

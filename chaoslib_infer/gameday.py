@@ -386,7 +386,7 @@ def run_drill(
     if stop_conditions:
         _add_guard(experiment, stop_conditions)
     secrets = redact.known_secrets([*(secrets or []), *redact.secrets_from_experiment(experiment)])
-    drill_dir.mkdir(parents=True, exist_ok=True)
+    redact.private_dir(drill_dir)
     stale_files = ("records.jsonl", "faults.jsonl", "journal.json", STOP_CONDITION_FILE)
     for stale in (*stale_files, LOAD_ERROR_FILE):
         (drill_dir / stale).unlink(missing_ok=True)
@@ -428,10 +428,10 @@ def run_drill(
         ctk_logger.removeHandler(log_handler)
         log_handler.close()
     ended = time.time()
-    write_atomic(
-        drill_dir / "journal.json",
-        redact.redact_text(json.dumps(journal, indent=2, default=str), secrets),
-    )
+    # scrubbed once, here: the journal file and every evidence file rendered from it
+    journal_text = redact.redact_text(json.dumps(journal, indent=2, default=str), secrets)
+    journal = json.loads(journal_text)
+    write_atomic(drill_dir / "journal.json", journal_text)
     entry = drill_evidence(
         spec.name,
         str(spec.experiment),
@@ -652,7 +652,7 @@ def run_gameday(
     validate_plan(plan)
     secrets = redact.known_secrets()
     progress = _redacting(progress, secrets)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    redact.private_dir(out_dir)
     run_lock = _acquire_run_lock(out_dir)
     started = time.time()
     lab: Lab | None = None

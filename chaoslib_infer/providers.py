@@ -29,6 +29,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from chaoslib_infer.safety.redact import clip
+
 __all__ = [
     "ERROR_SHAPES",
     "PROFILES",
@@ -371,7 +373,7 @@ def parse_error(body: bytes | str | dict[str, Any] | None) -> dict[str, Any]:
         try:
             obj = json.loads(body)
         except ValueError:
-            return {"shape": "text", "message": body.strip()[:200], "type": None, "code": None}
+            return {"shape": "text", "message": clip(body, 200).strip(), "type": None, "code": None}
     if body is None:
         return {"shape": "empty", "message": None, "type": None, "code": None}
     if isinstance(obj, dict):
@@ -399,7 +401,7 @@ def parse_error(body: bytes | str | dict[str, Any] | None) -> dict[str, Any]:
         if isinstance(err, str):  # vLLM's 401 {"error": "Unauthorized"}
             return {"shape": "openai", "message": err, "type": None, "code": None}
     text = body if isinstance(body, str) else _text(obj) or ""
-    return {"shape": "text", "message": text.strip()[:200], "type": None, "code": None}
+    return {"shape": "text", "message": clip(text, 200).strip(), "type": None, "code": None}
 
 
 def error_kind(profile: Profile, status: int | None, error_class: str | None = None) -> str:

@@ -130,6 +130,13 @@ def _alive(pids: list[int]) -> list[int]:
     return [p for p in pids if _state(p) not in (None, "Z", "X")]
 
 
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
 def _lab_pids(lab_dir: Path) -> list[int]:
     pids = [int(e["pid"]) for e in _events(lab_dir) if e.get("pid")]
     meta = json.loads((lab_dir / "lab.json").read_text())
@@ -474,6 +481,9 @@ def test_api_key_is_used_but_never_written(tmp_path: Path) -> None:
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     environ = Path(f"/proc/{pid}/environ").read_bytes()
     runner_cmdline = Path(f"/proc/{runner.proc.pid}/cmdline").read_bytes()
+    # the lab's children (supervisord, replicas, HAProxy, watchdog) never get the key (issue 13)
+    lab_env = [e for p in _lab_pids(out / "lab") if (e := _environ(p))]
+    assert lab_env and not [e for e in lab_env if KEY.encode() in e]
     assert runner.wait(180) == 0, runner.output[-3000:]
     assert KEY.encode() not in cmdline + runner_cmdline  # never on a command line (ps)
     assert f"CHAOS_INFER_API_KEY={KEY}".encode() in environ.split(b"\0")  # the load got it

@@ -32,6 +32,7 @@ from chaoslib_infer.platforms.kubernetes import pods as k8s_pods
 from chaoslib_infer.platforms.kubernetes import policy as k8s_policy
 from chaoslib_infer.platforms.kubernetes import quota as k8s_quota
 from chaoslib_infer.platforms.kubernetes.target import K8sTarget, load_target
+from chaoslib_infer.safety.redact import private_dir
 
 __all__ = [
     "k8s_cut_quota",
@@ -84,8 +85,7 @@ def _ctx(target_file: str | None, configuration: dict[str, Any] | None) -> _Ctx:
 
 
 def _state_path(configuration: dict[str, Any] | None, kind: str) -> Path:
-    folder = settings.run_dir(configuration) / "k8s-state"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(settings.run_dir(configuration) / "k8s-state")
     return folder / f"{kind}.json"
 
 

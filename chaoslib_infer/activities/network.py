@@ -50,6 +50,7 @@ from chaoslib_infer.lab.shim import (
     haproxy_servers_state,
     restore_from_detour,
 )
+from chaoslib_infer.safety.redact import child_env
 
 __all__ = ["inject_network_jitter", "remove_network_jitter"]
 
@@ -361,7 +362,7 @@ def _start_shim(
     ]
     if seed is not None:
         cmd += ["--seed", str(int(seed))]
-    env = dict(os.environ)
+    env = child_env()  # lab children never get the API key
     env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_PARENT, *filter(None, [env.get("PYTHONPATH")])])
     with open(logs / f"shim-{replica}.log", "ab") as err:
         proc = subprocess.Popen(

@@ -52,6 +52,7 @@ from chaoslib_infer.lab.hog import HOG_MODULE
 from chaoslib_infer.lab.recorder import EVENTS_FILE, SUPERVISORD_LOG, append_event, read_events
 
 __all__ = ["ENGINES", "Lab", "LabError", "engine_command", "register_engine"]
+from chaoslib_infer.safety.redact import child_env
 
 LAB_FILE = "lab.json"
 FAULTS_FILE = "faults.json"
@@ -638,7 +639,7 @@ class Lab:
                 programs="".join(programs),
             )
         )
-        env = dict(os.environ)
+        env = child_env()  # lab children never get the API key
         env["PYTHONPATH"] = os.pathsep.join(
             [_PACKAGE_PARENT, *filter(None, [env.get("PYTHONPATH")])]
         )
@@ -1052,7 +1053,7 @@ class Lab:
             raise LabError(f"replica {replica} is not running ({info.get('statename', 'unknown')})")
         before = cg.oom_kills()
         (self.state_dir / "logs").mkdir(exist_ok=True)
-        env = dict(os.environ)
+        env = child_env()  # lab children never get the API key
         env["PYTHONPATH"] = os.pathsep.join(
             [_PACKAGE_PARENT, *filter(None, [env.get("PYTHONPATH")])]
         )

@@ -52,6 +52,7 @@ from typing import Any
 from chaoslib_infer.lab.cgroups import MemoryCgroup, _join, _read_mounts, _read_self_cgroups
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
+from chaoslib_infer.safety.redact import child_env
 
 __all__ = [
     "KIND",
@@ -462,7 +463,7 @@ def spawn_deadman(rec: dict[str, Any], ttl_s: float, state_dir: Path | None = No
     and in the runner's cgroups (never frozen with the replica, not killed by ``lab down``'s cgroup
     sweep). :func:`undo_fault` kills it.
     """
-    env = dict(os.environ)
+    env = child_env()  # lab children never get the API key
     env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_PARENT, *filter(None, [env.get("PYTHONPATH")])])
     argv = [
         sys.executable,

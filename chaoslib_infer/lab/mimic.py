@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from chaoslib_infer.providers import Profile, get_profile
+from chaoslib_infer.safety.redact import clip
 
 __all__ = ["ENGINE_KEY_ENV", "MimicMiddleware", "profile_error", "served_prefix"]
 
@@ -223,7 +224,7 @@ class MimicMiddleware:
             err = json.loads(state["buf"]).get("error") or {}
             message = str(err.get("message") or "error")
         except (ValueError, AttributeError):
-            message = state["buf"].decode("utf-8", "replace")[:200]
+            message = clip(state["buf"].decode("utf-8", "replace"), 200)
         status, body = profile_error(self.profile, state["status"], message)
         data = json.dumps(body).encode()
         headers = [(k, v) for k, v in state["headers"] if k.lower() != b"content-length"]

@@ -76,6 +76,7 @@ from chaoslib_infer.lab.fleet import (
 )
 from chaoslib_infer.lab.netns import NetnsError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
+from chaoslib_infer.safety.redact import child_env
 
 __all__ = [
     "FAULT_KIND",
@@ -498,7 +499,7 @@ def _update_record(lab: Lab, fault_id: str, **fields: Any) -> None:
 
 def _spawn_controller(lab: Lab, fault_id: str) -> int:
     sd = lab.state_dir
-    env = dict(os.environ)
+    env = child_env()  # lab children never get the API key
     env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_PARENT, *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
     (sd / "logs").mkdir(exist_ok=True)

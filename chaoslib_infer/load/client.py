@@ -58,6 +58,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from chaoslib_infer.safety.redact import clip
+
 from .records import RecordWriter, perf_to_unix
 from .schedule import (
     check_profile,
@@ -385,7 +387,7 @@ def retry_backoff_delay(spec: LoadSpec, retry: int, rng: random.Random) -> float
 
 def _exc_msg(exc: BaseException) -> str:
     text = str(exc)
-    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:300]
+    return clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 300)
 
 
 def logical_request_id(run_id: str, index: int) -> str:
@@ -520,7 +522,7 @@ async def send_attempt(
                     replica = resp.headers.get("X-Replica-Id") or resp.headers.get("X-Lab-Server")
                     if not 200 <= status < 300:
                         raw = await resp.content.read(_MAX_ERROR_BODY)
-                        snippet = raw[:200].decode("utf-8", "replace").strip()
+                        snippet = clip(raw.decode("utf-8", "replace"), 200).strip()
                         err = f"HTTP {status}: {snippet}" if snippet else f"HTTP {status}"
                         if status == 429:
                             err_class = "http_429"

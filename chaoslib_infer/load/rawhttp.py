@@ -38,6 +38,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from chaoslib_infer.safety.redact import clip
+
 from .sse import StreamParser
 
 if TYPE_CHECKING:
@@ -221,7 +223,7 @@ class _Conn(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if self.pending:  # the body before the broken bytes still counts ([DONE] seen?)
                 self._flush()
-            self._finish(f"garbled:{type(exc).__name__}: {exc}"[:300])
+            self._finish(clip(f"garbled:{type(exc).__name__}: {exc}", 300))
 
     def eof_received(self) -> bool | None:
         return None  # close our side too; connection_lost follows
@@ -240,7 +242,7 @@ class _Conn(asyncio.Protocol):
                 "reset:ServerDisconnected: connection closed before the reply was complete"
             )
         else:
-            w.set_result(f"reset:{type(exc).__name__}: {exc}"[:300])
+            w.set_result(clip(f"reset:{type(exc).__name__}: {exc}", 300))
 
     # ---- httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -406,7 +408,8 @@ async def send_attempt_raw(
                     after_done = conn.done_at is not None
                 elif conn.err_body is not None:
                     st = conn.status or 0
-                    snippet = bytes(conn.err_body[:200]).decode("utf-8", "replace").strip()
+                    text = bytes(conn.err_body).decode("utf-8", "replace")
+                    snippet = clip(text, 200).strip()  # scrub first: a key across the cut
                     err = f"HTTP {st}: {snippet}" if snippet else f"HTTP {st}"
                     if st == 429:
                         err_class = "http_429"

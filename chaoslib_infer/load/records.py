@@ -16,6 +16,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from chaoslib_infer.safety.redact import scrub
+
 try:  # 5-7x faster than json.loads on records (float-heavy lines): a million in seconds
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - orjson is a dependency
@@ -31,6 +33,9 @@ __all__ = [
     "read_records",
     "unix_now",
 ]
+
+#: Record fields that hold text a server sent (scrubbed by :meth:`RecordWriter.write`).
+_TEXT_FIELDS = ("error", "replica")
 
 T0_UNIX: float = time.time()
 T0_PERF: float = time.perf_counter()
@@ -88,17 +93,26 @@ class RecordWriter:
         self.path = Path(path)
         self._fsync = fsync
         self._lock = threading.Lock()
-        self._fh: IO[str] | None = open(  # noqa: SIM115 - closed in close()
-            self.path, "a" if append else "w", encoding="utf-8"
-        )
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+        fd = os.open(self.path, flags, 0o600)  # records may hold server text: owner only
+        self._fh: IO[str] | None = open(fd, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
         self.count = 0
 
     def write(self, record: dict[str, Any]) -> None:
         """Serialise ``record`` as one JSON line and flush it.
 
+        Text fields (``error``, ``replica``: a server's words) are scrubbed of the secrets this
+        process knows (:func:`chaoslib_infer.safety.redact.scrub`) before the line is written.
+
         Raises:
             ValueError: the writer is closed, or the record is not JSON-serialisable.
         """
+        for field in _TEXT_FIELDS:
+            value = record.get(field)
+            if isinstance(value, str) and value:
+                clean = scrub(value)
+                if clean is not value:
+                    record = {**record, field: clean}
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         with self._lock:
             if self._fh is None:

@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from chaoslib_infer.safety.redact import clip
+
 try:  # several times faster than json.loads on stream chunks (the client's hot path)
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - orjson is a dependency
@@ -211,11 +213,11 @@ def _error_message(err: Any) -> str:
     if isinstance(err, dict):
         msg = err.get("message")
         if isinstance(msg, str) and msg:
-            return msg[:300]
+            return clip(msg, 300)
     try:
-        return json.dumps(err, ensure_ascii=False)[:300]
+        return clip(json.dumps(err, ensure_ascii=False), 300)
     except Exception:  # pragma: no cover - json.dumps of parsed JSON does not fail
-        return repr(err)[:300]
+        return clip(repr(err), 300)
 
 
 class StreamParser:
@@ -299,7 +301,7 @@ class StreamParser:
         data = ev.data
         if ev.event == "error":
             if self.error is None:
-                self.error = (data or "error event")[:300]
+                self.error = clip(data or "error event", 300)
             return 0
         stripped = data.strip()
         if stripped == "[DONE]":
@@ -314,11 +316,11 @@ class StreamParser:
                 obj = json.loads(stripped)
             except Exception:  # ValueError, RecursionError
                 if self.garbled is None:
-                    self.garbled = f"invalid JSON in stream event: {stripped[:80]!r}"
+                    self.garbled = f"invalid JSON in stream event: {clip(stripped, 80)!r}"
                 return 0
         if not isinstance(obj, dict):
             if self.garbled is None:
-                self.garbled = f"stream event is not a JSON object: {stripped[:80]!r}"
+                self.garbled = f"stream event is not a JSON object: {clip(stripped, 80)!r}"
             return 0
         err = obj.get("error")
         if err or obj.get("object") == "error":
@@ -398,7 +400,7 @@ class StreamParser:
         if sse.overlong:
             return "garbled", f"SSE line longer than {MAX_LINE_CHARS} characters"
         if non_sse:
-            return "garbled", f"response is not an SSE stream: {sse.head[:80]!r}"
+            return "garbled", f"response is not an SSE stream: {clip(sse.head, 80)!r}"
         if self.output_chunks == 0:
             if sse.bytes_in == 0:
                 return "empty", "empty response body"

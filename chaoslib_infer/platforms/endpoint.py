@@ -44,6 +44,7 @@ import yaml
 
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.providers import Profile, auth_headers, endpoint, get_profile, join
+from chaoslib_infer.safety.redact import clip
 
 __all__ = [
     "EndpointTarget",
@@ -494,7 +495,7 @@ async def _post(session: Any, url: str, body: dict[str, Any], headers: Mapping[s
                                     allow_redirects=False) as resp:  # fmt: skip
                 return resp.status, await resp.read(), None
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        return None, b"", f"{type(exc).__name__}: {exc}"[:300]
+        return None, b"", clip(f"{type(exc).__name__}: {exc}", 300)
 
 
 async def _get(session: Any, url: str, headers: Mapping[str, str], timeout_s: float) -> int | None:
@@ -601,7 +602,7 @@ async def _probe(target: EndpointTarget, timeout_s: float) -> dict[str, Any]:
         if s is not None and s >= 400:
             shape = parse_error(r)
             rows.append(_row("error body shape", p.error_shape,
-                             f"{s} {shape['shape']}: {shape['message']}"[:200],
+                             clip(f"{s} {shape['shape']}: {shape['message']}", 200),
                              shape["shape"] == p.error_shape))  # fmt: skip
         else:
             rows.append(_row("error body shape", p.error_shape, f"{s}: not exercised", None))

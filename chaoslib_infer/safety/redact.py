@@ -15,12 +15,26 @@ Known secret values (:func:`known_secrets`): ``CHAOS_INFER_API_KEY``; the values
 environment variables named in ``CHAOS_INFER_REDACT_ENV`` (comma-separated names); secrets an
 experiment declares (inline values and ``type: env`` references); configuration entries of
 ``type: env`` whose name or variable looks secret (``key``, ``token``, ``secret``, ``password``).
-Each value is replaced, as raw text, JSON-escaped and URL-encoded, by ``[REDACTED]``. Values shorter
-than :data:`MIN_SECRET_LEN` characters are ignored (they would shred unrelated text).
+Each value is replaced by ``[REDACTED]`` in every form a server or serializer may write it (raw,
+JSON-escaped, URL-encoded with ``quote`` and ``quote_plus``, HTML entities, base64 at any
+alignment, as in ``Authorization: Basic ...``), and so is any run of 8 or more characters of
+one of these forms (a key cut by a truncation, or echoed in part). Values shorter than
+:data:`MIN_SCRUB_LEN` characters are ignored (they would shred unrelated text); keys given to
+the tool must have :data:`MIN_SECRET_LEN` characters.
+
+Server text is scrubbed *before* it is cut (:func:`clip`), at every place it is kept (records,
+error lines, evidence): a key echoed across the cut leaves no prefix behind. Processes that do
+not talk to the target (the lab's children) get an environment without the key
+(:func:`child_env`); run folders are created ``0700`` (:func:`private_dir`) and the CLI's
+umask is ``077``, so files are ``0600``.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import functools
+import html
 import json
 import logging
 import os
@@ -29,15 +43,19 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, quote_plus
 
 __all__ = [
     "API_KEY_ENV",
     "REDACTED",
     "RedactingFilter",
+    "child_env",
+    "clip",
     "known_secrets",
+    "private_dir",
     "read_key_file",
     "redact_text",
+    "scrub",
     "scrub_file",
     "scrub_tree",
     "secrets_from_experiment",
@@ -46,7 +64,11 @@ __all__ = [
 API_KEY_ENV = "CHAOS_INFER_API_KEY"
 EXTRA_ENV = "CHAOS_INFER_REDACT_ENV"
 REDACTED = "[REDACTED]"
-MIN_SECRET_LEN = 6
+#: An API key given to the tool (``--api-key-file``, a target's ``api_key_env``) has at least
+#: this many characters: any run of :data:`MIN_SUBSTRING` of them is then scrubbed.
+MIN_SECRET_LEN = 8
+#: Shorter secret values are still collected and scrubbed, but only as whole values.
+MIN_SCRUB_LEN = 4
 MAX_FILE_BYTES = 512 << 20
 _SECRETISH = re.compile(r"key|token|secret|passw", re.IGNORECASE)
 
@@ -109,32 +131,194 @@ def known_secrets(extra: Iterable[str] = ()) -> list[str]:
         if name:
             values.append(os.environ.get(name, ""))
     values += list(extra)
-    uniq = {v.strip() for v in values if v and len(v.strip()) >= MIN_SECRET_LEN}
+    uniq = {v.strip() for v in values if v and len(v.strip()) >= MIN_SCRUB_LEN}
     return sorted(uniq, key=len, reverse=True)
 
 
+def _b64_cores(raw: bytes) -> list[str]:
+    """The part of any base64 encoding of data holding ``raw`` that depends on ``raw`` alone.
+
+    Base64 maps 3 bytes to 4 characters, so the encoding of ``raw`` inside a longer message
+    (``Basic base64(user:key)``) depends on its offset modulo 3: one core per offset, without the
+    characters shared with the neighbouring bytes. Standard and URL-safe alphabets.
+    """
+    out: list[str] = []
+    for k in range(3):
+        enc = base64.b64encode(b"\0" * k + raw).decode("ascii")
+        first = -(-8 * k // 6)  # first character made of secret bits only
+        last = (8 * (k + len(raw))) // 6  # characters from here on mix in padding bits
+        core = enc[first:last]
+        out += [core, core.replace("+", "-").replace("/", "_")]
+    return out
+
+
 def _variants(secret: str) -> list[bytes]:
-    forms = {secret, json.dumps(secret)[1:-1], quote(secret, safe=""), repr(secret)[1:-1]}
+    """Every form of ``secret`` that a server or a serializer may write (bytes, longest first)."""
+    raw = secret.encode("utf-8")
+    forms = {
+        secret,
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        quote(secret, safe=""),
+        quote(secret),
+        quote_plus(secret, safe=""),
+        quote_plus(secret),
+        html.escape(secret, quote=True),
+        html.escape(secret, quote=False),
+        "".join(c if c.isalnum() else f"&#{ord(c)};" for c in secret),
+        "".join(c if c.isalnum() else f"&#x{ord(c):x};" for c in secret),
+        repr(secret)[1:-1],
+        *_b64_cores(raw),
+    }
     return sorted({f.encode("utf-8") for f in forms if f}, key=len, reverse=True)
 
 
-def redact_text(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every known form of each secret replaced by ``[REDACTED]``."""
-    for secret in secrets:
-        for form in _variants(secret):
-            text = text.replace(form.decode("utf-8"), REDACTED)
-    return text
+#: Any run of at least this many characters (bytes) of a known secret's form is scrubbed.
+MIN_SUBSTRING = 8
+_ANCHOR = 4  # every MIN_SUBSTRING-long window of a form holds one aligned 4-byte anchor
+
+
+class _Matcher:
+    """Finds the spans of ``data`` that belong to a secret (see :func:`redact_text`)."""
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        self.exact: list[bytes] = []  # forms shorter than MIN_SUBSTRING: whole matches only
+        self.anchors: list[tuple[bytes, bytes, int]] = []  # (anchor, form, offset in form)
+        for secret in secrets:
+            for form in _variants(secret):
+                if len(form) < MIN_SUBSTRING:
+                    self.exact.append(form)
+                    continue
+                for k in range(0, len(form) - _ANCHOR + 1, _ANCHOR):
+                    self.anchors.append((form[k : k + _ANCHOR], form, k))
+
+    def spans(self, data: bytes) -> list[tuple[int, int]]:
+        """Merged ``[start, end)`` byte spans of ``data`` to replace."""
+        found: list[tuple[int, int]] = []
+        for form in self.exact:
+            at = data.find(form)
+            while at >= 0:
+                found.append((at, at + len(form)))
+                at = data.find(form, at + len(form))
+        if len(data) >= MIN_SUBSTRING:
+            for anchor, form, k in self.anchors:
+                at = data.find(anchor)
+                while at >= 0:
+                    left = 0
+                    while left < k and at - left > 0 and data[at - left - 1] == form[k - left - 1]:
+                        left += 1
+                    right = _ANCHOR
+                    while (
+                        k + right < len(form)
+                        and at + right < len(data)
+                        and data[at + right] == form[k + right]
+                    ):
+                        right += 1
+                    if left + right >= MIN_SUBSTRING:
+                        found.append((at - left, at + right))
+                    at = data.find(anchor, at + 1)
+        if not found:
+            return []
+        found.sort()
+        merged = [found[0]]
+        for start, end in found[1:]:
+            if start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        return merged
+
+
+@functools.lru_cache(maxsize=16)
+def _matcher(secrets: tuple[str, ...]) -> _Matcher:
+    return _Matcher(secrets)
 
 
 def _redact_bytes(data: bytes, secrets: Iterable[str]) -> tuple[bytes, int]:
-    count = 0
-    for secret in secrets:
-        for form in _variants(secret):
-            n = data.count(form)
-            if n:
-                count += n
-                data = data.replace(form, REDACTED.encode())
-    return data, count
+    spans = _matcher(tuple(s for s in secrets if s)).spans(data)
+    if not spans:
+        return data, 0
+    parts: list[bytes] = []
+    pos = 0
+    for start, end in spans:
+        parts += [data[pos:start], REDACTED.encode()]
+        pos = end
+    parts.append(data[pos:])
+    return b"".join(parts), len(spans)
+
+
+def redact_text(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every form of each secret, and every run of 8+ characters of one, scrubbed.
+
+    Forms (:func:`_variants`): raw, JSON-escaped, URL-encoded (``quote`` and ``quote_plus``),
+    HTML entities (named, decimal, hexadecimal), Python ``repr`` and base64 at each of the three
+    alignments (standard and URL-safe). A form shorter than :data:`MIN_SUBSTRING` is replaced
+    only whole. Each replaced span becomes ``[REDACTED]``.
+
+    Args:
+        text: any text (a response body, a journal, a log line).
+        secrets: the secret values (see :func:`known_secrets`).
+    """
+    secrets = tuple(s for s in secrets if s)
+    if not secrets or not text:
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    new, count = _redact_bytes(data, secrets)
+    return new.decode("utf-8", "replace") if count else text
+
+
+def scrub(text: str) -> str:
+    """``text`` scrubbed of the secrets this process knows (:func:`known_secrets`, from the env).
+
+    Use it on any text a server sent before it is kept anywhere (a record, a log, an error).
+    """
+    return redact_text(text, _env_secrets())
+
+
+def clip(text: str, limit: int) -> str:
+    """Scrub ``text`` (:func:`scrub`), *then* cut it to ``limit`` characters.
+
+    Cutting first would leave the prefix of a secret echoed across the cut, which no longer
+    matches the whole value; scrubbing first never does.
+    """
+    return scrub(text)[:limit]
+
+
+def _env_secrets() -> tuple[str, ...]:
+    names = [API_KEY_ENV, *re.split(r"[,\s]+", os.environ.get(EXTRA_ENV, ""))]
+    values = tuple(os.environ.get(n, "") for n in names if n)
+    return _env_secrets_cached(values)
+
+
+@functools.lru_cache(maxsize=8)
+def _env_secrets_cached(values: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(known_secrets())
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``env`` (default ``os.environ``) without the secrets this process knows.
+
+    For processes that do not talk to the target (the lab's supervisord and everything under it,
+    the memory hog, timers and shims): drops ``CHAOS_INFER_API_KEY`` and the variables named in
+    ``CHAOS_INFER_REDACT_ENV``. (A lab engine's own key, ``CHAOS_INFER_ENGINE_API_KEY``, stays: it
+    is the server's, which the lab engine needs.)
+    """
+    env = dict(os.environ if env is None else env)
+    drop = {API_KEY_ENV, *(n for n in re.split(r"[,\s]+", env.get(EXTRA_ENV, "")) if n)}
+    return {k: v for k, v in env.items() if k not in drop}
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) if needed and make it ``0700``; return it.
+
+    Raises:
+        OSError: the directory cannot be created.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    return path
 
 
 def scrub_file(path: Path, secrets: Iterable[str]) -> int:

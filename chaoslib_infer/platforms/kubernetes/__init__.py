@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.safety.redact import clip
 
 __all__ = [
     "REQUEST_TIMEOUT_S",
@@ -54,7 +55,7 @@ def _status_message(body: Any) -> str:
         causes = (doc.get("details") or {}).get("causes") or []
         extra = "; ".join(str(c.get("message")) for c in causes if c.get("message"))
         return f"{msg} ({extra})" if extra else msg
-    return str(body or "").strip().splitlines()[0][:300] if body else ""
+    return clip(str(body or "").strip().splitlines()[0], 300) if body else ""
 
 
 def api_error_line(status: int, what: str, body: Any) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaoslib_infer.platforms.kubernetes import K8sError, api_error_line
+from chaoslib_infer.safety.redact import clip
 
 __all__ = [
     "INTERPRETERS",
@@ -83,7 +84,7 @@ def parse_exec_status(text: str) -> tuple[int | None, str]:
     try:
         doc = json.loads(text)
     except ValueError:
-        return None, f"unreadable exec status: {text.strip()[:200]}"
+        return None, f"unreadable exec status: {clip(text.strip(), 200)}"
     if doc.get("status") == "Success":
         return 0, ""
     message = str(doc.get("message") or doc.get("reason") or "Failure")
@@ -209,7 +210,7 @@ def run_script(
         result = exec_in_container(core, namespace, pod, container, argv, timeout_s)
         if not result.not_found:
             return name, result
-        tried.append(f"{name}: {(result.message or result.stderr).strip()[:160]}")
+        tried.append(f"{name}: {clip((result.message or result.stderr).strip(), 160)}")
     raise K8sError(
         f"pod {namespace}/{pod} container {container}: no usable interpreter ({'; '.join(tried)})"
     )

@@ -34,6 +34,7 @@ from typing import Any
 from chaoslib_infer.platforms.kubernetes import K8sError, call
 from chaoslib_infer.platforms.kubernetes import scripts as S
 from chaoslib_infer.platforms.kubernetes.exec import run_script
+from chaoslib_infer.safety.redact import clip
 
 __all__ = [
     "INIT_COMMS",
@@ -199,7 +200,7 @@ def probe(
     if res.exit_code != 0:
         raise K8sError(
             f"process listing in pod {namespace}/{pod} failed (exit {res.exit_code}): "
-            f"{(res.stderr or res.message).strip()[:200]}"
+            f"{clip((res.stderr or res.message).strip(), 200)}"
         )
     helper, procs = parse_probe(res.lines)
     return used, helper, procs
@@ -224,7 +225,7 @@ def _signal(
     if res.exit_code != 0:
         raise K8sError(
             f"kill -{sig} in pod {saved['namespace']}/{saved['pod']} failed (exit "
-            f"{res.exit_code}): {(res.stderr or res.message).strip()[:200]}"
+            f"{res.exit_code}): {clip((res.stderr or res.message).strip(), 200)}"
         )
     outcome: dict[int, str] = {}
     timer = None

@@ -53,6 +53,7 @@ from typing import IO, Any
 from chaoslib_infer.platforms.kubernetes import K8sError, call
 from chaoslib_infer.platforms.kubernetes.pods import is_ready
 from chaoslib_infer.platforms.kubernetes.target import K8sTarget
+from chaoslib_infer.safety.redact import clip
 
 __all__ = [
     "DEFAULT_MAX_DURATION_S",
@@ -277,7 +278,7 @@ class EventTracker:
                     "name": inv.get("name"),
                     "reason": ev.get("reason"),
                     "type": ev.get("type"),
-                    "message": str(ev.get("message") or ev.get("note") or "")[:300],
+                    "message": clip(str(ev.get("message") or ev.get("note") or ""), 300),
                     "first_timestamp": ev.get("firstTimestamp") or ev.get("eventTime"),
                     "event_time": ev.get("eventTime"),
                     "last_timestamp": ev.get("lastTimestamp")

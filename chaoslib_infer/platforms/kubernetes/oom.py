@@ -27,6 +27,7 @@ from typing import Any
 from chaoslib_infer.platforms.kubernetes import K8sError, call
 from chaoslib_infer.platforms.kubernetes import scripts as S
 from chaoslib_infer.platforms.kubernetes.exec import run_script
+from chaoslib_infer.safety.redact import clip
 
 __all__ = [
     "container_status",
@@ -93,7 +94,7 @@ def start_hog(
     if res.exit_code != 0 or line is None or len(line) < 5:
         raise K8sError(
             f"memory hog in pod {namespace}/{pod} did not start (exit {res.exit_code}): "
-            f"{(res.stderr or res.message or res.stdout).strip()[:200]}"
+            f"{clip((res.stderr or res.message or res.stdout).strip(), 200)}"
         )
     return {
         "interpreter": used,
@@ -144,7 +145,7 @@ def stop_hog(core: Any, saved: dict[str, Any]) -> str:
     if res.exit_code != 0:
         raise K8sError(
             f"stopping the hog in pod {ns}/{pod} failed (exit {res.exit_code}): "
-            f"{(res.stderr or res.message).strip()[:200]}"
+            f"{clip((res.stderr or res.message).strip(), 200)}"
         )
     if killed:
         return f"memory hog {', '.join(killed)} killed in pod {ns}/{pod}"

@@ -1,0 +1,322 @@
+"""Issue 13: a key the target echoes back never reaches a file or a printed line.
+
+A small HTTP server echoes the ``Authorization`` key it receives, on purpose, wherever a server
+might: across the 200-character cut of an error body, in a response header the load client keeps
+(``X-Replica-Id``), in an SSE ``error`` event and in an error object inside a 200 stream (across
+the 300-character cut), and as base64 (HTTP Basic), HTML entities and ``quote_plus`` text. A game
+day runs one drill against it while a thread reads every file of the output folder every 20 ms;
+no file ever holds any 8-character run of the key (in any of those forms), no printed line
+either, and every file is private (0600, folders 0700).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import http.server
+import itertools
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote_plus
+
+import pytest
+import yaml
+
+from chaoslib_infer.safety import redact
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "sk-leak/7Hq+9&Zr<x>Pw2=Tm4"
+
+
+def _needles(key: str) -> list[bytes]:
+    """Every 8-character window of the key in each form the server echoes it."""
+    forms = [key, html.escape(key), quote_plus(key, safe="")]
+    out = {f[i : i + 8] for f in forms for i in range(len(f) - 7)}
+    for prefix in ("user:", "u:", ":"):  # Basic auth at the three base64 alignments
+        enc = base64.b64encode((prefix + key).encode()).decode()
+        core = enc[len(prefix) * 4 // 3 + 2 : -4]
+        out |= {core[i : i + 8] for i in range(len(core) - 7)}
+    return sorted(o.encode() for o in out)
+
+
+def _echo(key: str, n: int) -> tuple[int, dict[str, str], bytes]:
+    """Response number ``n`` (status, headers, body): one echo placement per case."""
+    case = n % 6
+    pad = "x" * 195  # the key starts 5 characters before the 200-character cut
+    if case == 0:  # error body across the cut
+        return 500, {"Content-Type": "application/json"}, f"{pad}{key} bad key".encode()
+    if case == 1:  # a header the client records, and a 401 with encoded forms
+        basic = base64.b64encode(f"user:{key}".encode()).decode()
+        body = f"{pad[:150]}Basic {basic} {html.escape(key)} {quote_plus(key, safe='')}"
+        return 401, {"X-Replica-Id": key, "WWW-Authenticate": f"Basic {basic}"}, body.encode()
+    if case == 2:  # SSE error event across the 300-character cut
+        body = f"event: error\ndata: {'y' * 296}{key} tail\n\n"
+        return 200, {"Content-Type": "text/event-stream"}, body.encode()
+    if case == 3:  # error object inside a 200 stream
+        msg = f"{'z' * 290}key {key} rejected"
+        body = 'data: {"error": {"message": "' + msg + '"}}\n\ndata: [DONE]\n\n'
+        return 200, {"Content-Type": "text/event-stream", "X-Replica-Id": key[:12]}, body.encode()
+    if case == 4:  # not an SSE stream at all: the head of the body is quoted
+        return 200, {"Content-Type": "text/plain"}, f"{key[3:]} {key}".encode()
+    # a normal stream (the hypothesis sees some successes), the key only in the content
+    chunk = '{"choices": [{"index": 0, "delta": {"content": "%s"}, "finish_reason": null}]}'
+    last = '{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}'
+    events = [chunk % "tok", chunk % key.replace("<", "").replace(">", ""), last]
+    body = "".join(f"data: {e}\n\n" for e in events) + "data: [DONE]\n\n"
+    return 200, {"Content-Type": "text/event-stream", "X-Replica-Id": "r1"}, body.encode()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    counter = itertools.count()
+    keys_seen: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        auth = self.headers.get("Authorization") or ""
+        key = auth.removeprefix("Bearer ")
+        _Handler.keys_seen.append(key)
+        status, headers, body = _echo(key, next(_Handler.counter))
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def echo_server() -> Iterator[str]:
+    _Handler.keys_seen = []
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_needles_catch_what_a_cut_leaves() -> None:
+    """The test's own detector: it sees a key cut at 200 characters (a prefix >= 8 chars)."""
+    cut = (f"{'x' * 190}{KEY}")[:200].encode()
+    assert any(n in cut for n in _needles(KEY))
+    basic = base64.b64encode(f"user:{KEY}".encode())
+    assert any(n in basic for n in _needles(KEY))
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_each_echo_case_is_scrubbed_in_memory(n: int) -> None:
+    """Each echo placement, as text the client keeps, holds no 8-character run of the key."""
+    _status, headers, body = _echo(KEY, n)
+    text = " ".join([*headers.values(), body.decode()])
+    clean = redact.redact_text(text, [KEY]).encode()
+    assert [x for x in _needles(KEY) if x in clean] == []
+
+
+def _scan(out: Path, needles: list[bytes], leaks: list[str], modes: list[str]) -> None:
+    for dirpath, dirnames, filenames in os.walk(out):
+        for d in dirnames:
+            st = os.lstat(Path(dirpath) / d)
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                modes.append(f"{Path(dirpath) / d}: {oct(st.st_mode)}")
+        for name in filenames:
+            path = Path(dirpath) / name
+            try:
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                data = path.read_bytes()
+            except OSError:
+                continue  # renamed away between walk and read (atomic writes)
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                modes.append(f"{path}: {oct(st.st_mode)}")
+            for needle in needles:
+                if needle in data:
+                    leaks.append(f"{path.relative_to(out)}: {needle!r}")
+
+
+def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_server: str) -> None:
+    exp = {
+        "version": "1.0.0",
+        "title": "secret echo",
+        "description": "load against a server that echoes the key",
+        "configuration": {
+            "infer_run_dir": {"type": "env", "key": "CHAOS_INFER_RUN_DIR", "default": "x"},
+            "infer_base_url": {"type": "env", "key": "CHAOS_INFER_BASE_URL", "default": ""},
+            "infer_api_key": {"type": "env", "key": "CHAOS_INFER_API_KEY"},
+        },
+        "controls": [
+            {
+                "name": "background-load",
+                "provider": {
+                    "type": "python",
+                    "module": "chaoslib_infer.controls.load",
+                    "arguments": {
+                        "rate_rps": 30,
+                        "warmup_s": 1,
+                        "max_duration_s": 60,
+                        "max_tokens": 4,
+                        "timeout_s": 3,
+                    },  # fmt: skip
+                },
+            }
+        ],
+        "steady-state-hypothesis": {
+            "title": "available",
+            "probes": [
+                {  # the figures (echoes fail most requests) are read, never judged here
+                    "type": "probe",
+                    "name": "availability-read",
+                    "tolerance": {"type": "jsonpath", "path": "$.metric", "expect": "availability"},
+                    "provider": {
+                        "type": "python",
+                        "module": "chaoslib_infer.activities.slo",
+                        "func": "slo_check",
+                        "arguments": {"metric": "availability", "window_s": 2},
+                    },
+                }
+            ],
+        },
+        "method": [
+            {
+                "type": "probe",
+                "name": "echo-key",  # the key reaches Chaos Toolkit's journal and log
+                "provider": {
+                    "type": "python",
+                    "module": "chaoslib_infer.safety.testfault",
+                    "func": "echo",
+                    "arguments": {"value": "${infer_api_key}"},
+                },
+                "pauses": {"after": 4},
+            }
+        ],
+        "rollbacks": [],
+        "runtime": {"rollbacks": {"strategy": "always"}},
+    }
+    exp_path = tmp_path / "echo.yaml"
+    exp_path.write_text(yaml.safe_dump(exp, sort_keys=False))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"name: secret-echo\ndrills:\n  - name: echo\n    experiment: {exp_path}\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "CHAOS_INFER_API_KEY": KEY}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "chaoslib_infer.cli",
+            "gameday",
+            str(plan),
+            "--out",
+            str(out),
+            "--target",
+            echo_server,
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+    )
+    needles = _needles(KEY)
+    leaks: list[str] = []
+    modes: list[str] = []
+    scans = 0
+    deadline = time.monotonic() + 150
+    while proc.poll() is None and time.monotonic() < deadline:
+        _scan(out, needles, leaks, modes)
+        scans += 1
+        time.sleep(0.02)
+    if proc.poll() is None:
+        proc.kill()
+    stdout, stderr = proc.communicate(timeout=30)
+    _scan(out, needles, leaks, modes)
+    assert proc.returncode in (0, 1, 3), (stdout + stderr).decode()[-3000:]
+    assert scans > 20
+    assert KEY in _Handler.keys_seen  # the key was sent and echoed
+    assert len(_Handler.keys_seen) >= 30  # every echo case ran several times
+    printed = stdout + stderr
+    assert [n for n in needles if n in printed] == []
+    assert sorted(set(leaks)) == [], "\n".join(sorted(set(leaks)))
+    assert sorted(set(modes)) == []
+    records = (out / "echo" / "records.jsonl").read_text()
+    assert redact.REDACTED in records  # the echoes were recorded, scrubbed
+    assert "HTTP 500: " + "x" * 50 in records
+
+
+# ---- the redaction primitives ---------------------------------------------------------------
+def test_clip_scrubs_before_cutting_and_substrings_go() -> None:
+    text = "x" * 195 + KEY + " tail"
+    assert KEY[:5] not in redact.redact_text(text, [KEY])[:200]
+    assert text[:200].endswith(KEY[:5])  # what cutting first would have kept
+    os.environ[redact.API_KEY_ENV] = KEY
+    try:
+        clipped = redact.clip(text, 200)
+        assert clipped.endswith(redact.REDACTED[:5]) and "sk-le" not in clipped
+        # a 9-character prefix left by someone else's cut, and an inner run, both go
+        assert redact.scrub(f"a {KEY[:9]} b {KEY[5:14]} c") == "a [REDACTED] b [REDACTED] c"
+        assert redact.scrub(f"a {KEY[:7]} b") == f"a {KEY[:7]} b"  # under 8: unrelated text
+    finally:
+        del os.environ[redact.API_KEY_ENV]
+
+
+@pytest.mark.parametrize("prefix", ["", "u", "us", "user:", "Authorization: x"])
+def test_base64_at_every_alignment(prefix: str) -> None:
+    for enc in (base64.b64encode, base64.urlsafe_b64encode):
+        blob = enc((prefix + KEY + "!").encode()).decode()
+        clean = redact.redact_text(f"Basic {blob}", [KEY])
+        assert redact.REDACTED in clean
+        assert [n for n in _needles(KEY) if n in clean.encode()] == []
+
+
+def test_html_entities_quote_plus_and_short_values() -> None:
+    forms = [html.escape(KEY), quote_plus(KEY), quote_plus(KEY, safe=""),
+             "".join(c if c.isalnum() else f"&#{ord(c)};" for c in KEY)]  # fmt: skip
+    for form in forms:
+        assert redact.redact_text(f"<p>{form}</p>", [KEY]) == "<p>[REDACTED]</p>", form
+    assert redact.redact_text("pin abcd!", ["abcd"]) == "pin [REDACTED]!"  # short: whole only
+    assert redact.known_secrets(["abcd", "abc"]) == ["abcd"]
+
+
+def test_record_writer_scrubs_server_text_and_is_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from chaoslib_infer.load.records import RecordWriter, read_records
+
+    monkeypatch.setenv(redact.API_KEY_ENV, KEY)
+    out = tmp_path / "records.jsonl"
+    with RecordWriter(out) as w:
+        w.write({"request_id": "a", "error": f"HTTP 401: {KEY[:10]}", "replica": KEY})
+        w.write({"request_id": "b", "error": None, "replica": "r1"})
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    recs = read_records(out)
+    assert recs[0]["error"] == "HTTP 401: [REDACTED]" and recs[0]["replica"] == "[REDACTED]"
+    assert recs[1]["replica"] == "r1"
+
+
+def test_child_env_drops_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(redact.API_KEY_ENV, KEY)
+    monkeypatch.setenv("MY_TOKEN", "tok-123456789")
+    monkeypatch.setenv(redact.EXTRA_ENV, "MY_TOKEN")
+    monkeypatch.setenv("CHAOS_INFER_ENGINE_API_KEY", "engine-key-123")
+    env = redact.child_env()
+    assert redact.API_KEY_ENV not in env and "MY_TOKEN" not in env
+    assert env["CHAOS_INFER_ENGINE_API_KEY"] == "engine-key-123"  # the lab engine's own key
+    assert env["PATH"] == os.environ["PATH"]
+
+
+def test_private_dir(tmp_path: Path) -> None:
+    d = redact.private_dir(tmp_path / "a" / "b")
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    os.chmod(d, 0o755)
+    redact.private_dir(d)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
