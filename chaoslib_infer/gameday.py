@@ -5,8 +5,10 @@ experiment run in-process (the load control starts the background load, the stea
 is checked, the fault is injected, the hypothesis is checked again, rollbacks always play) -> journal
 + records + lab ground truth -> figures -> evidence (Markdown, HTML, plot) -> ``summary.json``.
 
-Exit codes: 0 every hypothesis held; 1 a drill deviated or failed; 2 error (bad input, unreachable
-target); 130 interrupted (Ctrl-C / SIGTERM; rollbacks played and the lab taken down).
+Exit codes (the drills' verdicts, :mod:`chaoslib_infer.verdict`): 0 every drill passed; 1 a drill
+failed (a criterion broken, a fault left behind, a defect before the fault); 2 error (bad input,
+unreachable target, a drill the tool could not run); 3 a drill was inconclusive (the others
+passed); 130 interrupted (Ctrl-C / SIGTERM; rollbacks played and the lab taken down).
 """
 
 from __future__ import annotations
@@ -37,19 +39,22 @@ from chaoslib_infer.controls.load import LOAD_ERROR_FILE, stop_load
 from chaoslib_infer.errors import ConfigError, InferChaosError, TargetUnreachable
 from chaoslib_infer.evidence.bundle import junit_xml, tool_versions, write_manifest
 from chaoslib_infer.evidence.figures import drill_figures, read_jsonl, unix_time
-from chaoslib_infer.evidence.journal import drill_status, failed_activities, hypothesis_results
+from chaoslib_infer.evidence.journal import failed_activities, hypothesis_results
 from chaoslib_infer.evidence.plots import drill_plots
 from chaoslib_infer.evidence.render import render_drill, render_index, write_atomic
+from chaoslib_infer.evidence.verdicts import drill_verdict, write_residue
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.load.records import read_records
-from chaoslib_infer.plan import DrillSpec, Plan
+from chaoslib_infer.plan import DrillSpec, Plan, drill_kind
 from chaoslib_infer.safety import ledger, redact
 from chaoslib_infer.safety.allowlist import check_target
 from chaoslib_infer.safety.guard import plan_stop_conditions
+from chaoslib_infer.verdict import exit_code as verdict_exit_code
 
 __all__ = [
     "EXIT_DEVIATED",
     "EXIT_ERROR",
+    "EXIT_INCONCLUSIVE",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "K8S_OMITTED",
@@ -64,6 +69,7 @@ __all__ = [
 EXIT_OK = 0
 EXIT_DEVIATED = 1
 EXIT_ERROR = 2
+EXIT_INCONCLUSIVE = 3
 EXIT_INTERRUPTED = 130
 
 #: Why a Kubernetes drill's evidence has no lab ground truth (shown in its ground-truth table).
@@ -284,8 +290,11 @@ def drill_evidence(
     started: float | str,
     ended: float | str,
     status: str | None = None,
+    criteria: dict[str, Any] | None = None,
+    kind: str | None = None,
 ) -> dict[str, Any]:
-    """Compute one drill's figures from its folder and the lab's ground truth; write its evidence.
+    """Compute one drill's figures from its folder and the lab's ground truth, judge it, and write
+    its evidence.
 
     Used right after a drill (:func:`run_drill`) and to re-render an existing run folder
     (:func:`report_run`, ``chaos-infer report``).
@@ -300,27 +309,68 @@ def drill_evidence(
         target: the ``summary.json`` target block.
         started: unix seconds or ISO 8601 text.
         ended: unix seconds or ISO 8601 text.
-        status: verdict to use instead of the journal's (e.g. ``"incomplete"``).
+        status: verdict to use instead of the judged one (e.g. ``"incomplete"``).
+        criteria: threshold overrides ``{criterion: value | "off"}`` (the plan's and the CLI's).
+        kind: which of the seven drills it is (default :func:`chaoslib_infer.plan.drill_kind`).
 
     Returns:
-        The drill's ``summary.json`` entry (``stop_condition`` set when a guard aborted it).
+        The drill's ``summary.json`` entry: ``status`` (the verdict state), ``reasons``,
+        ``verdict`` (rows, windows, notes), figures, ground truth (``stop_condition`` set when a
+        guard aborted it).
+
+    Raises:
+        ConfigError: a criterion override names no criterion of this drill.
     """
     stop = journal.get("stop_condition") or read_stop_condition(drill_dir)
-    status = status or ("aborted" if stop else drill_status(journal))
     hyp = hypothesis_results(journal)
     events = lab.events() if lab is not None else []
     ledger_entries = read_jsonl(lab.state_dir / "ledger.jsonl") if lab is not None else []
     figures, ground = drill_figures(
         drill_dir, events, ledger_entries, served_after=(lab.served if lab is not None else None)
     )
+    ledger_measured = any(e.get("event", "generation") == "generation" for e in ledger_entries)
     if target.get("kind") == "kubernetes":
-        # no engine ledger on a cluster: a count of 0 would read as "no duplicates" (unmeasured)
-        figures.pop("duplicates", None)
         ground.setdefault("lab_only_figures", K8S_OMITTED)
+    if not ledger_measured:
+        # no engine ledger (a cluster, a URL, llama.cpp): a count of 0 would read as "no
+        # duplicates"; the figure is unmeasured
+        figures["duplicates"] = None
+        if "duplicate_generations" in figures:
+            figures["duplicate_generations"] = None
+    records = (
+        read_records(drill_dir / "records.jsonl") if (drill_dir / "records.jsonl").exists() else []
+    )
+    load_error_file = drill_dir / LOAD_ERROR_FILE
+    load_error = (
+        load_error_file.read_text(encoding="utf-8").strip() if load_error_file.is_file() else None
+    )
+    t0, t1 = unix_time(started), unix_time(ended)
+    try:
+        verdict = drill_verdict(
+            kind or drill_kind(name, experiment_path),
+            drill_dir,
+            journal,
+            records,
+            figures,
+            ground,
+            events,
+            ledger_measured,
+            criteria=criteria,
+            stop=stop,
+            load_error=load_error,
+            start=t0,
+            end=t1,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    status = status or verdict.state
     entry: dict[str, Any] = {
         "name": name,
         "experiment": experiment_path,
         "status": status,
+        "reasons": verdict.reasons,
+        "verdict": verdict.as_dict(),
+        "criteria_overrides": dict(criteria or {}),
         "hypothesis": hyp,
         "started_at": started if isinstance(started, str) else _iso(started),
         "ended_at": ended if isinstance(ended, str) else _iso(ended),
@@ -330,10 +380,6 @@ def drill_evidence(
     }
     if stop:
         entry["stop_condition"] = stop
-    records = (
-        read_records(drill_dir / "records.jsonl") if (drill_dir / "records.jsonl").exists() else []
-    )
-    t0, t1 = unix_time(started), unix_time(ended)
     plots, omitted = drill_plots(name, drill_dir, records, events, entry, target, t0, t1, stop)
     render_drill(
         drill_dir,
@@ -349,6 +395,56 @@ def drill_evidence(
     return entry
 
 
+def cli_criteria(
+    plan: Plan, overrides: list[tuple[str | None, str, float | None]]
+) -> dict[str, dict[str, Any]]:
+    """Each drill's criteria: the plan's, with the ``--criterion`` overrides applied.
+
+    Raises:
+        ConfigError: an override names a drill the plan does not run, or a criterion no drill
+            of the plan (or not that drill) has.
+    """
+    from chaoslib_infer.verdict import criteria_for
+
+    out = {d.name: dict(d.criteria) for d in plan.drills}
+    kinds = {d.name: d.kind for d in plan.drills}
+    for drill, name, value in overrides:
+        targets = [drill] if drill else list(out)
+        if drill and drill not in out:
+            raise ConfigError(f"--criterion {drill}:{name}: the plan runs no drill {drill!r}")
+        applied = False
+        for d in targets:
+            if name in {c.name for c in criteria_for(kinds[d])}:
+                out[d][name] = value
+                applied = True
+        if not applied:
+            raise ConfigError(
+                f"--criterion {name}: no drill {('of ' + drill) if drill else 'of the plan'} "
+                "has this criterion (see docs/definitions.md, 'Drill criteria')"
+            )
+    return out
+
+
+def residue_check(lab: Lab | None, drill_dir: Path) -> list[str]:
+    """Faults still in place after a drill's rollbacks: one line each ([] for none).
+
+    Reads the lab's fault ledger (every record still there is a fault no rollback removed) and
+    the drill's Kubernetes state files (``k8s-state/``: a fault whose rollback did not clear it).
+    An unreadable ledger is residue too (it may hold a fault still in place).
+    """
+    out: list[str] = []
+    if lab is not None:
+        try:
+            out += [f"lab: {ledger.describe(r)}" for r in ledger.pending_faults(lab.state_dir)]
+        except LabError as exc:
+            out.append(f"lab fault ledger unreadable: {exc}")
+    with contextlib.suppress(FileNotFoundError):
+        from chaoslib_infer.safety.k8s_replay import find_pending
+
+        out += [f"kubernetes: {p.kind} ({p.path.name})" for p in find_pending(drill_dir)]
+    return out
+
+
 def run_drill(
     spec: DrillSpec,
     drill_dir: Path,
@@ -360,8 +456,9 @@ def run_drill(
     *,
     stop_conditions: dict[str, Any] | None = None,
     secrets: list[str] | None = None,
+    criteria: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run one drill's experiment in-process and write its evidence.
+    """Run one drill's experiment in-process, check for residue, judge it and write its evidence.
 
     Args:
         spec: the drill (name, experiment path, configuration overrides).
@@ -375,6 +472,9 @@ def run_drill(
             ``stop_conditions:``), or ``None``.
         secrets: values scrubbed from everything the drill writes (see
             :mod:`chaoslib_infer.safety.redact`); the experiment's own secrets are added.
+        criteria: threshold overrides of the drill's criteria (``{name: value | "off"}``); the
+            drill's own plan ``criteria:`` are used when None. Also given to the experiment as
+            ``crit_<name>`` configuration keys (its criteria probes read them).
 
     Returns:
         The drill's ``summary.json`` entry.
@@ -399,6 +499,8 @@ def run_drill(
     if target.get("kind") == "kubernetes":
         config_vars["infer_k8s_target"] = str(target["file"])
     config_vars.update({f"slo_{k}": v for k, v in slo_overrides.items()})
+    crit = dict(spec.criteria if criteria is None else criteria)
+    config_vars.update({f"crit_{k}": ("off" if v is None else v) for k, v in crit.items()})
     config_vars.update(spec.vars)
     settings = {"runtime": experiment.get("runtime") or {"rollbacks": {"strategy": "always"}}}
     ctk_logger = logging.getLogger("chaostoolkit")
@@ -427,6 +529,7 @@ def run_drill(
         stop_load({"infer_run_dir": str(drill_dir)})
         ctk_logger.removeHandler(log_handler)
         log_handler.close()
+        write_residue(drill_dir, residue_check(lab, drill_dir), time.time())
     ended = time.time()
     # scrubbed once, here: the journal file and every evidence file rendered from it
     journal_text = redact.redact_text(json.dumps(journal, indent=2, default=str), secrets)
@@ -442,6 +545,8 @@ def run_drill(
         target,
         started,
         ended,
+        criteria=crit,
+        kind=spec.kind,
     )
     load_error = drill_dir / LOAD_ERROR_FILE
     if load_error.is_file():  # the load control interrupted the drill before any fault
@@ -455,6 +560,8 @@ def run_drill(
             f"drill {spec.name}: stopped by stop condition {stop.get('guard')}: {stop.get('reason')}"
         )
     progress(f"drill {spec.name}: {entry['status'].upper()} (whole drill: {_headline(figures)})")
+    for reason in entry.get("reasons") or []:
+        progress(f"  reason: {reason}")
     return entry
 
 
@@ -605,6 +712,7 @@ def run_gameday(
     progress: Progress = print,
     allow: tuple[str, ...] = (),
     k8s_target: Any = None,
+    criteria: list[tuple[str | None, str, float | None]] | None = None,
 ) -> int:
     """Run every drill of ``plan`` and write the evidence bundle to ``out_dir``.
 
@@ -619,6 +727,8 @@ def run_gameday(
     Args:
         allow: extra target allowlist patterns (``--allow``; see
             :mod:`chaoslib_infer.safety.allowlist`).
+        criteria: ``--criterion`` overrides ``[(drill or None, name, threshold or None)]``,
+            applied over the plan's (a name without a drill applies to the drills that have it).
         k8s_target: a :class:`~chaoslib_infer.platforms.kubernetes.target.K8sTarget` (already
             checked against its allowlist): no lab is brought up, traffic goes to its ``url``
             (allowed because the target file names it), and every drill gets
@@ -650,6 +760,7 @@ def run_gameday(
         if extra:
             os.environ[ENV_VAR] = ",".join([os.environ.get(ENV_VAR, ""), *extra]).strip(",")
     validate_plan(plan)
+    drill_criteria = cli_criteria(plan, criteria or [])
     secrets = redact.known_secrets()
     progress = _redacting(progress, secrets)
     redact.private_dir(out_dir)
@@ -731,6 +842,7 @@ def run_gameday(
                 progress,
                 stop_conditions=plan_stop_conditions(plan.path, spec.name),
                 secrets=secrets,
+                criteria=drill_criteria[spec.name],
             )
             summary["drills"].append(entry)
             summary["in_progress"] = None
@@ -747,10 +859,13 @@ def run_gameday(
             if entry["status"] == "aborted":
                 exit_code = EXIT_INTERRUPTED
                 break
-            if entry["status"] != "passed":
-                exit_code = max(exit_code, EXIT_DEVIATED)
         else:
             summary["complete"] = True
+        states = [str(d["status"]) for d in summary["drills"]]
+        if "failed" in states:  # a failure (residue included) outranks how the run ended
+            exit_code = EXIT_DEVIATED
+        elif exit_code == EXIT_OK:
+            exit_code = verdict_exit_code(states)
     except KeyboardInterrupt:
         progress("interrupted: rollbacks played; taking the lab down")
         exit_code = EXIT_INTERRUPTED
@@ -767,9 +882,13 @@ def run_gameday(
         finally:
             signal.signal(signal.SIGTERM, previous_term)
             _write_summary()
-            verdict = {EXIT_OK: "PASSED", EXIT_DEVIATED: "DEVIATED", EXIT_ERROR: "ERROR"}.get(
-                exit_code, "ABORTED"
-            )
+            verdict = {
+                EXIT_OK: "PASSED",
+                EXIT_DEVIATED: "FAILED",
+                EXIT_ERROR: "ERROR",
+                EXIT_INCONCLUSIVE: "INCONCLUSIVE",
+            }.get(exit_code, "ABORTED")
+            summary["verdict"] = verdict.lower()
             if summary.get("stopped_by"):
                 verdict = "STOPPED"
             render_index(out_dir, summary, verdict)
@@ -887,6 +1006,7 @@ def report_run(run_dir: Path, progress: Progress = print) -> int:
             str(old.get("started_at") or ""),
             str(old.get("ended_at") or _iso()),
             status=forced,
+            criteria=old.get("criteria_overrides") or None,
         )
         if forced:
             entry["complete"] = False
@@ -903,10 +1023,9 @@ def report_run(run_dir: Path, progress: Progress = print) -> int:
         verdict = "INCOMPLETE"
     elif summary.get("stopped_by"):
         verdict = "STOPPED"
-    elif all(s == "passed" for s in statuses):
-        verdict = "PASSED"
     else:
-        verdict = "DEVIATED"
+        code = verdict_exit_code([str(s) for s in statuses])
+        verdict = {0: "PASSED", 1: "FAILED", 2: "ERROR", 3: "INCONCLUSIVE"}.get(code, "ABORTED")
     render_index(run_dir, summary, verdict)
     write_atomic(run_dir / "junit.xml", junit_xml(summary))
     _bundle_runbooks(run_dir, progress)

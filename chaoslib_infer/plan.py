@@ -8,6 +8,8 @@ A plan is YAML::
       - name: oom-kill
         experiment: ../experiments/oom-kill.yaml   # relative to the plan file
         vars: {window_s: 8}                        # optional configuration overrides
+        criteria: {restart_s: 20}                  # optional threshold overrides ("off": not judged)
+    criteria: {availability: 0.9995}               # optional, for every drill that has it
 
 A plan for a Kubernetes cluster says ``platform: kubernetes`` instead of having a ``lab:``; it may
 name its target file (``target: k8s-target.yaml``, relative to the plan), which ``--target FILE``
@@ -32,7 +34,7 @@ ENGINES = ("sim", "llama-cpp")
 PLATFORMS = ("lab", "kubernetes")
 #: the top-level keys of a plan; ``allow`` is read by ``safety.allowlist.plan_allow`` and
 #: ``stop_conditions`` by ``safety.guard.plan_stop_conditions``
-PLAN_KEYS = "name description platform target lab drills allow stop_conditions".split()
+PLAN_KEYS = "name description platform target lab drills allow stop_conditions criteria".split()
 
 
 @dataclass
@@ -42,6 +44,25 @@ class DrillSpec:
     name: str
     experiment: Path
     vars: dict[str, Any] = field(default_factory=dict)
+    #: threshold overrides of this drill's criteria (the plan's ``criteria:`` merged under them)
+    criteria: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        """Which of the seven drills this is: its name when it is one, else the experiment's
+        file stem (``experiments/k8s/oom-kill.yaml`` -> ``oom-kill``)."""
+        return drill_kind(self.name, self.experiment)
+
+
+def drill_kind(name: str, experiment: Path | str | None = None) -> str:
+    """The drill (criteria table key) a plan entry runs: ``name`` when it is one of the seven,
+    else the experiment file's stem, else ``name``."""
+    from chaoslib_infer.verdict import DRILL_CRITERIA
+
+    if name in DRILL_CRITERIA:
+        return name
+    stem = Path(str(experiment)).stem if experiment else ""
+    return stem if stem in DRILL_CRITERIA else name
 
 
 @dataclass
@@ -67,6 +88,29 @@ class Plan:
     platform: str = "lab"
     #: the plan's own Kubernetes target file (``target:``), or None
     target: Path | None = None
+
+
+def _check_criteria(
+    path: Path,
+    where: str,
+    spec: DrillSpec,
+    plan_criteria: dict[str, Any],
+    own: dict[str, Any],
+) -> None:
+    """Validate and narrow ``spec.criteria``: a plan-wide key must be a criterion of some drill
+    (it applies to the drills that have it); a drill's own key must be one of that drill's."""
+    from chaoslib_infer.verdict import DRILL_CRITERIA, criteria_for
+
+    mine = {c.name for c in criteria_for(spec.kind)}
+    anywhere = {c.name for k in DRILL_CRITERIA for c in criteria_for(k)}
+    for key in plan_criteria:
+        if key not in anywhere:
+            raise _fail(path, f"criteria.{key}", "names no criterion of any drill")
+    spec.criteria = {k: v for k, v in spec.criteria.items() if k in mine or k in own}
+    try:
+        criteria_for(spec.kind, spec.criteria)
+    except ValueError as exc:
+        raise _fail(path, f"{where}.criteria", str(exc)) from None
 
 
 def _fail(path: Path, where: str, msg: str) -> ConfigError:
@@ -152,6 +196,9 @@ def load_plan(path: Path) -> Plan:
     drills_raw = raw.get("drills")
     if not isinstance(drills_raw, list) or not drills_raw:
         raise _fail(path, "drills", "expected a non-empty list")
+    plan_criteria = raw.get("criteria") or {}
+    if not isinstance(plan_criteria, dict):
+        raise _fail(path, "criteria", "expected a mapping of criterion: threshold")
     drills: list[DrillSpec] = []
     seen: set[str] = set()
     for i, item in enumerate(drills_raw):
@@ -176,7 +223,17 @@ def load_plan(path: Path) -> Plan:
         dvars = item.get("vars") or {}
         if not isinstance(dvars, dict):
             raise _fail(path, f"{where}.vars", "expected a mapping")
-        drills.append(DrillSpec(name=dname, experiment=exp_path, vars=dict(dvars)))
+        dcrit = item.get("criteria") or {}
+        if not isinstance(dcrit, dict):
+            raise _fail(path, f"{where}.criteria", "expected a mapping of criterion: threshold")
+        spec = DrillSpec(
+            name=dname,
+            experiment=exp_path,
+            vars=dict(dvars),
+            criteria={**plan_criteria, **dcrit},
+        )
+        _check_criteria(path, where, spec, plan_criteria, dcrit)
+        drills.append(spec)
     return Plan(
         name=name,
         path=path.resolve(),

@@ -245,7 +245,7 @@ def test_concurrency_cap_makes_lag_visible(server: FakeServer, tmp_path: Path) -
     assert summary["sent"] <= 2 * 1.0 / 0.2 + 4
 
 
-def test_stop_event_drops_in_flight(server: FakeServer, tmp_path: Path) -> None:
+def test_stop_event_records_in_flight_as_cut_off(server: FakeServer, tmp_path: Path) -> None:
     out = tmp_path / "rec.jsonl"
     spec = LoadSpec(url=server.url + "/mode=stall,k=1", rate_rps=20, duration_s=10, timeout_s=30)
 
@@ -259,7 +259,11 @@ def test_stop_event_drops_in_flight(server: FakeServer, tmp_path: Path) -> None:
     summary = asyncio.run(go())
     assert time.monotonic() - t0 < 2.0
     assert summary["stopped"] and summary["cancelled"] > 0
-    assert read_records(out) == []  # cancelled attempts are not records
+    # attempts on the wire at the stop are recorded as cut off (outcome unknown), never dropped
+    recs = read_records(out)
+    assert recs and len(recs) == summary["cancelled"]
+    assert all(r["cut_off"] and r["error_class"] == "cut_off" and not r["ok"] for r in recs)
+    assert all(0.0 <= r["in_flight_s"] <= 1.0 for r in recs)
 
 
 def test_run_load_bounded_after_schedule(server: FakeServer, tmp_path: Path) -> None:

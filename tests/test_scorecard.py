@@ -50,7 +50,7 @@ def _drill(name: str, requests: int, err: float, p50: float, p99: float, after: 
            **extra: Any) -> dict[str, Any]:  # fmt: skip
     return {
         "name": name,
-        "status": "passed" if after else "deviated",
+        "status": "passed" if after else "failed",
         "hypothesis": {"before": True, "after": after},
         "started_at": "2027-01-15T08:00:00+00:00",
         "ended_at": "2027-01-15T08:00:50+00:00",
@@ -114,14 +114,15 @@ def test_tiers_in_the_seed_order_with_exact_figures(tmp_path: Path) -> None:
     stab = {r["metric"]: r for r in card["tiers"][0]["rows"]}
     assert list(stab) == ["error rate", "P99 E2E latency", "recovery time", "disaster tolerance"]
     assert stab["error rate"]["value"] == pytest.approx(4 / 600)  # 0.02 x 200 of 600 requests
-    assert stab["error rate"]["passed"] is None  # faults on purpose: shown, not judged
+    # judged against the acceptance SLO (< 0.1 %): what users felt during the game day
+    assert stab["error rate"]["passed"] is False
     assert stab["P99 E2E latency"]["value"] == 12.0 and stab["P99 E2E latency"]["passed"] is False
     # recovery_s preferred over interruption_s; worst drill wins
     assert stab["recovery time"]["value"] == 42.0 and stab["recovery time"]["passed"] is True
     assert "node-loss (recovery_s)" in stab["recovery time"]["note"]
     assert stab["disaster tolerance"]["value"] == pytest.approx(2 / 3)
     assert stab["disaster tolerance"]["passed"] is False
-    assert stab["disaster tolerance"]["note"] == "2 of 3 drills held"
+    assert stab["disaster tolerance"]["note"] == "2 of 3 judged drills passed"
     assert card["tiers"][0]["verdict"] == "FAIL"
     drills = {d["name"]: d for d in card["tiers"][0]["drills"]}
     assert drills["quota-cut"]["recovery_figure"] == "interruption_s"
@@ -164,7 +165,7 @@ def test_index_html_shows_the_scorecard_self_contained(tmp_path: Path) -> None:
     # ratios as percentages: error rate 4/600, disaster tolerance 2/3
     assert "<td>error rate</td><td>0.6667 %</td>" in html
     assert "<td>disaster tolerance</td><td>66.67 %</td>" in html
-    assert "2 of 3 drills held" in html
+    assert "2 of 3 judged drills passed" in html
     assert "per 1k output tokens" in html
     assert '<a href="node-loss/evidence.html">' in html
     # self-contained: nothing fetched from elsewhere

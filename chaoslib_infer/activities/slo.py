@@ -1,8 +1,11 @@
 """Probes over the records of the background load (the client's view: what users feel).
 
 Every probe reads the per-attempt records that the load control streams to
-``<infer_run_dir>/records.jsonl`` and looks at the attempts *sent* in the last ``window_s`` seconds
-that have completed. Definitions follow ``docs/definitions.md``: availability, error rate and
+``<infer_run_dir>/records.jsonl`` and looks at the attempts *sent* in the last ``window_s`` seconds.
+The window is judged only once every attempt sent in it has ended, or has been in flight past the
+judging deadline (``infer_judge_deadline_s``, default the client's 10 s first-token timeout), and
+such an attempt counts as a timeout: a request that hangs is never missing from the window
+(:mod:`chaoslib_infer.measure.inflight`). Definitions follow ``docs/definitions.md``: availability, error rate and
 timeout rate are over attempted requests; latency percentiles are over successful requests, with
 the failed (censored) fraction reported beside them.
 """
@@ -15,7 +18,14 @@ import time
 from typing import Any
 
 from chaoslib_infer import settings
+from chaoslib_infer.load.client import INFLIGHT_FILE
 from chaoslib_infer.load.records import read_records
+from chaoslib_infer.measure.inflight import (
+    DEFAULT_DEADLINE_S,
+    judged_records,
+    read_inflight,
+    wait_for_window,
+)
 from chaoslib_infer.measure.metrics import window_stats
 from chaoslib_infer.measure.slo import Thresholds, evaluate
 
@@ -65,11 +75,45 @@ def thresholds_from(overrides: dict[str, float]) -> Thresholds:
     return dataclasses.replace(Thresholds(), **overrides)
 
 
+#: (records path, window) -> (time the judgement finished, stats): the probes of one
+#: hypothesis share one judged window instead of each waiting for the same slow requests
+_CACHE: dict[tuple[str, float], tuple[float, dict[str, Any]]] = {}
+_CACHE_S = 3.0
+
+
+def _deadline(configuration: dict[str, Any] | None) -> float:
+    value = (configuration or {}).get("infer_judge_deadline_s")
+    try:
+        return float(value) if value not in (None, "") else DEFAULT_DEADLINE_S
+    except (TypeError, ValueError):
+        return DEFAULT_DEADLINE_S
+
+
 def _stats(window_s: float, configuration: dict[str, Any] | None) -> dict[str, Any]:
+    """Stats of the attempts sent in the last ``window_s`` seconds, judged only once each has
+    ended or passed the judging deadline (then it counts as a timeout):
+    :mod:`chaoslib_infer.measure.inflight`."""
     path = settings.records_path(configuration)
+    key = (str(path), float(window_s))
+    hit = _CACHE.get(key)
+    if hit is not None and time.time() - hit[0] < _CACHE_S:
+        return hit[1]
+    end = time.time()
+    deadline = _deadline(configuration)
+    inflight_path = path.with_name(INFLIGHT_FILE)
+    waited = wait_for_window(inflight_path, end, deadline)
     records = read_records(path) if path.exists() else []
     now = time.time()
-    return window_stats(records, start=now - float(window_s), end=now)
+    judged = judged_records(records, read_inflight(inflight_path), now, deadline)
+    stats = window_stats(judged, start=end - float(window_s), end=end)
+    stats["hung_in_flight"] = sum(
+        1
+        for r in judged
+        if r.get("in_flight_at_judging") and end - float(window_s) <= r["sent_at"] < end
+    )
+    stats["judging_wait_s"] = round(waited, 3)
+    _CACHE[key] = (time.time(), stats)
+    return stats
 
 
 def window_summary(
@@ -170,6 +214,7 @@ def slo_check(
     row = dict(rows[metric])
     row["requests"] = stats.get("requests", 0)
     row["censored_fraction"] = stats.get("censored_fraction")
+    row["hung_in_flight"] = stats.get("hung_in_flight", 0)
     if not stats.get("requests"):
         row["passed"] = False
     return row

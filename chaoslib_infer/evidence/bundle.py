@@ -18,28 +18,35 @@ MANIFEST = "SHA256SUMS"
 
 
 def junit_xml(summary: dict[str, Any]) -> str:
-    """Render a game-day summary as JUnit XML: one testcase per drill.
+    """Render a game-day summary as JUnit XML: one testcase per drill, as CI systems read it.
 
-    ``passed`` drills pass; ``deviated`` and ``error`` drills are failures (message: the hypothesis
-    results and key figures); ``aborted`` drills are errors. A CI pipeline can gate on it.
+    ``passed`` drills pass; ``failed`` (and the older ``deviated``) drills are ``<failure>``;
+    ``inconclusive`` drills are ``<skipped>`` (the drill could not answer its question: not a
+    pass); ``error``, ``aborted`` and ``incomplete`` drills are ``<error>``. The message is the
+    verdict's first reason; the element's text holds every reason, one per line, then the key
+    figures and the evidence path. A game day that failed before (or between) its drills adds an
+    ``<error>`` case, so it never reads as green.
     """
     drills = list(summary.get("drills") or [])
     if summary.get("error") or not drills:
-        # a game day that failed before (or between) drills must not read as green in CI
         drills.append(
             {
                 "name": "gameday",
-                "status": "aborted",
+                "status": "error",
+                "reasons": [str(summary.get("error") or "no drill ran")],
                 "figures": {},
                 "evidence": summary.get("error") or "no drill ran",
             }
         )
+    failed = ("failed", "deviated")
+    errors = ("error", "aborted", "incomplete")
     suite = ET.Element(
         "testsuite",
         name=f"gameday:{summary.get('plan', '')}",
         tests=str(len(drills)),
-        failures=str(sum(1 for d in drills if d.get("status") in ("deviated", "error"))),
-        errors=str(sum(1 for d in drills if d.get("status") == "aborted")),
+        failures=str(sum(1 for d in drills if d.get("status") in failed)),
+        errors=str(sum(1 for d in drills if d.get("status") in errors)),
+        skipped=str(sum(1 for d in drills if d.get("status") == "inconclusive")),
         timestamp=str(summary.get("started_at") or ""),
     )
     for d in drills:
@@ -47,17 +54,22 @@ def junit_xml(summary: dict[str, Any]) -> str:
             suite, "testcase", classname="chaoslib_infer.drill", name=str(d.get("name"))
         )
         figures = d.get("figures") or {}
-        detail = (
-            f"hypothesis={d.get('hypothesis')} availability={figures.get('availability')} "
-            f"p99_e2e_s={figures.get('p99_e2e_s')} evidence={d.get('evidence')}"
+        reasons = [str(r) for r in d.get("reasons") or []]
+        detail = "\n".join(
+            [
+                *reasons,
+                f"hypothesis={d.get('hypothesis')} availability={figures.get('availability')} "
+                f"p99_e2e_s={figures.get('p99_e2e_s')} evidence={d.get('evidence')}",
+            ]
         )
-        status = d.get("status")
-        if status in ("deviated", "error"):
-            ET.SubElement(
-                case, "failure", message=f"drill {status}", type=str(status)
-            ).text = detail
-        elif status == "aborted":
-            ET.SubElement(case, "error", message="drill aborted", type="aborted").text = detail
+        status = str(d.get("status"))
+        message = reasons[0] if reasons else f"drill {status}"
+        if status in failed:
+            ET.SubElement(case, "failure", message=message, type=status).text = detail
+        elif status == "inconclusive":
+            ET.SubElement(case, "skipped", message=f"inconclusive: {message}").text = detail
+        elif status in errors:
+            ET.SubElement(case, "error", message=message, type=status).text = detail
         ET.SubElement(case, "system-out").text = detail
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
 

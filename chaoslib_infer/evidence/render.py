@@ -51,6 +51,21 @@ _UNIX_MIN, _UNIX_MAX = 1.0e9, 1.0e10
 _LIST_MAX = 8
 
 
+def crit_text(value: Any, unit: Any, missing: str) -> str:
+    """A criterion's value or threshold as text: ``missing`` for None, seconds with ``s``,
+    factors with ``x``, counts as integers, ratios to 4 significant digits."""
+    if value is None:
+        return missing
+    v = float(value)
+    if unit == "s":
+        return f"{v:.3g} s"
+    if unit == "x":
+        return f"{v:.3g}x"
+    if unit == "count":
+        return f"{v:.0f}" if v == int(v) else f"{v:.3g}"
+    return f"{v:.4g}"
+
+
 def fmt(value: Any) -> str:
     """Format a figure for a table: floats to 4 significant digits, None as an em dash."""
     if value is None:
@@ -195,6 +210,8 @@ def render_drill(
         "t0_utc": _utc(t0) if t0 is not None else None,
         "fmt": fmt,
         "fmt_bool": _fmt_bool,
+        "crit_value": lambda row: crit_text(row.get("value"), row.get("unit"), "unmeasured"),
+        "crit_threshold": lambda row: crit_text(row.get("threshold"), row.get("unit"), "—"),
     }
     md = drill_dir / "evidence.md"
     html = drill_dir / "evidence.html"

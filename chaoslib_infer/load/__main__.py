@@ -3,6 +3,9 @@
 Retry policy (owned by the client, ``client.run_load``): ``--retry-attempts N`` (total attempts per
 logical request, default 1), ``--retry-backoff-s S`` (0.2), ``--attempt-timeout-s S`` (default
 ``--timeout-s``), ``--retry-on a,b,c`` (error classes, default ``client.DEFAULT_RETRY_ON``).
+Prompt lengths: ``--prompt-words N`` (16) or a mix ``--prompt-mix short:70,mid:25,long:5``
+(:mod:`chaoslib_infer.load.mix`). Client timeouts: ``--ttft-timeout-s`` (first token, 10),
+``--idle-timeout-s`` (between chunks, 5), 0 for no limit; ``--timeout-s`` (total, 30).
 Rate profile: ``--profile "10:8,15:24,15:8"`` (``duration_s:rate_rps`` phases); it replaces
 ``--rate`` and defines the duration; ``--duration-s``, when also given, is a hard bound that cuts
 the profile.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import sys
@@ -52,12 +56,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default 32)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="per-attempt total timeout (30)")
     p.add_argument("--connect-timeout-s", type=float, default=3.0, help="TCP connect timeout (3)")
-    p.add_argument("--ttft-timeout-s", type=float, default=10.0, help="first-token timeout (10)")
-    p.add_argument("--idle-timeout-s", type=float, default=5.0, help="inter-chunk timeout (5)")
+    p.add_argument(
+        "--ttft-timeout-s", type=float, default=10.0, help="first-token timeout (10; 0: none)"
+    )
+    p.add_argument(
+        "--idle-timeout-s", type=float, default=5.0, help="inter-chunk timeout (5; 0: none)"
+    )
     p.add_argument("--api", choices=("chat", "completions"), default="chat")
     p.add_argument("--seed", type=int, default=0, help="schedule/prompt seed (default 0)")
     p.add_argument("--model", default="sim", help="model name in the body (default sim)")
     p.add_argument("--prompt-words", type=int, default=16, help="words per prompt (16)")
+    p.add_argument(
+        "--prompt-mix",
+        default=None,
+        metavar="CLASS:W,...",
+        help="prompt-length mix, e.g. short:70,mid:25,long:5 (named classes also set max_tokens) "
+        "or 64:80,2048:20 (word counts); replaces --prompt-words",
+    )
     p.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
     p.add_argument("--no-usage", action="store_true", help="do not send stream_options")
     p.add_argument(
@@ -118,7 +133,8 @@ async def _watch_parent(parent: int, stop: asyncio.Event, period_s: float = 0.2)
 
 def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
     # imported here so that the signal handlers above are in place during the slow aiohttp import
-    from .client import DEFAULT_RETRY_ON, LoadSpec, _new_loop, run_load
+    from .client import DEFAULT_RETRY_ON, INFLIGHT_FILE, LoadSpec, _new_loop, run_load
+    from .mix import parse_prompt_mix
     from .records import RecordWriter
     from .schedule import parse_profile, truncate_profile
 
@@ -141,6 +157,18 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
         ]
         if missing:
             parser.error(f"{' and '.join(missing)} required (or --profile)")
+    prompt_mix = None
+    if args.prompt_mix is not None:
+        try:
+            prompt_mix = parse_prompt_mix(args.prompt_mix)
+        except ValueError as exc:
+            parser.error(f"--prompt-mix: {exc}")
+    for flag, value in (
+        ("--ttft-timeout-s", args.ttft_timeout_s),
+        ("--idle-timeout-s", args.idle_timeout_s),
+    ):
+        if not (value >= 0 and math.isfinite(value)):
+            parser.error(f"{flag} must be a number of seconds >= 0 (0: no limit), got {value!r}")
     retry_on = DEFAULT_RETRY_ON
     if args.retry_on is not None:
         retry_on = tuple(c.strip() for c in args.retry_on.split(",") if c.strip())
@@ -164,6 +192,7 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
             max_concurrency=args.max_concurrency,
             max_tokens=args.max_tokens,
             prompt_words=args.prompt_words,
+            prompt_mix=prompt_mix,
             timeout_s=args.timeout_s,
             connect_timeout_s=args.connect_timeout_s,
             ttft_timeout_s=args.ttft_timeout_s if args.ttft_timeout_s > 0 else None,
@@ -197,7 +226,14 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
             stop.set()
         watchdog = asyncio.create_task(_watch_parent(parent, stop))
         try:
-            return await run_load(spec, writer, stop, _progress, args.progress_s)
+            return await run_load(
+                spec,
+                writer,
+                stop,
+                _progress,
+                args.progress_s,
+                inflight_path=out.with_name(INFLIGHT_FILE),
+            )
         finally:
             watchdog.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import json
 import logging
 import math
@@ -53,6 +54,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
@@ -60,6 +62,8 @@ import aiohttp
 
 from chaoslib_infer.safety.redact import clip
 
+from .mix import PromptClass, parse_prompt_mix
+from .mix import draw as draw_prompt_class
 from .records import RecordWriter, perf_to_unix
 from .schedule import (
     check_profile,
@@ -74,6 +78,10 @@ if TYPE_CHECKING:
     from .rawhttp import RawSession
 
 __all__ = [
+    "CUT_OFF",
+    "INFLIGHT_FILE",
+    "cut_off_record",
+    "write_inflight",
     "DEFAULT_RETRY_ON",
     "ERROR_CLASSES",
     "TIMEOUT_CLASSES",
@@ -105,7 +113,14 @@ ERROR_CLASSES: tuple[str, ...] = (
     "empty",
     "garbled",
     "truncated",
+    "cut_off",
 )
+#: An attempt still in flight when the load stopped: recorded with its send time and how long it
+#: had been in flight, outcome unknown (``docs/definitions.md``, "Windows"). Never a timeout by
+#: itself; :mod:`chaoslib_infer.measure.metrics` leaves it out of the rates and counts it.
+CUT_OFF = "cut_off"
+#: Name of the in-flight snapshot written beside the records (``run_load(inflight_path=...)``).
+INFLIGHT_FILE = "inflight.json"
 #: Classes that count in ``timeout_rate``.
 TIMEOUT_CLASSES: frozenset[str] = frozenset(c for c in ERROR_CLASSES if c.startswith("timeout_"))
 #: Error classes retried by default (transport failures, timeouts, 5xx and 429; never 4xx or a
@@ -148,7 +163,11 @@ class LoadSpec:
         max_concurrency: cap on in-flight logical requests; arrivals wait at the cap. A request
             keeps its slot through its retries and backoffs.
         max_tokens: ``max_tokens`` in the body.
-        prompt_words: words after the nonce in each prompt.
+        prompt_words: words after the nonce in each prompt (unless ``prompt_mix`` is set).
+        prompt_mix: prompt-length mixture (``mix.parse_prompt_mix``: a tuple of
+            ``mix.PromptClass``); each logical request draws a class by weight with the seeded
+            RNG, which sets its prompt words (and, for a named class, its ``max_tokens``). None:
+            every prompt has ``prompt_words`` words.
         timeout_s: total time limit of one attempt (``timeout_total``) unless
             ``attempt_timeout_s`` is set.
         connect_timeout_s: TCP connect limit (``timeout_connect``).
@@ -185,6 +204,7 @@ class LoadSpec:
     max_concurrency: int = 64
     max_tokens: int = 32
     prompt_words: int = 16
+    prompt_mix: tuple[PromptClass, ...] | None = None
     timeout_s: float = 30.0
     connect_timeout_s: float = 3.0
     ttft_timeout_s: float | None = 10.0
@@ -251,6 +271,8 @@ class LoadSpec:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.prompt_words, int) or self.prompt_words < 0:
             raise ValueError(f"prompt_words must be an integer >= 0, got {self.prompt_words!r}")
+        if self.prompt_mix is not None:
+            self.prompt_mix = parse_prompt_mix(self.prompt_mix)
 
     @property
     def attempt_timeout(self) -> float:
@@ -332,15 +354,20 @@ def build_body(spec: LoadSpec, rng: random.Random, nonce: str | None = None) -> 
     """Request body for one logical request: a prompt starting with a random nonce.
 
     Args:
-        spec: the load spec (api, model, max_tokens, prompt_words, include_usage, extra_body).
-        rng: source of the prompt words.
+        spec: the load spec (api, model, max_tokens, prompt_words or prompt_mix, include_usage,
+            extra_body).
+        rng: source of the prompt words (and of the prompt class, with ``spec.prompt_mix``).
         nonce: the prompt prefix; default 16 random hex characters (never seeded, so a response
             cache cannot serve a repeated run).
     """
     nonce = nonce or secrets.token_hex(8)
-    words = " ".join(rng.choice(_WORDS) for _ in range(spec.prompt_words))
+    n_words, max_tokens = spec.prompt_words, spec.max_tokens
+    if spec.prompt_mix:
+        cls = draw_prompt_class(spec.prompt_mix, rng)
+        n_words, max_tokens = cls.prompt_words, cls.max_tokens or spec.max_tokens
+    words = " ".join(rng.choice(_WORDS) for _ in range(n_words))
     prompt = f"[{nonce}] {words}".rstrip()
-    body: dict[str, Any] = {"model": spec.model, "max_tokens": spec.max_tokens, "stream": True}
+    body: dict[str, Any] = {"model": spec.model, "max_tokens": max_tokens, "stream": True}
     if spec.api == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -675,6 +702,8 @@ async def run_load(
     stop: asyncio.Event | None = None,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     progress_interval_s: float = 5.0,
+    inflight_path: str | os.PathLike[str] | None = None,
+    inflight_interval_s: float = 0.25,
 ) -> dict[str, Any]:
     """Run one open-loop load phase and write one record per finished attempt.
 
@@ -689,10 +718,16 @@ async def run_load(
     the end of its backoff. All other attempts are written with ``final: true``.
 
     When ``stop`` is set: no new attempt starts, in-flight attempts (and backoffs) are cancelled
-    and **dropped** (no record: they were cut by us, not by the service; counted ``cancelled`` in
-    the summary), and the function returns. Every finished attempt is already on disk; a logical
-    request cut during a backoff has no ``final`` record (``metrics.logical_stats`` then takes its
-    last attempt).
+    and each attempt that was on the wire gets a record of class ``cut_off`` (``ok`` false,
+    ``cut_off`` true, ``in_flight_s``: how long it had been in flight; outcome unknown, so the
+    rates leave it out and count it, never a silent drop); counted ``cancelled`` in the summary.
+    Every finished attempt is already on disk; a logical request cut during a backoff has no
+    ``final`` record (``metrics.logical_stats`` then takes its last attempt).
+
+    With ``inflight_path``, a JSON snapshot of the attempts on the wire is replaced atomically
+    every ``inflight_interval_s`` seconds: ``{"t": unix s, "attempts": [{"request_id",
+    "attempt", "intended_at", "sent_at"}]}`` (unix seconds), so a judge can see a request that
+    hangs before the client's own timeout ends it (``chaoslib_infer.measure.inflight``).
 
     Args:
         spec: what to send.
@@ -701,6 +736,8 @@ async def run_load(
         on_progress: called with ``LoadCounters.snapshot()`` plus ``"t"`` (seconds since start)
             every ``progress_interval_s`` seconds.
         progress_interval_s: seconds between progress callbacks.
+        inflight_path: where the in-flight snapshot goes (None: not written).
+        inflight_interval_s: seconds between snapshots.
 
     Returns:
         Summary: ``run_id, url, scheduled, sent (logical requests), attempts, retries,
@@ -728,6 +765,8 @@ async def run_load(
     pc = time.perf_counter
 
     retry_on = frozenset(spec.retry_on)
+    #: attempts on the wire: (request id, attempt) -> (intended_at, sent_at), unix seconds
+    on_wire: dict[tuple[str, int], tuple[float, float]] = {}
 
     async def one(i: int, body: bytes, intended_at: float) -> None:
         request_id = logical_request_id(run_id, i)
@@ -738,12 +777,15 @@ async def run_load(
                 counters.attempts += 1
                 if n > 1:
                     counters.retries += 1
+                on_wire[(request_id, n)] = (due, time.time())
                 try:
                     rec = await send_attempt(session, spec, body, request_id, n, due, url=url)
                 except Exception:  # a client bug, not a service failure: no record, but counted
                     log.exception("load client: attempt %d of request %d crashed", n, i)
                     counters.client_errors += 1
+                    on_wire.pop((request_id, n), None)
                     return
+                on_wire.pop((request_id, n), None)
                 retry = not rec["ok"] and n < spec.retry_attempts and rec["error_class"] in retry_on
                 rec["final"] = not retry
                 try:
@@ -831,6 +873,12 @@ async def run_load(
                 snap["t"] = round(pc() - start, 3)
                 on_progress(snap)
 
+    async def snapshots(path: Path) -> None:
+        while True:
+            with contextlib.suppress(OSError):  # a full disk must not stop the load
+                write_inflight(path, on_wire)
+            await asyncio.sleep(inflight_interval_s)
+
     stopped = False
     started_at = perf_to_unix(start)
     async with make_session(spec) as session:
@@ -838,6 +886,7 @@ async def run_load(
         stop_wait = asyncio.create_task(stop_ev.wait())
         istop_wait = asyncio.create_task(internal_stop.wait())
         prog = asyncio.create_task(progress()) if on_progress is not None else None
+        snap_task = asyncio.create_task(snapshots(Path(inflight_path))) if inflight_path else None
         try:
             await asyncio.wait({sched, stop_wait, istop_wait}, return_when=asyncio.FIRST_COMPLETED)
             if sched.done() and not (stop_ev.is_set() or internal_stop.is_set()):
@@ -852,15 +901,28 @@ async def run_load(
                     drain.cancel()
             stopped = stop_ev.is_set()
         finally:
-            for t in (sched, stop_wait, istop_wait, prog):
+            for t in (sched, stop_wait, istop_wait, prog, snap_task):
                 if t is not None:
                     t.cancel()
             pending = [t for t in tasks if not t.done()]
             counters.cancelled = len(pending)
+            cut_at = time.time()
+            cut = dict(on_wire)
             for t in pending:
                 t.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+            if not write_error:
+                for (rid, n), (due, sent) in sorted(cut.items(), key=lambda kv: kv[1][1]):
+                    try:
+                        writer.write(cut_off_record(rid, n, due, sent, cut_at))
+                    except BaseException as exc:  # disk full: report it below
+                        write_error.append(exc)
+                        break
+            if snap_task is not None:
+                await asyncio.gather(snap_task, return_exceptions=True)
+                with contextlib.suppress(OSError):
+                    write_inflight(Path(inflight_path), {})  # type: ignore[arg-type]
             await asyncio.gather(sched, stop_wait, istop_wait, return_exceptions=True)
             if prog is not None:
                 await asyncio.gather(prog, return_exceptions=True)
@@ -898,6 +960,65 @@ async def run_load(
         ],
     )
     return summary
+
+
+def cut_off_record(
+    request_id: str, attempt: int, intended_at: float, sent_at: float, cut_at: float
+) -> dict[str, Any]:
+    """The record of an attempt still in flight when the load stopped (class ``cut_off``).
+
+    Args:
+        request_id: logical request id. attempt: attempt number (1-based).
+        intended_at, sent_at, cut_at: unix seconds (schedule, send, the stop).
+
+    Returns:
+        A record of ``docs/contracts.md`` section 3 with ``ok`` false, ``error_class``
+        ``"cut_off"``, ``cut_off`` true, ``in_flight_s`` (seconds on the wire) and ``end_at`` =
+        ``cut_at``; its outcome is unknown, so the rates leave it out (``metrics.select``).
+    """
+    age = max(0.0, cut_at - sent_at)
+    return {
+        "request_id": request_id,
+        "attempt": attempt,
+        "final": True,
+        "intended_at": intended_at,
+        "sent_at": sent_at,
+        "status": None,
+        "ok": False,
+        "error_class": CUT_OFF,
+        "error": f"in flight for {age:.3f} s when the load stopped; outcome unknown",
+        "first_byte_at": None,
+        "first_token_at": None,
+        "chunk_times": [],
+        "end_at": cut_at,
+        "output_tokens": 0,
+        "tokens_source": "chunks",
+        "replica": None,
+        "text_len": 0,
+        "cut_off": True,
+        "in_flight_s": age,
+    }
+
+
+def write_inflight(path: Path, on_wire: dict[tuple[str, int], tuple[float, float]]) -> None:
+    """Atomically replace ``path`` with the in-flight snapshot (``run_load`` docstring).
+
+    Args:
+        path: the snapshot file. on_wire: ``{(request_id, attempt): (intended_at, sent_at)}``.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    doc = {
+        "t": time.time(),
+        "attempts": [
+            {"request_id": rid, "attempt": n, "intended_at": due, "sent_at": sent}
+            for (rid, n), (due, sent) in on_wire.items()
+        ],
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(_dumps(doc))
+    os.replace(tmp, path)
 
 
 def _dumps(obj: Any) -> bytes:

@@ -43,24 +43,37 @@ def interruption(
     records: Iterable[Record], fault_at: float, settle_s: float = 5.0
 ) -> dict[str, Any]:
     """Interruption time: first user-visible failure after the fault to the last failure before
-    service is sustained again.
+    service is sustained again. The one computation every drill uses.
 
-    Service counts as sustained after a failure F when the ``settle_s`` seconds after F hold no
-    failure and at least one success (so silence is not mistaken for health).
+    A failure F (its ``end_at``: when the user saw it) is followed by sustained service when the
+    settling window ``(F, F + settle_s]`` holds at least one success and no failed attempt was
+    in flight in it: none with ``end_at > F`` and ``sent_at <= F + settle_s``. So a failure that
+    is still pending (a request hung on a frozen replica, visible only when the client gives up)
+    keeps the interruption open, and silence is never mistaken for health. The first such F ends
+    the interruption. Without one (the data end first), the last failure ends it and
+    ``sustained`` is False: the service was never seen to recover.
 
     Args:
-        records: attempt records.
-        fault_at: fault injection time (unix s); failures that became visible before it are ignored.
+        records: attempt records (unix-second ``sent_at`` / ``end_at``; cut-off ones ignored).
+        fault_at: fault injection time (unix s); failures visible before it are ignored.
         settle_s: settling window in seconds.
 
     Returns:
         ``{"interruption_s", "failed_requests", "first_failure_at", "last_failure_at",
-        "sustained"}``: duration (s, 0.0 with no failure), failed records whose ``end_at`` is in
-        [first, last], the two times (None with no failure), and whether a settled window was
-        observed after the last failure (False: the data ended first).
+        "sustained"}``: duration (s, 0.0 with no failure), failed attempts visible in
+        ``[first, last]``, the two times (None with no failure), and whether sustained service
+        was observed after the last failure.
     """
-    recs = [r for r in records if _num(r.get("end_at")) and r["end_at"] >= fault_at]
-    fails = sorted(r["end_at"] for r in recs if not r.get("ok"))
+    recs = [
+        r
+        for r in records
+        if _num(r.get("end_at")) and r["end_at"] >= fault_at and not r.get("cut_off")
+    ]
+    fails = sorted(
+        (float(r["end_at"]), float(r["sent_at"]) if _num(r.get("sent_at")) else float(r["end_at"]))
+        for r in recs
+        if not r.get("ok")
+    )
     if not fails:
         return {
             "interruption_s": 0.0,
@@ -69,26 +82,22 @@ def interruption(
             "last_failure_at": None,
             "sustained": True,
         }
-    succ = sorted(r["end_at"] for r in recs if r.get("ok"))
-    observed_until = max(r["end_at"] for r in recs)
-    last, sustained = fails[-1], False
-    j = 0
-    for i, f in enumerate(fails):
+    succ = sorted(float(r["end_at"]) for r in recs if r.get("ok"))
+    observed_until = max(float(r["end_at"]) for r in recs)
+    last, sustained = fails[-1][0], False
+    for i, (f, _) in enumerate(fails):
         horizon = f + settle_s
-        nxt = fails[i + 1] if i + 1 < len(fails) else math.inf
-        if nxt <= horizon:
-            continue  # another failure inside the settling window: still interrupted
-        while j < len(succ) and succ[j] <= f:
-            j += 1
-        has_success = j < len(succ) and succ[j] <= horizon
-        if has_success and (nxt < math.inf or observed_until >= horizon):
+        if any(end > f and sent <= horizon for end, sent in fails[i + 1 :]):
+            continue  # a failure visible in the window, or one in flight in it: not settled
+        if any(f < t <= horizon for t in succ) and (
+            i + 1 < len(fails) or observed_until >= horizon
+        ):
             last, sustained = f, True
             break
-    first = fails[0]
-    count = sum(1 for f in fails if f <= last)
+    first = fails[0][0]
     return {
         "interruption_s": last - first,
-        "failed_requests": count,
+        "failed_requests": sum(1 for end, _ in fails if end <= last),
         "first_failure_at": first,
         "last_failure_at": last,
         "sustained": sustained,
@@ -230,8 +239,10 @@ def recovery(
     Windows of ``window_s`` are laid from ``fault_at`` on, by ``sent_at``. A window is in band when
     it has requests, its P99 E2E (successful requests) is <= ``p99_factor`` x baseline P99, and its
     error rate is <= baseline error rate + ``error_rate_margin``. Recovery is the start of the
-    first run of ``ceil(settle_s / window_s)`` consecutive in-band windows, minus ``fault_at``
-    (0.0 when the fault never left the band). Resolution: ``window_s``.
+    first run of ``ceil(settle_s / window_s)`` consecutive in-band windows *after the first
+    impact* (the first window with requests out of band), minus ``fault_at``: an impact that
+    starts a few seconds after the fault is not mistaken for an early recovery. 0.0 when no
+    window left the band (no impact). Resolution: ``window_s``.
 
     Args:
         records: attempt records.
@@ -245,7 +256,8 @@ def recovery(
         end: last time to consider (default: the latest ``sent_at``).
 
     Returns:
-        Seconds, or None when the data ends before recovery is sustained.
+        Seconds, or None when the data ends before recovery is sustained ("never recovered":
+        a failing figure, never read as 0).
 
     Raises:
         ValueError: window_s <= 0, or the baseline lacks ``p99_e2e_s``/``error_rate``.
@@ -269,6 +281,7 @@ def recovery(
         if 0 <= i < len(buckets):
             buckets[i].append(r)
     run = 0
+    impacted = False
     for i, b in enumerate(buckets):
         s = window_stats(b)
         good = (
@@ -277,7 +290,9 @@ def recovery(
             and s["p99_e2e_s"] <= p99_band
             and s["error_rate"] <= err_band
         )
+        if not good and s["requests"] > 0:
+            impacted = True
         run = run + 1 if good else 0
-        if run >= need:
+        if impacted and run >= need:
             return (i - need + 1) * window_s
-    return None
+    return 0.0 if not impacted else None

@@ -26,6 +26,7 @@ from hdrh.histogram import HdrHistogram
 
 __all__ = [
     "TIMEOUT_CLASSES",
+    "cut_off_count",
     "logical_outcomes",
     "logical_stats",
     "percentiles_s",
@@ -47,9 +48,15 @@ _HDR_MAX_US = 3600 * _US
 def select(
     records: Iterable[Record], start: float | None = None, end: float | None = None
 ) -> list[Record]:
-    """Records whose ``sent_at`` is in ``[start, end)`` (unix seconds; None = unbounded)."""
+    """Records whose ``sent_at`` is in ``[start, end)`` (unix seconds; None = unbounded).
+
+    Attempts *cut off* when the load stopped (``cut_off`` true: outcome unknown) are left out of
+    every rate and percentile; :func:`cut_off_count` counts them.
+    """
     out = []
     for r in records:
+        if r.get("cut_off"):
+            continue
         t = r.get("sent_at")
         if not isinstance(t, int | float):
             continue
@@ -59,6 +66,20 @@ def select(
             continue
         out.append(r)
     return out
+
+
+def cut_off_count(
+    records: Iterable[Record], start: float | None = None, end: float | None = None
+) -> int:
+    """Attempts sent in ``[start, end)`` that were still in flight when the load stopped."""
+    n = 0
+    for r in records:
+        t = r.get("sent_at")
+        if not r.get("cut_off") or not isinstance(t, int | float):
+            continue
+        if (start is None or t >= start) and (end is None or t < end):
+            n += 1
+    return n
 
 
 def percentiles_s(values_s: Sequence[float], pcts: Sequence[float]) -> dict[float, float | None]:

@@ -133,6 +133,7 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     intr = mfig.interruption(ctx.records, fault_at)
     figures["interruption_s"] = float(intr.get("interruption_s") or 0.0)
     figures["failed_requests"] = int(intr.get("failed_requests") or 0)
+    figures["interruption_sustained"] = bool(intr.get("sustained"))
     figures["first_failure_at"] = intr.get("first_failure_at")
     figures["last_failure_at"] = intr.get("last_failure_at")
     return figures, ground

@@ -48,6 +48,7 @@ from chaoslib_infer.evidence.figures import (
     Marker,
     mark,
 )
+from chaoslib_infer.measure import figures as mfig
 
 __all__ = [
     "LEDGER_LABELS",
@@ -83,62 +84,9 @@ def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
 def interruption(
     records: list[dict[str, Any]], fault_at: float, settle_s: float = SETTLE_S
 ) -> dict[str, Any]:
-    """Interruption time with failures still pending counted (module docstring).
-
-    A failure F (its ``end_at``: when the user saw it) is followed by sustained service when the
-    settling window ``(F, F + settle_s]`` holds at least one success and no failed attempt was
-    in flight in it: none with ``end_at > F`` and ``sent_at <= F + settle_s``. The first such F
-    ends the interruption. Without one (the data end first), the last failure ends it and
-    ``sustained`` is False.
-
-    Args:
-        records: attempt records (unix-second ``sent_at`` / ``end_at``).
-        fault_at: fault injection (unix s); failures visible before it are ignored.
-        settle_s: settling window (s).
-
-    Returns:
-        ``{"interruption_s", "failed_requests", "first_failure_at", "last_failure_at",
-        "sustained"}``: seconds (0.0 without failure), failed attempts visible in
-        ``[first, last]``, unix times (None without failure), bool.
-    """
-    recs = [
-        r for r in records if isinstance(r.get("end_at"), int | float) and r["end_at"] >= fault_at
-    ]
-    fails = sorted(
-        (
-            (float(r["end_at"]), float(r.get("sent_at") or r["end_at"]))
-            for r in recs
-            if not r.get("ok")
-        ),
-    )
-    if not fails:
-        return {
-            "interruption_s": 0.0,
-            "failed_requests": 0,
-            "first_failure_at": None,
-            "last_failure_at": None,
-            "sustained": True,
-        }
-    succ = sorted(float(r["end_at"]) for r in recs if r.get("ok"))
-    observed_until = max(float(r["end_at"]) for r in recs)
-    last, sustained = fails[-1][0], False
-    for i, (f, _) in enumerate(fails):
-        horizon = f + settle_s
-        if any(end > f and sent <= horizon for end, sent in fails[i + 1 :]):
-            continue  # a failure visible in the window, or one in flight in it: not settled
-        if any(f < t <= horizon for t in succ) and (
-            i + 1 < len(fails) or observed_until >= horizon
-        ):
-            last, sustained = f, True
-            break
-    first = fails[0][0]
-    return {
-        "interruption_s": last - first,
-        "failed_requests": sum(1 for end, _ in fails if end <= last),
-        "first_failure_at": first,
-        "last_failure_at": last,
-        "sustained": sustained,
-    }
+    """:func:`chaoslib_infer.measure.figures.interruption` (failures still pending counted) with
+    this drill's settling window."""
+    return mfig.interruption(records, fault_at, settle_s)
 
 
 def _samples(path: str | None) -> list[dict[str, Any]]:
@@ -242,6 +190,7 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     figures["interruption_s"] = float(intr["interruption_s"])
     figures["failed_requests"] = int(intr["failed_requests"])
     figures["interruption_settled"] = bool(intr["sustained"])
+    figures["interruption_sustained"] = bool(intr["sustained"])
     figures["first_failure_at"] = intr.get("first_failure_at")
     figures["last_failure_at"] = intr.get("last_failure_at")
     return figures, ground

@@ -1,0 +1,158 @@
+"""Gather a drill's facts from its run folder and the lab, then judge it.
+
+The glue between the evidence (journal, records, figures, ground truth, the lab's ledger) and
+:func:`chaoslib_infer.verdict.judge_drill`. The residue check (``residue.json``, written by the
+game day right after the rollbacks) is read back here, so a re-rendered run keeps its verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from chaoslib_infer.evidence.figures import replica_count_series
+from chaoslib_infer.evidence.journal import drill_status, failed_activities
+from chaoslib_infer.verdict import DrillFacts, Verdict, judge_drill, timeline
+
+__all__ = ["RESIDUE_FILE", "drill_verdict", "hypothesis_failures", "read_residue", "write_residue"]
+
+#: In the drill folder: faults still active after the rollbacks (``{"checked_at", "residue"}``).
+RESIDUE_FILE = "residue.json"
+
+
+def write_residue(drill_dir: Path, lines: list[str], checked_at: float) -> None:
+    """Record the residue check of a drill (one line per fault still active, [] for none)."""
+    (drill_dir / RESIDUE_FILE).write_text(
+        json.dumps({"checked_at": checked_at, "residue": list(lines)}), encoding="utf-8"
+    )
+
+
+def read_residue(drill_dir: Path) -> list[str] | None:
+    """The residue lines of a drill, or None when no check was recorded."""
+    try:
+        doc = json.loads((drill_dir / RESIDUE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    lines = doc.get("residue") if isinstance(doc, dict) else None
+    return [str(x) for x in lines] if isinstance(lines, list) else None
+
+
+def hypothesis_failures(journal: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``[(phase, line)]`` for each steady-state probe that deviated (``before`` / ``after``).
+
+    The line names the probe and, for the SLO probes (``slo_check``), the value and threshold.
+    """
+    out: list[tuple[str, str]] = []
+    for phase in ("before", "after"):
+        entry = (journal.get("steady_states") or {}).get(phase) or {}
+        for probe in entry.get("probes") or []:
+            if probe.get("tolerance_met") is not False:
+                continue
+            name = (probe.get("activity") or {}).get("name")
+            out_v = probe.get("output")
+            if isinstance(out_v, dict) and "value" in out_v:
+                line = (
+                    f"{name}: {out_v.get('metric')} = {out_v.get('value')} "
+                    f"({out_v.get('op')} {out_v.get('threshold')} required, "
+                    f"{out_v.get('requests')} requests)"
+                )
+                reasons = out_v.get("reasons")
+                if isinstance(reasons, list) and reasons:
+                    line = f"{name}: " + "; ".join(str(r) for r in reasons)
+            else:
+                line = f"{name}: {out_v!r}"[:300]
+            out.append((phase, line))
+    return out
+
+
+def _serving(
+    drill: str,
+    ground: Mapping[str, Any],
+    figures: Mapping[str, Any],
+    events: list[dict[str, Any]],
+    start: float | None,
+    end: float | None,
+) -> tuple[int | None, int | None]:
+    if not events or start is None or end is None:
+        return None, None
+    tl = timeline(drill, ground, figures, events)
+    series = replica_count_series(events, start, end)
+    if not series or not series["t"]:
+        return None, None
+    before_t = tl.fault_at if tl.fault_at is not None else start
+    before = None
+    for t, n in zip(series["t"], series["serving"], strict=True):
+        if t <= before_t:
+            before = n
+    return before, series["serving"][-1]
+
+
+def drill_verdict(
+    name: str,
+    drill_dir: Path,
+    journal: Mapping[str, Any],
+    records: list[dict[str, Any]],
+    figures: Mapping[str, Any],
+    ground: Mapping[str, Any],
+    lab_events: list[dict[str, Any]],
+    ledger_measured: bool,
+    criteria: Mapping[str, Any] | None = None,
+    stop: Mapping[str, Any] | None = None,
+    load_error: str | None = None,
+    start: float | None = None,
+    end: float | None = None,
+) -> Verdict:
+    """Judge drill ``name`` from what its run left.
+
+    Args:
+        name: drill name (its criteria: :data:`chaoslib_infer.verdict.DRILL_CRITERIA`).
+        drill_dir: its folder (``residue.json``).
+        journal: the Chaos Toolkit journal.
+        records: attempt records.
+        figures, ground: from :func:`chaoslib_infer.evidence.figures.drill_figures`.
+        lab_events: the lab's events ([] off the lab).
+        ledger_measured: an engine generation ledger exists for this target.
+        criteria: threshold overrides ``{name: value | "off"}``.
+        stop: the stop-condition record, if one aborted the drill.
+        load_error: why the load could not start, if so.
+        start, end: drill start and end (unix s), for the replica-count comparison.
+
+    Returns:
+        The :class:`~chaoslib_infer.verdict.Verdict`.
+
+    Raises:
+        ValueError: a criterion override names no criterion of this drill.
+    """
+    errors: list[str] = []
+    if load_error:
+        errors.append(f"the load could not run: {load_error}")
+    status = drill_status(dict(journal)) if journal else None
+    if status == "error":
+        for a in failed_activities(dict(journal)):
+            if a["section"] == "run":
+                errors.append(f"activity {a['name']} {a['status']}: {a['exception']}")
+        if not errors:
+            errors.append("the experiment did not complete both hypotheses")
+    for kind, err in (figures.get("figure_errors") or {}).items():
+        errors.append(f"figures of {kind} could not be computed: {err}")
+    residue = read_residue(drill_dir) or []
+    for a in failed_activities(dict(journal)) if journal else []:
+        if a["section"] == "rollbacks":
+            residue.append(f"rollback {a['name']} {a['status']}: {a['exception']}")
+    facts = DrillFacts(
+        drill=name,
+        records=records,
+        figures=figures,
+        ground=ground,
+        lab_events=lab_events,
+        ledger_measured=ledger_measured,
+        journal_status=status,
+        hypothesis_failures=hypothesis_failures(journal) if journal else [],
+        errors=errors,
+        residue=residue,
+        stop_reason=(f"{stop.get('guard')}: {stop.get('reason')}" if stop else None),
+        serving=_serving(name, ground, figures, lab_events, start, end),
+    )
+    return judge_drill(facts, criteria)

@@ -1,0 +1,500 @@
+"""The verdict of one drill: state, reasons, and one judged row per criterion.
+
+States (``docs/definitions.md``, "Verdicts"), in order of precedence:
+
+- ``aborted``: the run was stopped (Ctrl-C, SIGTERM, a stop condition);
+- ``error``: the tool failed (a method action crashed, a figure could not be computed, the load
+  could not start);
+- ``failed``: a fault was left behind after the rollbacks (residue), the service did not meet
+  its SLOs before the fault (reported as such, never blamed on the fault), or a criterion is
+  broken; each reason names the figure, its value and its threshold;
+- ``inconclusive``: the drill cannot answer its question: the fault is not confirmed by ground
+  truth, the client fell behind its schedule, a judged window holds too few requests, or a key
+  figure is unmeasured on this target;
+- ``passed``: none of the above.
+
+Residue wins over ``aborted`` and ``error`` (a fault left behind fails, whatever else happened).
+A row reads ``pass``, ``fail``, ``not judged`` (no threshold), ``unmeasured`` (no value) or
+``n/a`` (the figure does not apply to this run, e.g. no request was shed).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaoslib_infer.measure.metrics import (
+    TIMEOUT_CLASSES,
+    logical_outcomes,
+    logical_stats,
+    select,
+    window_stats,
+)
+
+from .criteria import MIN_REQUESTS, Criterion, criteria_for
+from .timeline import Timeline, timeline
+
+__all__ = ["STATES", "DrillFacts", "Verdict", "exit_code", "in_window", "judge_drill"]
+
+#: Verdict states, worst first as the game day's exit code reads them.
+STATES = ("failed", "error", "aborted", "inconclusive", "passed")
+#: Minimum length of the fault window (s): an instantaneous fault (a kill) still gets a window
+#: long enough to hold requests.
+MIN_FAULT_WINDOW_S = 5.0
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    "<": operator.lt,
+    ">=": operator.ge,
+    ">": operator.gt,
+}
+
+
+@dataclass
+class DrillFacts:
+    """Everything a verdict reads (unix seconds).
+
+    Attributes:
+        drill: drill name.
+        records: attempt records (cut-off ones included; in-flight timeouts added by the caller
+            when judging a live run).
+        figures: the drill's figures. ground: its ground truth.
+        lab_events: the lab's events ([] off the lab).
+        ledger_measured: whether an engine generation ledger exists for this target (else
+            duplicate generations are unmeasured, never 0).
+        journal_status: ``drill_status`` of the journal (``passed``, ``deviated``, ``error``,
+            ``aborted``) or None.
+        hypothesis_failures: one line per steady-state probe that deviated, with its phase.
+        errors: lines for tool failures (crashed action, failed figure, load error).
+        residue: one line per fault still active after the rollbacks.
+        stop_reason: why a stop condition aborted the drill, or None.
+        serving: ``(before, after)`` serving replicas (None when unknown).
+    """
+
+    drill: str
+    records: list[dict[str, Any]]
+    figures: Mapping[str, Any]
+    ground: Mapping[str, Any]
+    lab_events: Sequence[Mapping[str, Any]] = ()
+    ledger_measured: bool = True
+    journal_status: str | None = None
+    hypothesis_failures: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    residue: list[str] = field(default_factory=list)
+    stop_reason: str | None = None
+    serving: tuple[int | None, int | None] = (None, None)
+
+
+@dataclass
+class Verdict:
+    """A drill's verdict: ``state``, ``reasons`` (one line each), ``rows`` (one per criterion:
+    ``{"criterion", "label", "window", "value", "op", "threshold", "unit", "result", "note"}``),
+    ``windows`` (``{name: {"start", "end", "requests"}}``) and ``notes``."""
+
+    state: str
+    reasons: list[str]
+    rows: list[dict[str, Any]]
+    windows: dict[str, dict[str, Any]]
+    notes: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``summary.json`` ``verdict``)."""
+        return {
+            "state": self.state,
+            "reasons": list(self.reasons),
+            "rows": [dict(r) for r in self.rows],
+            "windows": dict(self.windows),
+            "notes": list(self.notes),
+        }
+
+
+def _fmt(value: Any, unit: str) -> str:
+    if value is None:
+        return "unmeasured"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    v = float(value)
+    if unit == "s":
+        return f"{v:.3g} s"
+    if unit == "ratio":
+        return f"{v:.4g}"
+    if unit == "x":
+        return f"{v:.3g}x"
+    return f"{v:.0f}" if v == int(v) else f"{v:.3g}"
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return 1.0 if v else 0.0
+    if isinstance(v, int | float) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _span(records: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+    sent = [float(r["sent_at"]) for r in records if isinstance(r.get("sent_at"), int | float)]
+    ends = [float(r["end_at"]) for r in records if isinstance(r.get("end_at"), int | float)]
+    if not sent:
+        return None, None
+    return min(sent), max([*sent, *ends])
+
+
+def in_window(
+    records: Sequence[Mapping[str, Any]], a: float, b: float, fault_at: float | None = None
+) -> list[dict[str, Any]]:
+    """The attempts a window judges: sent in ``[a, b)``; with ``fault_at`` a window that ends at
+    the fault (the baseline) drops attempts still in flight at it, and the window that starts at
+    it (the fault window) takes them (a request the fault cut belongs to the fault)."""
+    out = []
+    for r in records:
+        s, e = r.get("sent_at"), r.get("end_at")
+        if not isinstance(s, int | float):
+            continue
+        ended = float(e) if isinstance(e, int | float) else float("inf")
+        if fault_at is not None and b == fault_at and ended > fault_at:
+            continue
+        if a <= s < b or (fault_at is not None and a == fault_at and s < a < ended):
+            out.append(dict(r))
+    return out
+
+
+def _stats(
+    records: Sequence[Mapping[str, Any]], a: float | None, b: float | None
+) -> dict[str, Any]:
+    """Logical-request statistics (what users feel: a request that succeeded on a retry
+    succeeded), with the attempts' send lag."""
+    logical = logical_stats(list(records), a, b)
+    attempts = window_stats(list(records), a, b)
+    logical["p99_send_lag_s"] = attempts.get("p99_send_lag_s")
+    logical["attempt_requests"] = attempts.get("requests")
+    return logical
+
+
+def _timeouts(records: Sequence[Mapping[str, Any]], a: float, b: float) -> int:
+    return sum(
+        1
+        for r in select(logical_outcomes(list(records)), a, b)
+        if r.get("error_class") in TIMEOUT_CLASSES
+    )
+
+
+def _shed_p99(records: Sequence[Mapping[str, Any]], a: float, b: float) -> float | None:
+    from chaoslib_infer.measure.metrics import percentiles_s
+
+    shed = [
+        float(r["end_at"]) - float(r["sent_at"])
+        for r in select(list(records), a, b)
+        if r.get("error_class") in ("http_429", "http_5xx")
+        and isinstance(r.get("end_at"), int | float)
+    ]
+    return percentiles_s(shed, (99,))[99] if shed else None
+
+
+def _max_wait(records: Sequence[Mapping[str, Any]], a: float, b: float) -> float | None:
+    waits = [
+        float(r["end_at"]) - float(r["sent_at"])
+        for r in select(list(records), a, b)
+        if isinstance(r.get("end_at"), int | float)
+    ]
+    return max(waits) if waits else None
+
+
+def _survivor_share(facts: DrillFacts, a: float, b: float) -> tuple[float | None, str | None]:
+    survivors = [str(s) for s in facts.ground.get("survivors") or []]
+    if len(survivors) < 2:
+        return None, f"{len(survivors)} survivor(s): one replica must carry everything"
+    counts = {s: 0 for s in survivors}
+    for r in select(facts.records, a, b):
+        rep = r.get("replica")
+        if rep in counts:
+            counts[str(rep)] += 1
+    total = sum(counts.values())
+    return (max(counts.values()) / total if total else None), None
+
+
+def _values(
+    facts: DrillFacts, tl: Timeline, w: dict[str, tuple[float, float]]
+) -> dict[str, tuple[float | None, str | None]]:
+    """``{criterion name: (value, note)}``; a note with value None means ``n/a``."""
+    fig, recs = facts.figures, facts.records
+    sel = _selector(facts, tl, w)
+    drill = _stats(sel("drill"), None, None)
+    fault = _stats(sel("fault"), None, None) if "fault" in w else {}
+    after = _stats(sel("after"), None, None) if "after" in w else {}
+    base = _stats(sel("baseline"), None, None) if "baseline" in w else {}
+    out: dict[str, tuple[float | None, str | None]] = {
+        "availability": (_num(drill.get("availability")), None),
+        "availability_fault": (_num(fault.get("availability")), None),
+        "timeout_rate": (_num(drill.get("timeout_rate")), None),
+        "timeout_rate_fault": (_num(fault.get("timeout_rate")), None),
+        "error_rate": (_num(drill.get("error_rate")), None),
+        "p99_e2e_s": (_num(drill.get("p99_e2e_s")), None),
+        "p99_e2e_fault_s": (_num(fault.get("p99_e2e_s")), None),
+        "send_lag_p99_s": (_num(drill.get("p99_send_lag_s")), None),
+        "health_disagreement_s": (_num(fig.get("health_disagreement_s")), None),
+    }
+    before, end = facts.serving
+    out["serving_after_vs_baseline"] = (
+        (end / before, None) if before and end is not None else (None, None)
+    )
+    bp, ap = _num(base.get("p99_e2e_s")), _num(after.get("p99_e2e_s"))
+    if int(after.get("requests") or 0) < MIN_REQUESTS["fault"]:
+        out["p99_after_vs_baseline"] = (None, None)
+    else:
+        out["p99_after_vs_baseline"] = ((ap / bp) if bp and ap is not None else None, None)
+    for name in (
+        "interruption_s",
+        "replacement_serving_s",
+        "restart_s",
+        "warmup_ratio",
+        "scale_out_s",
+        "ejection_s",
+        "all_serving_s",
+        "retries",
+    ):
+        out[name] = (_num(fig.get(name)), None)
+    sustained = fig.get("interruption_sustained", fig.get("interruption_settled"))
+    out["interruption_sustained"] = (_num(sustained) if sustained is not None else None, None)
+    out["oom_kills"] = (_num(facts.ground.get("oom_kills")), None)
+    for name in ("duplicate_generations", "extra_generations"):
+        value = _num(
+            fig.get(name, fig.get("duplicates") if name == "duplicate_generations" else None)
+        )
+        out[name] = (value if facts.ledger_measured else None, None)
+    if "fault" in w:
+        a, b = w["fault"]
+        recs = sel("fault")
+        a, b = float("-inf"), float("inf")
+        out["timeouts_fault"] = (float(_timeouts(recs, a, b)), None)
+        shed = _shed_p99(recs, a, b)
+        out["shed_p99_s"] = (shed, None if shed is not None else "no request was shed")
+        hung = fig.get("hung_requests")
+        hung_now = sum(1 for r in select(recs, a, b) if r.get("in_flight_at_judging"))
+        out["hung_requests"] = (
+            (float(int(hung) + hung_now), None) if hung is not None else (None, None)
+        )
+        out["max_wait_s"] = (_max_wait(recs, a, b), None)
+        share, why = _survivor_share(facts, a, b)
+        out["max_survivor_share"] = (share, why)
+    planned, held = _num(fig.get("planned_instances")), _num(fig.get("instances_held"))
+    out["instances_held"] = ((held / planned) if planned and held is not None else None, None)
+    rec = _num(fig.get("recovery_s"))
+    out["recovery_s"] = (rec, None)
+    return out
+
+
+def _selector(
+    facts: DrillFacts, tl: Timeline, w: dict[str, tuple[float, float]]
+) -> Callable[[str], list[dict[str, Any]]]:
+    def sel(name: str) -> list[dict[str, Any]]:
+        a, b = w[name]
+        return in_window(facts.records, a, b, tl.fault_at)
+
+    return sel
+
+
+def _windows(
+    facts: DrillFacts, tl: Timeline
+) -> tuple[dict[str, tuple[float, float]], dict[str, dict[str, Any]]]:
+    lo, hi = _span(facts.records)
+    if lo is None or hi is None:
+        return {}, {}
+    hi += 1e-6
+    w: dict[str, tuple[float, float]] = {"drill": (lo, hi)}
+    if tl.fault_at is not None and lo < tl.fault_at:
+        w["baseline"] = (lo, tl.fault_at)
+    if tl.fault_at is not None:
+        end = tl.fault_end if tl.fault_end is not None else hi
+        end = min(max(end, tl.fault_at + MIN_FAULT_WINDOW_S), hi)
+        w["fault"] = (tl.fault_at, end)
+        if end < hi:
+            w["after"] = (end, hi)
+    info = {
+        name: {
+            "start": a,
+            "end": b,
+            "requests": len(
+                select(logical_outcomes(in_window(facts.records, a, b, tl.fault_at)), None, None)
+            ),
+        }
+        for name, (a, b) in w.items()
+    }
+    return w, info
+
+
+def _row(c: Criterion, value: float | None, note: str | None) -> dict[str, Any]:
+    if value is None and note is not None:
+        result = "n/a"
+    elif c.threshold is None:
+        result = "not judged" if value is not None else "unmeasured"
+    elif value is None:
+        result = "unmeasured"
+    else:
+        result = "pass" if _OPS[c.op](value, c.threshold) else "fail"
+    return {
+        "criterion": c.name,
+        "label": c.label,
+        "window": c.window,
+        "value": value,
+        "op": c.op,
+        "threshold": c.threshold,
+        "unit": c.unit,
+        "key": c.key,
+        "result": result,
+        "note": note,
+    }
+
+
+def _reason(row: Mapping[str, Any]) -> str:
+    value = _fmt(row["value"], row["unit"])
+    thr = _fmt(row["threshold"], row["unit"])
+    fails = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[row["op"]]
+    return f"{row['label']}: {value} {fails} {thr} ({row['criterion']})"
+
+
+def judge_drill(
+    facts: DrillFacts,
+    overrides: Mapping[str, Any] | None = None,
+    min_requests: Mapping[str, int] | None = None,
+) -> Verdict:
+    """Judge one drill.
+
+    Args:
+        facts: what the drill measured and what the lab recorded.
+        overrides: ``{criterion name: threshold | None | "off"}``
+            (:func:`chaoslib_infer.verdict.criteria.criteria_for`).
+        min_requests: minimum requests per judged window (default :data:`MIN_REQUESTS`).
+
+    Returns:
+        The :class:`Verdict`.
+
+    Raises:
+        ValueError: an override names no criterion of this drill.
+    """
+    crits = criteria_for(facts.drill, overrides)
+    mins = {**MIN_REQUESTS, **(min_requests or {})}
+    tl = timeline(facts.drill, facts.ground, facts.figures, facts.lab_events)
+    w, info = _windows(facts, tl)
+    values = _values(facts, tl, w) if w else {}
+    rows = [_row(c, *values.get(c.name, (None, None))) for c in crits]
+    notes: list[str] = [f"fault: {tl.why}"]
+    if tl.confirmed is None:
+        notes.append("fault confirmation: no lab ground truth on this target")
+    if w.get("fault"):
+        a, b = w["fault"]
+        notes.append(f"fault window: {b - a:.1f} s from injection to the return to service")
+    state, reasons = _state(facts, tl, rows, info, w, mins, crits)
+    return Verdict(state, reasons, rows, info, notes)
+
+
+def _baseline_defects(
+    facts: DrillFacts,
+    tl: Timeline,
+    w: dict[str, tuple[float, float]],
+    crits: Sequence[Criterion],
+) -> list[str]:
+    if "baseline" not in w or tl.fault_at is None:
+        return []
+    stats = _stats(in_window(facts.records, *w["baseline"], tl.fault_at), None, None)
+    by = {c.name: c for c in crits}
+    out = []
+    for name, key in (
+        ("availability", "availability"),
+        ("timeout_rate", "timeout_rate"),
+        ("error_rate", "error_rate"),
+        ("p99_e2e_s", "p99_e2e_s"),
+    ):
+        c = by.get(name)
+        v = _num(stats.get(key))
+        if c is None or c.threshold is None or v is None:
+            continue
+        if not _OPS[c.op](v, c.threshold):
+            row = _row(c, v, None)
+            row["label"] = c.label.replace("(whole drill)", "(baseline)")
+            out.append(_reason(row))
+    return out
+
+
+def _state(
+    facts: DrillFacts,
+    tl: Timeline,
+    rows: list[dict[str, Any]],
+    info: dict[str, dict[str, Any]],
+    w: dict[str, tuple[float, float]],
+    mins: Mapping[str, int],
+    crits: Sequence[Criterion],
+) -> tuple[str, list[str]]:
+    if facts.residue:
+        return "failed", [f"fault left behind after the rollbacks: {r}" for r in facts.residue]
+    if facts.stop_reason or facts.journal_status == "aborted":
+        return "aborted", [f"stopped: {facts.stop_reason or 'the run was interrupted'}"]
+    if facts.errors:
+        return "error", list(facts.errors)
+    if not w:
+        return "inconclusive", ["no request was recorded: the drill measured nothing"]
+    base = _baseline_defects(facts, tl, w, crits)
+    base += [line for phase, line in facts.hypothesis_failures if phase == "before"]
+    if base:
+        return "failed", [
+            "the service did not meet its SLOs before the fault (not blamed on the fault): "
+            + "; ".join(base)
+        ]
+    incon: list[str] = []
+    if tl.confirmed is False:
+        incon.append(f"fault not confirmed by ground truth: {tl.why}")
+    n_base = int(info.get("baseline", {}).get("requests") or 0)
+    if n_base < mins["baseline"]:
+        incon.append(
+            f"baseline holds {n_base} requests (< {mins['baseline']}): too few to see a defect of "
+            "a few percent"
+        )
+    n_fault = int(info.get("fault", {}).get("requests") or 0)
+    if "fault" in info and n_fault < mins["fault"]:
+        incon.append(f"fault window holds {n_fault} requests (< {mins['fault']})")
+    lag = next((r for r in rows if r["criterion"] == "send_lag_p99_s"), None)
+    if lag is not None and lag["result"] == "fail":
+        incon.append(
+            "the client fell behind its schedule: " + _reason(lag) + "; latencies are suspect"
+        )
+    if incon:
+        return "inconclusive", incon
+    failed = [
+        _reason(r) for r in rows if r["result"] == "fail" and r["criterion"] != "send_lag_p99_s"
+    ]
+    for phase, line in facts.hypothesis_failures:
+        if phase != "before":
+            failed.append(f"steady-state hypothesis {phase} the fault deviated: {line}")
+    if failed:
+        return "failed", failed
+    unmeasured = [r for r in rows if r["key"] and r["result"] == "unmeasured"]
+    if unmeasured:
+        return "inconclusive", [
+            f"{r['label']} is unmeasured on this target ({r['criterion']}): the drill cannot "
+            "answer its question"
+            for r in unmeasured
+        ]
+    return "passed", []
+
+
+def exit_code(states: Sequence[str]) -> int:
+    """The game day's exit code from its drills' states (``README.md``, "Exit codes").
+
+    Returns:
+        0 every drill passed; 1 a drill failed; 2 a drill errored (none failed); 130 a drill was
+        aborted (none failed or errored); 3 a drill was inconclusive (all others passed); 3 too
+        when there is no drill at all (nothing was shown to work).
+    """
+    if not states:
+        return 3
+    if "failed" in states:
+        return 1
+    if "error" in states:
+        return 2
+    if "aborted" in states:
+        return 130
+    if "inconclusive" in states:
+        return 3
+    return 0

@@ -1,0 +1,371 @@
+"""Verdicts that can fail: each criterion breaks on a service with the weakness and holds on one
+without it; residue, unconfirmed faults, thin traffic and baseline defects get their own states.
+
+Pure functions over synthetic records (unix seconds); the lab-level checks are in
+``test_verdict_lab.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.evidence.bundle import junit_xml
+from chaoslib_infer.load.client import cut_off_record, write_inflight
+from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.inflight import in_flight_timeouts, judged_records, read_inflight
+from chaoslib_infer.measure.metrics import cut_off_count, window_stats
+from chaoslib_infer.plan import load_plan
+from chaoslib_infer.verdict import DrillFacts, criteria_for, exit_code, judge_drill, parse_override
+
+T0 = 1_800_000_000.0
+
+
+def rec(
+    sent: float,
+    ok: bool = True,
+    e2e: float = 0.3,
+    replica: str = "r1",
+    error_class: str | None = None,
+    rid: str | None = None,
+    attempt: int = 1,
+) -> dict[str, Any]:
+    return {
+        "request_id": rid or f"q{sent:.3f}",
+        "attempt": attempt,
+        "final": True,
+        "intended_at": sent,
+        "sent_at": sent,
+        "end_at": sent + e2e,
+        "first_token_at": sent + 0.01 if ok else None,
+        "first_byte_at": sent + 0.005 if ok else None,
+        "chunk_times": [sent + 0.01, sent + e2e] if ok else [],
+        "ok": ok,
+        "error_class": None if ok else (error_class or "http_5xx"),
+        "status": 200 if ok else 503,
+        "replica": replica,
+    }
+
+
+def steady(a: float, b: float, rate: float = 10.0, **kw: Any) -> list[dict[str, Any]]:
+    n = int((b - a) * rate)
+    reps = ["r0", "r1", "r2"]
+    return [rec(a + i / rate, replica=reps[i % 3], **kw) for i in range(n)]
+
+
+def facts(
+    drill: str,
+    records: list[dict[str, Any]],
+    figures: dict[str, Any],
+    ground: dict[str, Any],
+    **kw: Any,
+) -> DrillFacts:
+    return DrillFacts(drill=drill, records=records, figures=figures, ground=ground, **kw)
+
+
+OOM_GROUND = {
+    "fault_at": T0 + 10,
+    "replica": "r0",
+    "oom_kills": 1,
+    "death_cause": "oom",
+    "replica_serving_again_at": T0 + 12,
+}
+OOM_FIG = {
+    "restart_s": 2.0,
+    "warmup_ratio": 3.0,
+    "interruption_s": 0.0,
+    "interruption_sustained": True,
+}
+
+
+def test_healthy_oom_drill_passes() -> None:
+    v = judge_drill(facts("oom-kill", steady(T0, T0 + 30), OOM_FIG, OOM_GROUND))
+    assert v.state == "passed", v.reasons
+    assert v.reasons == []
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows["restart_s"]["result"] == "pass"
+    assert rows["health_disagreement_s"]["result"] == "unmeasured"  # no threshold, no value
+
+
+def test_failures_during_the_fault_fail_the_drill_with_figure_value_threshold() -> None:
+    records = steady(T0, T0 + 30)
+    for r in records:
+        if T0 + 10 <= r["sent_at"] < T0 + 11:
+            r.update(ok=False, error_class="reset", status=None)
+    v = judge_drill(facts("oom-kill", records, OOM_FIG, OOM_GROUND))
+    assert v.state == "failed"
+    assert any(
+        r.startswith("availability (fault window): 0.8") and "< 0.999" in r for r in v.reasons
+    )
+
+
+def test_fault_not_confirmed_by_ground_truth_is_inconclusive() -> None:
+    ground = {**OOM_GROUND, "oom_kills": 0, "death_cause": "sigkill"}
+    v = judge_drill(facts("oom-kill", steady(T0, T0 + 30), OOM_FIG, ground))
+    assert v.state == "inconclusive"
+    assert "no kernel OOM kill recorded" in v.reasons[0]
+
+
+def test_too_little_traffic_is_inconclusive() -> None:
+    v = judge_drill(facts("oom-kill", steady(T0, T0 + 30, rate=1.0), OOM_FIG, OOM_GROUND))
+    assert v.state == "inconclusive"
+    assert any("baseline holds 10 requests" in r for r in v.reasons)
+
+
+def test_residue_fails_whatever_else_held() -> None:
+    v = judge_drill(
+        facts("oom-kill", steady(T0, T0 + 30), OOM_FIG, OOM_GROUND, residue=["lab: hog h1 on r0"])
+    )
+    assert v.state == "failed"
+    assert v.reasons == ["fault left behind after the rollbacks: lab: hog h1 on r0"]
+
+
+def test_defect_before_the_fault_is_not_blamed_on_it() -> None:
+    records = steady(T0, T0 + 30)
+    for r in records[::10]:  # 10 % failures throughout, the baseline included
+        r.update(ok=False, error_class="http_5xx")
+    v = judge_drill(facts("oom-kill", records, OOM_FIG, OOM_GROUND))
+    assert v.state == "failed"
+    assert len(v.reasons) == 1
+    assert v.reasons[0].startswith("the service did not meet its SLOs before the fault")
+
+
+def test_request_in_flight_at_the_fault_belongs_to_the_fault_window() -> None:
+    records = steady(T0, T0 + 30)
+    # sent just before the fault, cut by it: not a baseline defect
+    records.append(rec(T0 + 9.95, ok=False, e2e=0.1, error_class="reset", rid="cut"))
+    v = judge_drill(facts("oom-kill", records, OOM_FIG, OOM_GROUND))
+    assert v.state == "failed"
+    assert not v.reasons[0].startswith("the service did not meet")
+    assert any("(fault window)" in r for r in v.reasons)
+
+
+HANG_GROUND = {
+    "fault_at": T0 + 10,
+    "replica": "r0",
+    "mode": "freeze",
+    "ejected_at": None,
+    "thawed_at": T0 + 25,
+    "hung_sessions": 0,
+}
+
+
+def _hang(ejected: bool) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    records = steady(T0, T0 + 35)
+    hung = 0
+    for r in records:
+        frozen = T0 + 10 <= r["sent_at"] < (T0 + 11 if ejected else T0 + 25)
+        if r["replica"] == "r0" and frozen:
+            r.update(ok=False, error_class="timeout_ttft", end_at=r["sent_at"] + 10.0)
+            hung += 1
+    fig = {"hung_requests": hung, "ejection_s": 1.0 if ejected else None}
+    ground = {**HANG_GROUND, "ejected_at": (T0 + 11) if ejected else None}
+    return records, fig, ground
+
+
+def test_hanging_replica_behind_a_gateway_that_never_ejects_it_fails() -> None:
+    records, fig, ground = _hang(ejected=False)
+    v = judge_drill(facts("upstream-timeout", records, fig, ground))
+    assert v.state == "failed"
+    text = "\n".join(v.reasons)
+    assert "requests that hung until the client gave up" in text
+    assert "longest wait of a request in the fault window: 10 s > 5 s" in text
+    assert "ejection of the frozen replica" not in text  # unmeasured, not a failure line
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows["ejection_s"]["result"] == "unmeasured"
+
+
+def test_fail_fast_gateway_passes_upstream_timeout() -> None:
+    records = steady(T0, T0 + 35)
+    for r in records:  # the frozen replica's requests are answered 503 at once and retried
+        if r["replica"] == "r0" and T0 + 10 <= r["sent_at"] < T0 + 10.3:
+            r.update(replica="r1")
+    fig = {"hung_requests": 0, "ejection_s": 0.3, "hung_sessions_max": 1}
+    ground = {**HANG_GROUND, "ejected_at": T0 + 10.3, "hung_sessions": 1}
+    v = judge_drill(facts("upstream-timeout", records, fig, ground))
+    assert v.state == "passed", v.reasons
+
+
+JITTER_GROUND = {
+    "fault_at": T0 + 10,
+    "cleared_at": T0 + 20,
+    "mechanism": "shim",
+    "replica": "r0",
+    "generations_on_replica_in_window": 30,
+    "delay_ms": 400,
+    "jitter_ms": 300,
+}
+
+
+@pytest.mark.parametrize(
+    ("dups", "measured", "state"),
+    [(0, True, "passed"), (3, True, "failed"), (0, False, "inconclusive")],
+)
+def test_duplicate_generations_judged_and_unmeasured_without_a_ledger(
+    dups: int, measured: bool, state: str
+) -> None:
+    fig = {"duplicate_generations": dups, "extra_generations": dups, "retries": dups}
+    v = judge_drill(
+        facts("network-jitter", steady(T0, T0 + 30), fig, JITTER_GROUND, ledger_measured=measured)
+    )
+    assert v.state == state, v.reasons
+    if state == "failed":
+        assert v.reasons[0] == "duplicate generations: 3 > 0 (duplicate_generations)"
+    if state == "inconclusive":
+        assert "duplicate generations is unmeasured" in v.reasons[0]
+        rows = {r["criterion"]: r for r in v.rows}
+        assert rows["duplicate_generations"]["value"] is None  # never 0
+
+
+def test_threshold_override_and_off() -> None:
+    fig = {"duplicate_generations": 3, "extra_generations": 3, "retries": 3}
+    base = facts("network-jitter", steady(T0, T0 + 30), fig, JITTER_GROUND)
+    v = judge_drill(base, {"duplicate_generations": 5, "extra_generations": "off"})
+    assert v.state == "passed", v.reasons
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows["extra_generations"]["result"] == "not judged"
+    assert rows["retries"]["result"] == "not judged"
+    with pytest.raises(ValueError, match="unknown criterion"):
+        criteria_for("network-jitter", {"restart_s": 1})
+    assert parse_override("oom-kill:restart_s=20") == ("oom-kill", "restart_s", 20.0)
+    assert parse_override("restart_s=off") == (None, "restart_s", None)
+    with pytest.raises(ValueError):
+        parse_override("restart_s=soon")
+
+
+def test_client_behind_schedule_is_inconclusive() -> None:
+    records = steady(T0, T0 + 30)
+    for r in records:
+        r["intended_at"] = r["sent_at"] - 2.0
+    v = judge_drill(facts("oom-kill", records, OOM_FIG, OOM_GROUND))
+    assert v.state == "inconclusive"
+    assert "the client fell behind its schedule" in v.reasons[0]
+
+
+def test_service_ending_smaller_than_it_began_fails() -> None:
+    v = judge_drill(facts("oom-kill", steady(T0, T0 + 30), OOM_FIG, OOM_GROUND, serving=(3, 2)))
+    assert v.state == "failed"
+    assert v.reasons[0].startswith("serving replicas after the drill / before it: 0.667x < 1x")
+
+
+def test_never_recovered_fails_traffic_spike() -> None:
+    ground = {"fault_at": T0 + 10, "spike_end_at": T0 + 20}
+    fig = {"requests_during_spike": 100, "recovery_s": None, "scale_out_s": 2.0}
+    v = judge_drill(facts("traffic-spike", steady(T0, T0 + 30), fig, ground))
+    assert v.state == "inconclusive"  # the key figure is unmeasured...
+    fig["recovery_s"] = 80.0  # ...and a slow one fails
+    v = judge_drill(facts("traffic-spike", steady(T0, T0 + 30), fig, ground))
+    assert v.state == "failed"
+    assert "back inside the baseline bands after the spike: 80 s > 60 s" in v.reasons[0]
+
+
+def test_recovery_counts_from_the_first_impact() -> None:
+    records = steady(T0, T0 + 40)
+    for r in records:  # the damage starts 4 s after the fault and lasts 6 s
+        if T0 + 14 <= r["sent_at"] < T0 + 20:
+            r.update(ok=False, error_class="http_5xx")
+    base = window_stats(records, T0, T0 + 10)
+    assert mfig.recovery(records, T0 + 10, base) == pytest.approx(10.0)
+    # never back in band before the data ends: None, not 0
+    for r in records:
+        if r["sent_at"] >= T0 + 14:
+            r.update(ok=False, error_class="http_5xx")
+    assert mfig.recovery(records, T0 + 10, base) is None
+
+
+def test_interruption_keeps_pending_failures_open_and_reports_sustained() -> None:
+    records = steady(T0, T0 + 30)
+    # two requests hung on a frozen replica, visible only at the client's 10 s timeout
+    records += [rec(T0 + 10.0, ok=False, e2e=10.0, error_class="timeout_ttft", rid="h1")]
+    records += [rec(T0 + 11.0, ok=False, e2e=10.0, error_class="timeout_ttft", rid="h2")]
+    records += [rec(T0 + 9.0, ok=False, e2e=2.0, error_class="reset", rid="f0")]
+    intr = mfig.interruption(records, T0 + 10)
+    assert intr["first_failure_at"] == pytest.approx(T0 + 11.0)
+    assert intr["last_failure_at"] == pytest.approx(T0 + 21.0)
+    assert intr["sustained"] is True
+    short = [r for r in records if r["sent_at"] < T0 + 12]
+    assert mfig.interruption(short, T0 + 10)["sustained"] is False
+
+
+def test_hang_is_seen_before_the_client_gives_up(tmp_path: Path) -> None:
+    """The issue's reproduction: one replica of three hanging; ended records read 1.0."""
+    now = T0 + 20
+    ended = [r for r in steady(T0 + 12, T0 + 20) if r["replica"] != "r0"]
+    on_wire = {(f"h{i}", 1): (T0 + 8 + i * 0.3, T0 + 8 + i * 0.3) for i in range(8)}
+    path = tmp_path / "inflight.json"
+    write_inflight(path, on_wire)
+    inflight = read_inflight(path)
+    assert len(inflight) == 8
+    naive = window_stats(ended, T0 + 8, now)
+    assert naive["availability"] == 1.0
+    judged = window_stats(judged_records(ended, inflight, now, deadline_s=10.0), T0 + 8, now)
+    assert judged["timeouts"] == len(in_flight_timeouts(inflight, ended, now, 10.0)) > 0
+    assert judged["availability"] < 0.9
+
+
+def test_cut_off_attempts_are_recorded_counted_and_left_out_of_the_rates() -> None:
+    records = steady(T0, T0 + 10)
+    records.append(cut_off_record("c1", 1, T0 + 9.9, T0 + 9.9, T0 + 10.2))
+    assert cut_off_count(records) == 1
+    assert window_stats(records)["availability"] == 1.0
+    assert records[-1]["in_flight_s"] == pytest.approx(0.3)
+
+
+def test_exit_codes() -> None:
+    assert exit_code(["passed", "passed"]) == 0
+    assert exit_code(["passed", "failed", "inconclusive"]) == 1
+    assert exit_code(["passed", "error"]) == 2
+    assert exit_code(["passed", "inconclusive"]) == 3
+    assert exit_code(["aborted"]) == 130
+    assert exit_code([]) == 3
+
+
+def test_junit_reads_failed_inconclusive_and_error_as_ci_does() -> None:
+    summary = {
+        "plan": "p",
+        "drills": [
+            {"name": "a", "status": "passed", "reasons": []},
+            {"name": "b", "status": "failed", "reasons": ["duplicate generations: 3 > 0"]},
+            {"name": "c", "status": "inconclusive", "reasons": ["fault not confirmed"]},
+            {"name": "d", "status": "error", "reasons": ["activity x crashed"]},
+        ],
+    }
+    root = ET.fromstring(junit_xml(summary))
+    assert (root.get("failures"), root.get("skipped"), root.get("errors")) == ("1", "1", "1")
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    fail = cases["b"].find("failure")
+    assert fail is not None and fail.get("message") == "duplicate generations: 3 > 0"
+    assert cases["c"].find("skipped") is not None
+    assert cases["d"].find("error") is not None
+    assert cases["a"].find("failure") is None
+
+
+def test_plan_criteria_are_validated(tmp_path: Path) -> None:
+    exp = Path(__file__).resolve().parent.parent / "experiments" / "oom-kill.yaml"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        json.dumps(
+            {
+                "criteria": {"availability": 0.99},
+                "drills": [
+                    {"name": "oom-kill", "experiment": str(exp), "criteria": {"restart_s": 5}}
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
+    spec = load_plan(plan).drills[0]
+    assert spec.criteria == {"availability": 0.99, "restart_s": 5}
+    plan.write_text(
+        json.dumps(
+            {"drills": [{"name": "oom-kill", "experiment": str(exp), "criteria": {"dups": 1}}]}
+        ),
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match="unknown criterion 'dups'"):
+        load_plan(plan)
