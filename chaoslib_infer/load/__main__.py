@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--profile", default=None, metavar="D:R,...", help='rate phases, e.g. "10:8,15:24,15:8"'
     )
+    p.add_argument(
+        "--trace", default=None, metavar="FILE", help="replay a Mooncake/AIPerf JSONL trace"
+    )
+    p.add_argument("--trace-speed", type=float, default=1.0, help="trace time scale (1)")
     return p
 
 
@@ -151,12 +155,12 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
                 profile = truncate_profile(profile, args.duration_s)
             except ValueError:
                 parser.error(f"--duration-s must be a finite number > 0, got {args.duration_s!r}")
-    else:
+    elif args.trace is None:  # a trace defines the schedule (trace.py)
         missing = [
             f for f, v in (("--rate", args.rate), ("--duration-s", args.duration_s)) if v is None
         ]
         if missing:
-            parser.error(f"{' and '.join(missing)} required (or --profile)")
+            parser.error(f"{' and '.join(missing)} required (or --profile, or --trace)")
     prompt_mix = None
     if args.prompt_mix is not None:
         try:
@@ -206,6 +210,8 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
             attempt_timeout_s=args.attempt_timeout_s,
             retry_on=retry_on,
             profile=profile,
+            trace=args.trace,
+            trace_speed=args.trace_speed,
         )
     except ValueError as exc:
         parser.error(str(exc))

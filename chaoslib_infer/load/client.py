@@ -188,6 +188,10 @@ class LoadSpec:
             in ``ERROR_CLASSES``.
         profile: consecutive ``(duration_s, rate_rps)`` phases; when given it defines the
             schedule (``schedule.profile_schedule``), ``duration_s`` and ``rate_rps``.
+        trace: path of a recorded trace (``trace.read_trace``: Mooncake / AIPerf JSONL); when
+            given it defines the schedule (its timestamps), ``duration_s``, ``rate_rps`` and each
+            request's prompt and ``max_tokens`` (``trace.trace_body``, in schedule order).
+        trace_speed: time scale of the trace (2 = twice as fast).
         transport: ``"raw"`` (default; ``rawhttp``: asyncio Protocol + httptools, less client
             CPU per request, chunk times taken as the bytes arrive) or ``"aiohttp"``; same
             records and error classes.
@@ -220,6 +224,10 @@ class LoadSpec:
     retry_on: tuple[str, ...] = DEFAULT_RETRY_ON
     profile: list[tuple[float, float]] | None = None
     transport: Literal["aiohttp", "raw"] = "raw"
+    trace: str | None = None
+    trace_speed: float = 1.0
+    _trace: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
+    _trace_next: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -246,6 +254,15 @@ class LoadSpec:
             total = sum(d for d, _ in self.profile)
             self.duration_s = total
             self.rate_rps = sum(d * r for d, r in self.profile) / total
+        if self.trace is not None:
+            from .trace import read_trace, trace_offsets
+
+            if self.profile is not None:
+                raise ValueError("give a rate profile or a trace, not both")
+
+            self._trace = read_trace(self.trace)
+            self.duration_s = trace_offsets(self._trace, self.trace_speed)[-1] + 1e-3
+            self.rate_rps = len(self._trace) / self.duration_s
         pos("rate_rps", self.rate_rps)
         pos("duration_s", self.duration_s)
         pos("timeout_s", self.timeout_s)
@@ -295,6 +312,11 @@ class LoadSpec:
 
     def offsets(self) -> list[float]:
         """The arrival schedule: offsets in seconds from the start of the run."""
+        if self.trace is not None:
+            from .trace import trace_offsets
+
+            self._trace_next = 0  # a new run replays the trace's bodies from the first
+            return trace_offsets(self._trace, self.trace_speed)
         if self.profile is not None:
             return profile_schedule(self.profile, self.seed, self.arrival)
         if self.arrival == "constant":
@@ -360,6 +382,12 @@ def build_body(spec: LoadSpec, rng: random.Random, nonce: str | None = None) -> 
         nonce: the prompt prefix; default 16 random hex characters (never seeded, so a response
             cache cannot serve a repeated run).
     """
+    if spec.trace is not None:  # the next trace request's size (schedule order)
+        from .trace import trace_body
+
+        req = spec._trace[spec._trace_next % len(spec._trace)]
+        spec._trace_next += 1
+        return trace_body(spec, req, rng)
     nonce = nonce or secrets.token_hex(8)
     n_words, max_tokens = spec.prompt_words, spec.max_tokens
     if spec.prompt_mix:

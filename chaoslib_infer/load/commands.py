@@ -158,6 +158,33 @@ def _run_workers(
         raise  # unreachable: _fail exits
 
 
+def _trace_opts(f: Any) -> Any:
+    f = click.option(
+        "--trace", default=None, metavar="FILE",
+        help="replay a recorded trace (Mooncake/AIPerf JSONL: timestamp ms, input_length, "
+        "output_length, hash_ids)",
+    )(f)  # fmt: skip
+    f = click.option(
+        "--trace-speed", type=float, default=1.0, show_default=True,
+        help="trace time scale (2 = twice as fast)",
+    )(f)  # fmt: skip
+    return f
+
+
+def _check_trace(trace: str | None, speed: float, workers: int) -> None:
+    """Refuse (one line, exit 2) an unreadable or invalid trace, before any load."""
+    if trace is None:
+        return
+    from .trace import read_trace, trace_offsets
+
+    if workers > 1:
+        _fail("--trace runs in one process: drop --workers")
+    try:
+        trace_offsets(read_trace(trace), speed)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
 @click.group("load")
 def load_group() -> None:
     """Measurement runs: three-phase load test, realistic soak, client ceiling."""
@@ -173,6 +200,7 @@ def load_group() -> None:
 @click.option("--max-tokens", type=int, default=32, show_default=True)
 @click.option("--shards", type=int, default=1, show_default=True, help="processes for the burst")
 @click.option("--scrape-interval-s", type=float, default=0.5, show_default=True)
+@_trace_opts
 @_workers_opts
 def three_phase(
     target: str | None,
@@ -190,12 +218,17 @@ def three_phase(
     max_tokens: int,
     shards: int,
     scrape_interval_s: float,
+    trace: str | None,
+    trace_speed: float,
     workers: int,
     local: bool,
     image: str | None,
     namespace: str,
 ) -> None:
     """Single stream, concurrency ramp, burst; prints the acceptance table per step.
+
+    With --trace FILE the burst phase replays a recorded trace (Mooncake / AIPerf JSONL:
+    arrival times and request sizes, time-scaled by --trace-speed) instead of Poisson arrivals.
 
     With --workers N the ramp's concurrencies and the burst rate are split over N workers
     (the single stream stays one stream, on one worker, first) and their HDR histograms merged.
@@ -208,6 +241,7 @@ def three_phase(
     except ValueError:
         _fail(f"--ramp must be comma-separated integers, got {ramp!r}")
     url, murls = _resolve(target, lab_dir)
+    _check_trace(trace, trace_speed, workers)
     _out_ok(out)
     if workers > 1:
         if any(c < workers for c in steps):
@@ -234,7 +268,7 @@ def three_phase(
         url=url, single_n=single_n, ramp=steps, step_s=step_s, burst_rps=burst_rps,
         burst_s=burst_s, max_tokens=max_tokens, model=model, timeout_s=timeout_s,
         metrics_urls=murls, scrape_interval_s=scrape_interval_s,
-        ceiling_rps=_ceiling(client_ceiling), shards=shards,
+        ceiling_rps=_ceiling(client_ceiling), shards=shards, trace=trace, trace_speed=trace_speed,
     )  # fmt: skip
     try:
         report = run_three_phase(spec, out, lambda m: click.echo(m, err=True))
@@ -249,13 +283,14 @@ def three_phase(
 @load_group.command("soak")
 @_target_opts
 @click.option("--duration", default="30m", show_default=True, help="e.g. 30m, 90s, 1h")
-@click.option("--rate", type=float, required=True, help="peak mean rate, req/s")
+@click.option("--rate", type=float, default=None, help="peak mean rate, req/s (or --trace)")
 @click.option("--mix", default="short:70,mid:25,long:5", show_default=True)
 @click.option("--burstiness", default="poisson", show_default=True, help="poisson or gamma:K")
 @click.option("--headroom", type=float, default=1.0, show_default=True, help="rate multiplier")
 @click.option("--lag-p99-max-ms", type=float, default=50.0, show_default=True)
 @click.option("--max-concurrency", type=int, default=1024, show_default=True)
 @click.option("--max-tokens-scale", type=float, default=1.0, show_default=True)
+@_trace_opts
 @_workers_opts
 def soak(
     target: str | None,
@@ -273,6 +308,8 @@ def soak(
     lag_p99_max_ms: float,
     max_concurrency: int,
     max_tokens_scale: float,
+    trace: str | None,
+    trace_speed: float,
     workers: int,
     local: bool,
     image: str | None,
@@ -282,7 +319,30 @@ def soak(
 
     With --workers N each worker runs 1/N of the rate and concurrency with its own seed; the
     result merges their HDR histograms (invalid when any worker could not keep its schedule).
+
+    With --trace FILE the arrivals and request sizes are a recorded trace's (Mooncake / AIPerf
+    JSONL, time-scaled by --trace-speed; --rate, --duration, --mix and --burstiness unused),
+    judged by the same schedule-lag rule.
     """
+    if trace is not None:
+        _check_trace(trace, trace_speed, workers)
+        from .ceiling import CeilingRefused as _Refused
+        from .trace import run_trace_soak
+
+        url = _resolve(target, lab_dir)[0]
+        _out_ok(out)
+        try:
+            report = run_trace_soak(
+                url, trace, out, trace_speed, lag_p99_max_ms / 1000, max_concurrency, model,
+                timeout_s, _ceiling(client_ceiling),
+            )  # fmt: skip
+        except (_Refused, ValueError) as exc:
+            _fail(str(exc))
+        _soak_result(report, url, strict, out)
+        return
+    if rate is None:
+        _fail("--rate is required (or --trace FILE)")
+        return
     from .ceiling import CeilingRefused
     from .soak import SoakSpec, parse_burstiness, parse_mix, run_soak
 
@@ -317,6 +377,11 @@ def soak(
             report = run_soak(spec, out, lambda m: click.echo(m, err=True))
     except (CeilingRefused, ValueError, IndexError) as exc:
         _fail(str(exc))
+    _soak_result(report, spec.url, strict, out)
+
+
+def _soak_result(report: dict[str, Any], url: str, strict: bool, out: Path) -> None:
+    """Print a soak report and exit 1 when nothing succeeded (or invalid under --strict)."""
     if report["valid"]:
         click.echo(json.dumps(report["stats"], indent=1))
     else:
@@ -329,7 +394,7 @@ def soak(
             for cls, e in (stats.get("errors_by_class") or {}).items()
         )
         click.echo(
-            f"FAILED: no request to {spec.url} succeeded ({stats['requests']} sent; {errors})",
+            f"FAILED: no request to {url} succeeded ({stats['requests']} sent; {errors})",
             err=True,
         )
         sys.exit(1)

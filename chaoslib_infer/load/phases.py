@@ -70,6 +70,9 @@ class ThreePhaseSpec:
         ceiling_rps: client ceiling for the refusal rule (None: not applied).
         shards: processes for the burst phase.
         headers: extra request headers.
+        trace: a recorded trace (``trace.read_trace``) replayed as the burst phase instead of
+            Poisson arrivals at ``burst_rps`` (its schedule and sizes; ``burst_rps``/``burst_s``
+            unused). trace_speed: its time scale.
     """
 
     url: str
@@ -90,6 +93,8 @@ class ThreePhaseSpec:
     ceiling_rps: float | None = None
     shards: int = 1
     headers: dict[str, str] = field(default_factory=dict)
+    trace: str | None = None
+    trace_speed: float = 1.0
 
     def load_spec(self, **kw: Any) -> LoadSpec:
         """A ``LoadSpec`` with this run's request shape and timeouts."""
@@ -177,15 +182,26 @@ async def _run(spec: ThreePhaseSpec, out: Path, log: Callable[[str], None]) -> d
                 await _closed_loop(spec.load_spec(max_concurrency=max(c, 1)), c, spec.step_s, w)
             steps.append(_step_report(f"ramp-{c}", "ramp", p, t0, time.time(), spec))
             log(f"ramp-{c}: {steps[-1]['stats']['requests']} requests")
-        if spec.burst_s > 0:
+        if spec.burst_s > 0 or spec.trace is not None:
             peak = max((s["stats"]["ok_rps"] for s in steps if s["kind"] == "ramp"), default=0.0)
             rate = spec.burst_rps if spec.burst_rps is not None else 2.0 * peak
+            tspec = None
+            if spec.trace is not None:  # the trace is the burst: its schedule, sizes and rate
+                tspec = spec.load_spec(
+                    trace=spec.trace, trace_speed=spec.trace_speed,
+                    max_concurrency=4 * max(spec.ramp, default=64),
+                )  # fmt: skip
+                rate = tspec.rate_rps
             if rate <= 0:
                 raise ValueError("burst rate unknown: give --burst-rps or a ramp")
             check_rate(rate, spec.ceiling_rps, spec.shards, "burst")
             peak_c = max(spec.ramp, default=64)
             t0 = time.time()
-            if spec.shards > 1:
+            if tspec is not None:
+                p = out / "burst.jsonl"
+                with RecordWriter(p) as w:
+                    await run_load(tspec, w)
+            elif spec.shards > 1:
                 from .shard import run_sharded
 
                 res = await asyncio.to_thread(
@@ -202,7 +218,11 @@ async def _run(spec: ThreePhaseSpec, out: Path, log: Callable[[str], None]) -> d
                     await run_load(lspec, w)
             steps.append(_step_report("burst", "burst", p, t0, time.time(), spec))
             steps[-1]["rate_rps"] = rate
-            log(f"burst: {rate:.1f} req/s for {spec.burst_s:g} s")
+            if tspec is not None:
+                steps[-1]["trace"] = {"path": spec.trace, "speed": spec.trace_speed}
+                log(f"burst: trace {spec.trace} ({tspec.rate_rps:.1f} req/s mean)")
+            else:
+                log(f"burst: {rate:.1f} req/s for {spec.burst_s:g} s")
     samples = read_samples(scrape_path)
     for s in steps:
         s["server"] = window_summary(samples, s["start_at"], s["end_at"])
