@@ -31,6 +31,7 @@ from test_load_client import CASES, check_types  # noqa: E402
 
 from chaoslib_infer.load.client import LoadSpec, run_load_blocking  # noqa: E402
 from chaoslib_infer.load.fakeserver import FakeServer  # noqa: E402
+from chaoslib_infer.load.locuststats import write_locust_stats  # noqa: E402
 from chaoslib_infer.load.records import read_records  # noqa: E402
 
 
@@ -209,6 +210,12 @@ def test_same_offered_load_as_builtin_client(server: FakeServer, tmp_path: Path)
     assert 0.75 * len(ours) <= int(agg["Request Count"]) <= len(ours)
     assert int(agg["Failure Count"]) == 0
     assert abs(float(agg["Median Response Time"]) / 1000 - e1) < 0.015
+    # our Locust-format CSV from the same records reads like Locust's own
+    ours_csv = _stats(write_locust_stats(tmp_path / "locust.jsonl")["stats"])[" Aggregated"]
+    assert int(ours_csv["Request Count"]) == len(ours) >= int(agg["Request Count"])
+    assert abs(int(ours_csv["50%"]) - int(agg["50%"])) <= 10  # Locust rounds to 2 digits
+    assert abs(float(ours_csv["Average Response Time"]) - float(agg["Average Response Time"])) < 5
+    assert ours_csv["TTFT 50%"] != "N/A" and ours_csv["ITL 50%"] in ("10", "11", "12")
 
 
 @pytest.mark.parametrize("example", ["subclass.py", "wrapped.py", "chat.py"])
