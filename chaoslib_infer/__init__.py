@@ -25,6 +25,7 @@ ACTION_MODULES = (
 #: Modules whose ``__all__`` lists Chaos Toolkit probes.
 PROBE_MODULES = (
     "chaoslib_infer.activities.slo",
+    "chaoslib_infer.activities.criteria",
     "chaoslib_infer.activities.lab_probes",
     "chaoslib_infer.activities.network_probes",
     "chaoslib_infer.activities.health",

@@ -474,7 +474,7 @@ def run_drill(
             :mod:`chaoslib_infer.safety.redact`); the experiment's own secrets are added.
         criteria: threshold overrides of the drill's criteria (``{name: value | "off"}``); the
             drill's own plan ``criteria:`` are used when None. Also given to the experiment as
-            ``crit_<name>`` configuration keys (its criteria probes read them).
+            its ``infer_criteria`` configuration key (its drill-criteria probe reads it).
 
     Returns:
         The drill's ``summary.json`` entry.
@@ -500,7 +500,9 @@ def run_drill(
         config_vars["infer_k8s_target"] = str(target["file"])
     config_vars.update({f"slo_{k}": v for k, v in slo_overrides.items()})
     crit = dict(spec.criteria if criteria is None else criteria)
-    config_vars.update({f"crit_{k}": ("off" if v is None else v) for k, v in crit.items()})
+    config_vars["infer_criteria"] = ",".join(
+        f"{k}={'off' if v is None else v}" for k, v in crit.items()
+    )
     config_vars.update(spec.vars)
     settings = {"runtime": experiment.get("runtime") or {"rollbacks": {"strategy": "always"}}}
     ctk_logger = logging.getLogger("chaostoolkit")

@@ -369,3 +369,19 @@ def test_plan_criteria_are_validated(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="unknown criterion 'dups'"):
         load_plan(plan)
+
+
+def test_stop_condition_sees_a_hang_before_the_client_gives_up() -> None:
+    from chaoslib_infer.safety.guard import StopConditions, Tracker, hung_samples
+
+    c = StopConditions(availability_floor=0.5, window_s=5.0, for_s=0.0, min_requests=3)
+    now = T0 + 20
+    ended = [(T0 + 19.0, True)]
+    # four requests on the wire for 7 s: the client's 10 s first-token timeout has not fired yet
+    inflight = [{"request_id": f"h{i}", "sent_at": T0 + 13.0} for i in range(4)]
+    assert Tracker(c).check(ended, now) is None  # the ended records alone are too few to judge
+    trip = Tracker(c).check([*ended, *hung_samples(inflight, now, c.hang_s)], now)
+    assert trip is not None and trip.guard == "availability_floor"
+    assert trip.value == pytest.approx(0.2)
+    # young attempts are not hangs
+    assert hung_samples([{"request_id": "y", "sent_at": now - 1.0}], now, c.hang_s) == []

@@ -50,7 +50,9 @@ from chaoslib.exceptions import InterruptExecution
 
 from chaoslib_infer import settings
 from chaoslib_infer.errors import ConfigError
-from chaoslib_infer.safety.guard import RecordTail, StopConditions, Tracker, Trip
+from chaoslib_infer.load.client import INFLIGHT_FILE
+from chaoslib_infer.measure.inflight import read_inflight
+from chaoslib_infer.safety.guard import RecordTail, StopConditions, Tracker, Trip, hung_samples
 
 __all__ = [
     "STOP_CONDITION_FILE",
@@ -135,10 +137,13 @@ class _Guard:
         c = self.conditions
         tail = RecordTail(self.records, keep_s=c.window_s + 1.0)
         tracker = Tracker(c)
+        inflight_path = self.records.with_name(INFLIGHT_FILE)
         while not self.disarmed.wait(c.interval_s):
             now = time.time()
             try:
-                trip = tracker.check(tail.poll(now), now)
+                # a request hung past hang_s counts now, not when the client finally gives up
+                hung = hung_samples(read_inflight(inflight_path), now, c.hang_s)
+                trip = tracker.check([*tail.poll(now), *hung], now)
             except Exception:  # never let a reading problem kill the guard silently
                 logger.debug("stop-condition check failed", exc_info=True)
                 continue

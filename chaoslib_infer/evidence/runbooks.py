@@ -108,6 +108,7 @@ def evidence_block(
         lines += [
             f"### {name}: {str(d.get('status', '')).upper()}",
             "",
+            *[f"- **Reason:** {r}" for r in d.get("reasons") or []],
             f"- Hypothesis before the fault: {_held(hyp.get('before'))}; after: "
             f"{_held(hyp.get('after'))}.",
             f"- Ran {d.get('started_at', '')} → {d.get('ended_at', '')}.",

@@ -52,6 +52,8 @@ def hypothesis_failures(journal: Mapping[str, Any]) -> list[tuple[str, str]]:
                 continue
             name = (probe.get("activity") or {}).get("name")
             out_v = probe.get("output")
+            if isinstance(out_v, dict) and "judged" in out_v:
+                continue  # the drill-criteria probe: its reasons are the verdict's own rows
             if isinstance(out_v, dict) and "value" in out_v:
                 line = (
                     f"{name}: {out_v.get('metric')} = {out_v.get('value')} "

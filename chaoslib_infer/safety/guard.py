@@ -38,6 +38,7 @@ __all__ = [
     "StopConditions",
     "Tracker",
     "Trip",
+    "hung_samples",
     "plan_stop_conditions",
     "window_figures",
 ]
@@ -55,6 +56,9 @@ class StopConditions:
         slo_availability: the SLO whose error budget burns (default 0.999, docs/definitions.md).
         min_requests: completed attempts a window needs to count as evidence.
         interval_s: seconds between checks.
+        hang_s: an attempt still in flight longer than this (the load's in-flight snapshot)
+            counts as a failure at each check, so a hang trips a guard without waiting for the
+            client's own timeout (10 s first token by default).
     """
 
     availability_floor: float | None = 0.5
@@ -64,6 +68,7 @@ class StopConditions:
     slo_availability: float = 0.999
     min_requests: int = 5
     interval_s: float = 1.0
+    hang_s: float = 5.0
 
     @classmethod
     def from_mapping(cls, raw: dict[str, Any], where: str = "stop_conditions") -> StopConditions:
@@ -113,6 +118,7 @@ class StopConditions:
             ("slo_availability", 0 < self.slo_availability <= 1.0, "in (0, 1]"),
             ("min_requests", self.min_requests >= 1, ">= 1"),
             ("interval_s", 0.05 <= self.interval_s <= 60, "in [0.05, 60]"),
+            ("hang_s", 0 < self.hang_s <= 3600, "in (0, 3600]"),
         ]
         for name, ok, rule in checks:
             value = getattr(self, name)
@@ -234,6 +240,22 @@ class RecordTail:
         while self.samples and self.samples[0][0] < horizon:
             self.samples.popleft()
         return self.samples
+
+
+def hung_samples(
+    inflight: list[dict[str, Any]], now: float, hang_s: float
+) -> list[tuple[float, bool]]:
+    """``(now, False)`` for each in-flight attempt older than ``hang_s`` seconds at ``now``.
+
+    Args:
+        inflight: the load's in-flight snapshot (``measure.inflight.read_inflight``).
+        now: unix seconds. hang_s: seconds.
+    """
+    return [
+        (now, False)
+        for a in inflight
+        if isinstance(a.get("sent_at"), int | float) and now - float(a["sent_at"]) > hang_s
+    ]
 
 
 def _sample(line: bytes) -> tuple[float, bool] | None:

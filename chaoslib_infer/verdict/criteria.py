@@ -14,8 +14,8 @@ Windows (``docs/definitions.md``, "Windows"), all by send time:
 
 Overrides, most specific last: the plan's ``criteria:`` (all drills), a drill's own
 ``criteria:``, ``--criterion [DRILL:]NAME=VALUE`` on the command line; inside an experiment the
-configuration keys ``crit_<name>`` (so ``chaos run --var crit_interruption_s=5`` works too). A
-value of ``off`` (or YAML ``null``) turns a criterion into "not judged".
+configuration key ``infer_criteria`` (so ``chaos run --var infer_criteria=interruption_s=5``
+works too). A value of ``off`` (or YAML ``null``) turns a criterion into "not judged".
 """
 
 from __future__ import annotations

@@ -1,0 +1,114 @@
+"""The drill's own criteria as a Chaos Toolkit probe, so ``chaos run`` deviates on them too.
+
+Put it in an experiment's steady-state hypothesis with the tolerance
+``{"type": "jsonpath", "path": "$.passed", "expect": true}``::
+
+    - type: probe
+      name: drill-criteria-hold
+      tolerance: {type: jsonpath, path: "$.passed", expect: true}
+      provider:
+        type: python
+        module: chaoslib_infer.activities.criteria
+        func: drill_criteria
+        arguments: {drill: oom-kill}
+
+Before the fault (no fault logged yet) it has nothing of the drill's own to judge and passes (the
+SLO probes judge the steady state). After the method it judges the criteria of the fault window
+(:mod:`chaoslib_infer.verdict`) over what the run has recorded so far: the records (attempts still
+in flight past the judging deadline count as timeouts), the fault log and the lab's ground truth.
+The whole-drill and after-the-drill criteria and the residue check need the end of the run: the
+game day's verdict judges them. Thresholds: the ``infer_criteria`` configuration key
+(``chaos run --var infer_criteria=restart_s=20,warmup_ratio=off``; the game day sets it from the
+plan and ``--criterion``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from chaoslib_infer import settings
+from chaoslib_infer.evidence.figures import drill_figures, read_jsonl
+from chaoslib_infer.lab.fleet import LEDGER_FILE, Lab, LabError
+from chaoslib_infer.load.client import INFLIGHT_FILE
+from chaoslib_infer.load.records import read_records
+from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S, judged_records, read_inflight
+from chaoslib_infer.verdict import DrillFacts, criteria_for, judge_drill, parse_override
+
+__all__ = ["drill_criteria"]
+
+
+def _overrides(configuration: dict[str, Any] | None) -> dict[str, Any]:
+    """``infer_criteria`` (``"name=value,name=off"``) as ``{name: value}``.
+
+    Raises:
+        ValueError: an item is not ``NAME=VALUE``.
+    """
+    text = str((configuration or {}).get("infer_criteria") or "")
+    if text.startswith("${"):
+        return {}
+    out: dict[str, Any] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if item:
+            _, name, value = parse_override(item)
+            out[name] = value
+    return out
+
+
+def drill_criteria(drill: str, configuration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Judge the fault-window criteria of ``drill`` on the run so far.
+
+    Args:
+        drill: which of the seven drills (``oom-kill`` ...): its criteria table.
+        configuration: Chaos Toolkit configuration (``infer_run_dir``, ``infer_lab_dir``,
+            ``infer_criteria`` overrides, ``infer_judge_deadline_s``).
+
+    Returns:
+        ``{"passed", "state", "reasons", "judged"}``: ``passed`` is False only when the verdict
+        of the fault window is ``failed``; ``judged`` is False before any fault was logged.
+
+    Raises:
+        ValueError: an ``infer_criteria`` override is malformed or names no criterion of
+            ``drill``.
+    """
+    run_dir = settings.run_dir(configuration)
+    faults = read_jsonl(run_dir / "faults.jsonl")
+    if not faults:
+        return {"passed": True, "state": "no fault yet", "reasons": [], "judged": False}
+    events: list[dict[str, Any]] = []
+    ledger: list[dict[str, Any]] = []
+    served = None
+    try:
+        lab = Lab.attach(settings.lab_dir(configuration))
+        events = lab.events()
+        ledger = read_jsonl(lab.state_dir / LEDGER_FILE)
+        served = lab.served
+    except (LabError, OSError):
+        pass  # not the lab: the fault actions' own figures only
+    figures, ground = drill_figures(run_dir, events, ledger, served_after=served)
+    path = settings.records_path(configuration)
+    records = read_records(path) if path.exists() else []
+    deadline = float((configuration or {}).get("infer_judge_deadline_s") or DEFAULT_DEADLINE_S)
+    judged = judged_records(
+        records, read_inflight(path.with_name(INFLIGHT_FILE)), time.time(), deadline
+    )
+    overrides = _overrides(configuration)
+    # only the fault window is complete at this point of the run
+    for c in criteria_for(drill, overrides):
+        if c.window != "fault":
+            overrides[c.name] = None
+    facts = DrillFacts(
+        drill=drill,
+        records=judged,
+        figures=figures,
+        ground=ground,
+        lab_events=events,
+        ledger_measured=any(e.get("event", "generation") == "generation" for e in ledger),
+    )
+    verdict = judge_drill(facts, overrides)
+    return {
+        "passed": verdict.state != "failed",
+        "state": verdict.state,
+        "reasons": verdict.reasons,
+        "judged": True,
+    }
