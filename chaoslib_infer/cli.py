@@ -127,7 +127,7 @@ def _check_k8s(the_plan: Any, k8s_file: Path | None, target_url: str | None, lab
     if lab_opts:
         raise ConfigError("--replicas and --engine apply to the local lab, not to a cluster")
     try:
-        return load_target(k8s_file)
+        return load_target(k8s_file, plan_path=the_plan.path)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{k8s_file}: not UTF-8 text (byte {exc.start})") from None
 
@@ -239,6 +239,8 @@ def _run_plan(
         elif target_url:  # TCP connect + one GET: an unreachable URL refuses before any load
             from chaoslib_infer.gameday import preflight_url
 
+        if k8s is not None:  # the file's url: allowed by the operator's patterns, not by itself
+            check_target(k8s.url, allow, the_plan.path, what=f"{k8s.source}: url")
             preflight_url(target_url)
         prepare_out_dir(out_dir)
         code = run_gameday(

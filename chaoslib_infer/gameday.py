@@ -457,6 +457,7 @@ def run_drill(
     stop_conditions: dict[str, Any] | None = None,
     secrets: list[str] | None = None,
     criteria: dict[str, Any] | None = None,
+    allow_vars: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run one drill's experiment in-process, check for residue, judge it and write its evidence.
 
@@ -475,6 +476,9 @@ def run_drill(
         criteria: threshold overrides of the drill's criteria (``{name: value | "off"}``); the
             drill's own plan ``criteria:`` are used when None. Also given to the experiment as
             its ``infer_criteria`` configuration key (its drill-criteria probe reads it).
+        allow_vars: the operator's allowlists as configuration (``infer_allow``,
+            ``infer_allow_contexts``, ``infer_allow_namespaces``; see
+            :mod:`chaoslib_infer.safety.allowlist`).
 
     Returns:
         The drill's ``summary.json`` entry.
@@ -504,6 +508,7 @@ def run_drill(
         f"{k}={'off' if v is None else v}" for k, v in crit.items()
     )
     config_vars.update(spec.vars)
+    config_vars.update(allow_vars or {})  # the operator's allowlists (safety.allowlist)
     settings = {"runtime": experiment.get("runtime") or {"rollbacks": {"strategy": "always"}}}
     ctk_logger = logging.getLogger("chaostoolkit")
     log_handler = logging.FileHandler(drill_dir / "chaostoolkit.log", encoding="utf-8")
@@ -650,17 +655,6 @@ def _recover_previous_lab(lab_dir: Path, progress: Progress) -> None:
         old.down()
 
 
-def _url_pattern(url: str) -> str:
-    """The allowlist pattern matching exactly ``url``'s scheme, host and port."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    shown = f"[{host}]" if ":" in host else host
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme, 0)
-    return f"{parts.scheme}://{shown}:{port}"
-
-
 def preflight_url(url: str, timeout_s: float = 3.0) -> None:
     """Check that a ``--target`` URL answers before any drill starts: TCP connect and one GET.
 
@@ -743,24 +737,22 @@ def run_gameday(
         ConfigError: ``base_url`` outside the allowlist, a malformed experiment or stop condition,
             or another game day running in ``out_dir`` (nothing is started).
     """
+    from chaoslib_infer.safety import allowlist as _allow
+
     if k8s_target is not None:
+        # a target file narrows the operator's allowlist, never widens it: its url must be
+        # allowed like any other target (--allow, $CHAOS_INFER_ALLOW, the plan's allow:)
         base_url = k8s_target.url
-        # the target file, whose context/namespace allowlist was checked, names this URL: allow
-        # exactly its scheme, host and port for the load control (plain --target URLs are not)
-        from chaoslib_infer.safety.allowlist import ENV_VAR
-
-        os.environ[ENV_VAR] = ",".join([os.environ.get(ENV_VAR, ""), _url_pattern(base_url)]).strip(
-            ","
-        )
-    elif base_url:
+    if base_url:
         check_target(base_url, allow, plan.path)
-        # the load control checks the target again (it also runs under `chaos run`): hand it the
-        # patterns that allowed it here
-        from chaoslib_infer.safety.allowlist import ENV_VAR, plan_allow
-
-        extra = [*allow, *plan_allow(plan.path)]
-        if extra:
-            os.environ[ENV_VAR] = ",".join([os.environ.get(ENV_VAR, ""), *extra]).strip(",")
+    # the experiments check again (the load control also runs under `chaos run`): hand them the
+    # operator's patterns through configuration, never through os.environ
+    contexts, namespaces = _allow.operator_k8s_allow(plan_path=plan.path)
+    allow_vars = {
+        _allow.CONFIG_KEY: ",".join([*allow, *_allow.plan_allow(plan.path)]),
+        _allow.CONFIG_CONTEXTS: ",".join(contexts),
+        _allow.CONFIG_NAMESPACES: ",".join(namespaces),
+    }
     validate_plan(plan)
     drill_criteria = cli_criteria(plan, criteria or [])
     secrets = redact.known_secrets()
@@ -845,6 +837,7 @@ def run_gameday(
                 stop_conditions=plan_stop_conditions(plan.path, spec.name),
                 secrets=secrets,
                 criteria=drill_criteria[spec.name],
+                allow_vars=allow_vars,
             )
             summary["drills"].append(entry)
             summary["in_progress"] = None

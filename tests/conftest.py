@@ -8,10 +8,16 @@ supervisord, HAProxy or engine processes (or cgroups, namespaces) behind for the
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# The operator's Kubernetes allowlist for the suite's fake clusters (issue 13: a target file can
+# only narrow it, never grant it). Subprocesses the tests start inherit it.
+os.environ.setdefault("CHAOS_INFER_ALLOW_CONTEXTS", "kind-*")
+os.environ.setdefault("CHAOS_INFER_ALLOW_NAMESPACES", "llm")
 
 
 @pytest.fixture(autouse=True)

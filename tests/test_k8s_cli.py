@@ -102,7 +102,11 @@ def test_dry_run_prints_the_k8s_plan_and_makes_no_api_call(
 ) -> None:
     fake, env = cluster
     target = _target(tmp_path, env["KUBECONFIG"], url="https://llm.example.com/v1")
-    p = _invoke("gameday", "--target", str(target), "--dry-run", env=env)
+    # the file's url is not allowed by the file itself (issue 13): the operator allows it
+    refused = _invoke("gameday", "--target", str(target), "--dry-run", env=env)
+    assert refused.returncode == 2 and "url https://llm.example.com/v1 is outside" in refused.stderr
+    p = _invoke("gameday", "--target", str(target), "--dry-run",
+                "--allow", "https://llm.example.com:443", env=env)  # fmt: skip
     assert p.returncode == 0, p.stderr
     text = p.stdout
     assert "gameday-k8s.yaml" in text and "kubernetes-gameday" in text

@@ -79,7 +79,7 @@ def _ctx(target_file: str | None, configuration: dict[str, Any] | None) -> _Ctx:
             f"no Kubernetes target: pass target_file, set infer_k8s_target or ${ENV_TARGET}"
         )
     try:
-        return _Ctx(load_target(str(path)))
+        return _Ctx(load_target(str(path), configuration=configuration))
     except InferChaosError as exc:
         raise ActivityFailed(str(exc)) from None
 

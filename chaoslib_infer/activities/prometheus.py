@@ -22,6 +22,9 @@ import httpx
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer import prometheus as pq
+from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.safety.allowlist import check_target
+from chaoslib_infer.safety.redact import clip
 
 __all__ = ["error_rate", "p99_from_histogram", "prometheus_query", "queue_depth", "restarts"]
 
@@ -69,12 +72,26 @@ def prometheus_query(
     """
     base = _base_url(url, configuration)
     endpoint = f"{base}/api/v1/query"
+    try:  # the blast radius covers the monitoring too (issue 13)
+        check_target(endpoint, configuration=configuration, what="prometheus URL")
+    except InferChaosError as exc:
+        raise ActivityFailed(str(exc)) from None
     try:
-        resp = httpx.get(endpoint, params={"query": query}, timeout=httpx.Timeout(float(timeout_s)))
+        resp = httpx.get(
+            endpoint,
+            params={"query": query},
+            timeout=httpx.Timeout(float(timeout_s)),
+            follow_redirects=False,
+        )
     except httpx.TimeoutException:
         raise ActivityFailed(f"prometheus {base}: no answer within {timeout_s:g} s") from None
     except httpx.HTTPError as exc:
         raise ActivityFailed(f"prometheus {base}: {type(exc).__name__}: {exc}") from None
+    if 300 <= resp.status_code < 400:
+        raise ActivityFailed(
+            f"prometheus {base}: HTTP {resp.status_code} redirect to "
+            f"{clip(resp.headers.get('location', '?'), 200)}; redirects are not followed"
+        )
     try:
         body = resp.json()
     except ValueError:
@@ -86,7 +103,8 @@ def prometheus_query(
     if resp.status_code >= 400 or body.get("status") != "success":
         kind = body.get("errorType") or f"HTTP {resp.status_code}"
         raise ActivityFailed(
-            f"prometheus {base}: query failed ({kind}): {body.get('error') or 'no error text'}"
+            f"prometheus {base}: query failed ({kind}): "
+            f"{clip(str(body.get('error') or 'no error text'), 300)}"
         )
     data = body.get("data") or {}
     rtype = str(data.get("resultType") or "")

@@ -129,7 +129,7 @@ def start_load(
     try:  # `chaos run` reaches here without our CLI: enforce the blast radius here too
         from chaoslib_infer.safety.allowlist import check_target
 
-        check_target(url)
+        check_target(url, configuration=configuration)  # + the game day's infer_allow
     except InferChaosError as exc:
         raise InterruptExecution(str(exc)) from exc
     run_dir = settings.run_dir(configuration)

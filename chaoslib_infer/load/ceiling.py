@@ -119,15 +119,18 @@ def sim_engine(
 
 def _wait_healthy(port: int, deadline: float) -> None:
     """Poll ``/health`` until 200 (the listening line comes before uvicorn listens)."""
-    import urllib.request
+    import http.client
 
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # http.client: never follows a redirect (urllib would)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except (OSError, http.client.HTTPException):
             pass
+        finally:
+            conn.close()
         time.sleep(0.05)
     raise TargetUnreachable(f"sim engine on port {port} not healthy in time")
 

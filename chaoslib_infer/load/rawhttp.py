@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import ssl
 import time
 from typing import TYPE_CHECKING, Any, cast
@@ -44,6 +45,9 @@ from .sse import StreamParser
 
 if TYPE_CHECKING:
     from .client import LoadSpec, _Deadline
+
+_UNSAFE_URL = re.compile(r"[\x00-\x20\x7f]")  # controls and spaces: never in a request line
+
 
 __all__ = ["RawSession", "send_attempt_raw"]
 
@@ -95,10 +99,18 @@ class RawSession:
         await asyncio.sleep(0)  # let the transports run connection_lost
 
     def head(self, url: str) -> tuple[_Key, bytes]:
-        """``(pool key, request bytes up to the X-Request-Id value)`` for ``url`` (cached)."""
+        """``(pool key, request bytes up to the X-Request-Id value)`` for ``url`` (cached).
+
+        Raises:
+            ValueError: a control character or whitespace in ``url`` (CR/LF would let it start
+                a second header or request; header values are checked in ``__init__``).
+        """
         got = self._heads.get(url)
         if got is not None:
             return got
+        bad = _UNSAFE_URL.search(url)
+        if bad:
+            raise ValueError(f"URL {url!r}: control character {bad.group()!r}; refusing it")
         parts = urlsplit(url)
         scheme = parts.scheme
         host = parts.hostname or ""

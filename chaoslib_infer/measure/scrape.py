@@ -37,6 +37,8 @@ from typing import IO, Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from chaoslib_infer.safety.redact import clip
+
 __all__ = ["CANONICAL", "MetricsScraper", "parse_metrics", "read_samples", "window_summary"]
 
 #: canonical name -> (kind, family names in Prometheus exposition, without _total/_sum suffixes).
@@ -121,6 +123,9 @@ class MetricsScraper:
 
     Raises:
         ValueError: ``interval_s`` not in (0, 60].
+        ConfigError: a URL outside the allowlist (loopback by default,
+            :mod:`chaoslib_infer.safety.allowlist`) or with a control character. Redirects are
+            never followed (a 3xx is a failed sample).
     """
 
     def __init__(
@@ -132,6 +137,10 @@ class MetricsScraper:
     ) -> None:
         if not (0 < interval_s <= 60):
             raise ValueError(f"interval_s must be in (0, 60], got {interval_s!r}")
+        from chaoslib_infer.safety.allowlist import check_target
+
+        for url in urls:  # the blast radius covers every outbound client (issue 13)
+            check_target(url, what="metrics URL")
         self.urls = list(urls)
         self.out_path = Path(out_path)
         self.interval_s = interval_s
@@ -157,13 +166,18 @@ class MetricsScraper:
     async def _poll(self, session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
         t = time.time()
         try:
-            async with session.get(url) as resp:
+            async with session.get(url, allow_redirects=False) as resp:  # never followed
                 text = await resp.text()
                 if resp.status != 200:
                     return {"t": t, "url": url, "ok": False, "error": f"HTTP {resp.status}"}
             return {"t": t, "url": url, "ok": True, "values": parse_metrics(text)}
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
-            return {"t": t, "url": url, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:200]}
+            return {
+                "t": t,
+                "url": url,
+                "ok": False,
+                "error": clip(f"{type(exc).__name__}: {exc}", 200),
+            }
 
     async def _run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)

@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.safety.allowlist import check_name_glob
 
 __all__ = ["K8sTarget", "check_allowed", "load_target", "main", "preflight"]
 
@@ -146,15 +147,29 @@ def _resolve_context(kubeconfig: str | None) -> str | None:
     return str(current) if current else None
 
 
-def check_allowed(target: K8sTarget) -> None:
-    """Refuse a target whose context or namespace is outside its allowlist.
+def check_allowed(
+    target: K8sTarget,
+    configuration: dict[str, Any] | None = None,
+    plan_path: str | Path | None = None,
+) -> None:
+    """Refuse a target whose context or namespace is outside its allowlist or the operator's.
 
     The context checked is the resolved one (the kubeconfig's current context when the file names
-    none; ``in-cluster`` when there is no kubeconfig).
+    none; ``in-cluster`` when there is no kubeconfig). It must match the file's ``allow:`` *and*
+    the operator's allowlist (:func:`chaoslib_infer.safety.allowlist.operator_k8s_allow`:
+    ``$CHAOS_INFER_ALLOW_CONTEXTS`` / ``$CHAOS_INFER_ALLOW_NAMESPACES``, the plan's ``allow:``,
+    the game day's configuration): a target file narrows the operator's list, never widens it.
 
     Raises:
-        ConfigError: one line naming the file, the refused value and the allowlist.
+        ConfigError: one line naming the file, the refused value and the allowlist; or no
+            operator allowlist at all (nothing is allowed by default).
     """
+    from chaoslib_infer.safety.allowlist import (
+        K8S_CONTEXTS_ENV,
+        K8S_NAMESPACES_ENV,
+        operator_k8s_allow,
+    )
+
     context = target.context or _resolve_context(target.kubeconfig) or "in-cluster"
     if not any(fnmatch.fnmatchcase(context, pat) for pat in target.allow_contexts):
         raise ConfigError(
@@ -166,6 +181,23 @@ def check_allowed(target: K8sTarget) -> None:
             f"{target.source}: namespace {target.namespace!r} is not in the allowlist "
             f"(allow.namespaces: {', '.join(target.allow_namespaces) or 'empty'}); refusing to touch it"
         )
+    op_contexts, op_namespaces = operator_k8s_allow(
+        configuration, Path(plan_path) if plan_path else None
+    )
+    for kind, value, pats, env in (
+        ("context", context, op_contexts, K8S_CONTEXTS_ENV),
+        ("namespace", target.namespace, op_namespaces, K8S_NAMESPACES_ENV),
+    ):
+        if not pats:
+            raise ConfigError(
+                f"{target.source}: no operator allowlist for Kubernetes {kind}s (set ${env} or "
+                f"the plan's allow: {kind}s:); a target file can narrow it, never grant it"
+            )
+        if not any(fnmatch.fnmatchcase(value, pat) for pat in pats):
+            raise ConfigError(
+                f"{target.source}: {kind} {value!r} is not in the operator's allowlist "
+                f"({', '.join(pats)}; ${env} or the plan's allow:); refusing to touch it"
+            )
 
 
 def _str(doc: dict[str, Any], key: str, source: str, required: bool = True) -> str | None:
@@ -188,12 +220,18 @@ def _object_name(doc: dict[str, Any], key: str, source: str) -> str | None:
     return value
 
 
-def load_target(path: str | Path, check: bool = True) -> K8sTarget:
+def load_target(
+    path: str | Path,
+    check: bool = True,
+    configuration: dict[str, Any] | None = None,
+    plan_path: str | Path | None = None,
+) -> K8sTarget:
     """Read and validate a target file.
 
     Args:
         path: the YAML target file.
-        check: also enforce the allowlist (:func:`check_allowed`).
+        check: also enforce the allowlists (:func:`check_allowed`: the file's and the
+            operator's, from the environment, ``plan_path``'s ``allow:`` and ``configuration``).
 
     Returns:
         The :class:`K8sTarget`.
@@ -230,6 +268,8 @@ def load_target(path: str | Path, check: bool = True) -> K8sTarget:
             or not all(isinstance(v, str) and v for v in value)
         ):
             raise ConfigError(f"{source}: allow.{key} must be a non-empty list of names or globs")
+        for v in value:
+            check_name_glob(v, f"{source}: allow.{key}")
         lists[key] = tuple(value)
     kubeconfig = _str(doc, "kubeconfig", source, required=False)
     url = str(_str(doc, "url", source))
@@ -263,7 +303,7 @@ def load_target(path: str | Path, check: bool = True) -> K8sTarget:
     if kubeconfig and not os.path.isfile(kubeconfig):  # before the allowlist: not "in-cluster"
         raise ConfigError(f"{source}: kubeconfig {kubeconfig}: no such file")
     if check:
-        check_allowed(target)
+        check_allowed(target, configuration, plan_path)
     if kubeconfig:  # after the allowlist: a refused context is named as such
         _check_kubeconfig(kubeconfig, target.context, source)
     return target
