@@ -279,6 +279,18 @@ def _add_guard(experiment: dict[str, Any], conditions: dict[str, Any]) -> None:
     )
 
 
+def _replica_map(lab: Lab | None) -> dict[str, str]:
+    """Request id -> replica from the lab's engine ledger and HAProxy log ({} off the lab)."""
+    if lab is None:
+        return {}
+    from chaoslib_infer.activities.health import lab_replica_map
+
+    try:
+        return lab_replica_map(lab)
+    except (OSError, ValueError):
+        return {}
+
+
 def drill_evidence(
     name: str,
     experiment_path: str,
@@ -360,6 +372,7 @@ def drill_evidence(
             load_error=load_error,
             start=t0,
             end=t1,
+            replica_of=_replica_map(lab),
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

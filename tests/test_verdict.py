@@ -385,3 +385,38 @@ def test_stop_condition_sees_a_hang_before_the_client_gives_up() -> None:
     assert trip.value == pytest.approx(0.2)
     # young attempts are not hangs
     assert hung_samples([{"request_id": "y", "sent_at": now - 1.0}], now, c.hang_s) == []
+
+
+def test_health_disagreement_from_the_gateway_health_view() -> None:
+    """A replica whose completions fail while the gateway's health checks keep it UP fails the
+    drill; one ejected at once passes."""
+
+    def run(down_after_s: float) -> dict[str, Any]:
+        records = steady(T0, T0 + 35)
+        for r in records:
+            if r["replica"] == "r0" and T0 + 10 <= r["sent_at"] < T0 + 25:
+                r.update(ok=False, error_class="http_5xx", status=503)
+        events = [
+            {"event": "lb_state", "t": T0 + 1, "servers": {"r0": "UP", "r1": "UP", "r2": "UP"}},
+            {
+                "event": "lb_state",
+                "t": T0 + 10 + down_after_s,
+                "servers": {"r0": "DOWN", "r1": "UP", "r2": "UP"},
+            },
+        ]
+        v = judge_drill(
+            facts(
+                "upstream-timeout",
+                records,
+                {"hung_requests": 0, "ejection_s": down_after_s},
+                {**HANG_GROUND, "ejected_at": T0 + 10 + down_after_s},
+                lab_events=events,
+            ),
+            {"availability": "off", "availability_fault": "off", "error_rate": "off"},
+        )
+        return {r["criterion"]: r for r in v.rows}["health_disagreement_s"]
+
+    late = run(12.0)
+    assert late["result"] == "fail" and late["value"] >= 10.0
+    early = run(0.2)
+    assert early["result"] == "pass" and early["value"] <= 1.0

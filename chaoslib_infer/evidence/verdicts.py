@@ -105,6 +105,7 @@ def drill_verdict(
     load_error: str | None = None,
     start: float | None = None,
     end: float | None = None,
+    replica_of: dict[str, str] | None = None,
 ) -> Verdict:
     """Judge drill ``name`` from what its run left.
 
@@ -120,6 +121,8 @@ def drill_verdict(
         stop: the stop-condition record, if one aborted the drill.
         load_error: why the load could not start, if so.
         start, end: drill start and end (unix s), for the replica-count comparison.
+        replica_of: request id -> replica from the lab's logs (health disagreement of attempts
+            that never got a response header).
 
     Returns:
         The :class:`~chaoslib_infer.verdict.Verdict`.
@@ -156,5 +159,6 @@ def drill_verdict(
         residue=residue,
         stop_reason=(f"{stop.get('guard')}: {stop.get('reason')}" if stop else None),
         serving=_serving(name, ground, figures, lab_events, start, end),
+        replica_of=dict(replica_of or {}),
     )
     return judge_drill(facts, criteria)

@@ -97,7 +97,12 @@ COMMON: list[Criterion] = [
     ),
     Criterion("send_lag_p99_s", "client schedule lag P99", "<=", 1.0, "s", "drill"),
     Criterion(
-        "health_disagreement_s", "health 200 while completions fail", "<=", None, "s", "fault"
+        "health_disagreement_s",
+        "gateway health UP while the faulted replica's completions fail",
+        "<=",
+        3.0,
+        "s",
+        "fault",
     ),
 ]
 

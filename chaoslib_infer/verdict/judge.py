@@ -72,6 +72,8 @@ class DrillFacts:
         residue: one line per fault still active after the rollbacks.
         stop_reason: why a stop condition aborted the drill, or None.
         serving: ``(before, after)`` serving replicas (None when unknown).
+        replica_of: request id -> replica from the lab's own logs (engine ledger, HAProxy
+            request log), for attempts that never got a response header (a hung engine).
     """
 
     drill: str
@@ -86,6 +88,7 @@ class DrillFacts:
     residue: list[str] = field(default_factory=list)
     stop_reason: str | None = None
     serving: tuple[int | None, int | None] = (None, None)
+    replica_of: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -202,6 +205,56 @@ def _max_wait(records: Sequence[Mapping[str, Any]], a: float, b: float) -> float
     return max(waits) if waits else None
 
 
+def _faulted(ground: Mapping[str, Any]) -> list[str]:
+    rep = ground.get("replica")
+    names = [str(rep)] if isinstance(rep, str) and rep else []
+    for key in ("lost_replica_names", "replicas"):
+        names += [str(n) for n in ground.get(key) or [] if str(n) not in names]
+    return names
+
+
+def _health(
+    facts: DrillFacts, records: list[dict[str, Any]], a: float, b: float
+) -> tuple[float | None, str | None]:
+    """Health disagreement (``docs/definitions.md``, "Drill figures") of the faulted replicas in
+    the fault window: the gateway's health view (HAProxy's checks in the lab's ``lb_state``
+    samples: the replica's server, or its run-time detour ``<name>-...``, UP) against its
+    completions (:func:`chaoslib_infer.measure.health.health_disagreement`, 1 s windows)."""
+    from chaoslib_infer.measure.health import health_disagreement
+
+    names = _faulted(facts.ground)
+    states = sorted(
+        (
+            e
+            for e in facts.lab_events
+            if e.get("event") == "lb_state"
+            and isinstance(e.get("t"), int | float)
+            and isinstance(e.get("servers"), dict)
+        ),
+        key=lambda e: float(e["t"]),
+    )
+    # the recorder writes a snapshot when a state changes: the one before the window holds at a
+    before = [e for e in states if float(e["t"]) < a][-1:]
+    snaps = [{**e, "t": a} for e in before] + [e for e in states if a <= float(e["t"]) <= b]
+    if not names or not snaps:
+        return None, None
+    snaps.append({**snaps[-1], "t": b})
+    samples = [
+        {
+            "t": float(e["t"]),
+            "replica": n,
+            "healthy": any(
+                v == "UP" and (k == n or str(k).startswith(n + "-"))
+                for k, v in e["servers"].items()
+            ),
+        }
+        for e in snaps
+        for n in names
+    ]
+    result = health_disagreement(samples, records, 1.0, replica_of=facts.replica_of)
+    return float(result["disagreement_s"]), None
+
+
 def _survivor_share(facts: DrillFacts, a: float, b: float) -> tuple[float | None, str | None]:
     survivors = [str(s) for s in facts.ground.get("survivors") or []]
     if len(survivors) < 2:
@@ -236,6 +289,8 @@ def _values(
         "send_lag_p99_s": (_num(drill.get("p99_send_lag_s")), None),
         "health_disagreement_s": (_num(fig.get("health_disagreement_s")), None),
     }
+    if out["health_disagreement_s"][0] is None and "fault" in w:
+        out["health_disagreement_s"] = _health(facts, sel("fault"), *w["fault"])
     before, end = facts.serving
     out["serving_after_vs_baseline"] = (
         (end / before, None) if before and end is not None else (None, None)
