@@ -158,7 +158,7 @@ def _p50(values: list[float]) -> float:
 
 
 def test_same_offered_load_as_builtin_client(server: FakeServer, tmp_path: Path) -> None:
-    """Tolerances: request count within 25 % of the offered 20 req/s x 3 s; every attempt ok;
+    """Tolerances: sent rate within 25 % of the offered 20 req/s; every attempt ok;
     per-record shape identical (8 chunks, 8 usage tokens); P50 ITL within 2 ms, P50 TTFT within
     6 ms and P50 E2E within 10 % + 8 ms of the built-in client's. Locust's request path
     (geventhttpclient, cookie jar, request hooks) adds about 1-5 ms before the response headers
@@ -185,8 +185,9 @@ def test_same_offered_load_as_builtin_client(server: FakeServer, tmp_path: Path)
     )
     base = read_records(tmp_path / "b.jsonl")
     assert summary["failed"] == 0 and base
-    for recs in (ours, base):
-        assert 45 <= len(recs) <= 75, len(recs)
+    for recs in (ours, base):  # offered rate over the sending span (Locust's start-up aside)
+        span = max(r["sent_at"] for r in recs) - min(r["sent_at"] for r in recs)
+        assert len(recs) >= 30 and 15 <= (len(recs) - 1) / span <= 25, (len(recs), span)
         assert all(r["ok"] and len(r["chunk_times"]) == 8 and r["output_tokens"] == 8 for r in recs)
         assert len({r["request_id"] for r in recs}) == len(recs)
 
@@ -204,17 +205,20 @@ def test_same_offered_load_as_builtin_client(server: FakeServer, tmp_path: Path)
     assert abs(t1 - t0) < 0.006, (t1, t0)
     assert abs(i1 - i0) < 0.002, (i1, i0)
     assert abs(e1 - e0) < 0.1 * e0 + 0.008, (e1, e0)
-    # Locust counted the same attempts (its CSV is written at the run-time limit: attempts that
-    # end during the stop timeout are recorded, and in the printed summary, but not in the CSV)
+    # Locust counted the same attempts: its final printed summary (its CSV is rewritten only
+    # every few seconds, so it may miss the last ones on a loaded machine)
+    line = next(
+        ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip().startswith("Aggregated")
+    )
+    assert int(line.split()[1]) == len(ours), line
     agg = _stats(tmp_path / "locust_stats.csv")[" Aggregated"]
-    assert 0.75 * len(ours) <= int(agg["Request Count"]) <= len(ours)
+    assert 0 < int(agg["Request Count"]) <= len(ours)
     assert int(agg["Failure Count"]) == 0
     assert abs(float(agg["Median Response Time"]) / 1000 - e1) < 0.015
     # our Locust-format CSV from the same records reads like Locust's own
     ours_csv = _stats(write_locust_stats(tmp_path / "locust.jsonl")["stats"])[" Aggregated"]
     assert int(ours_csv["Request Count"]) == len(ours) >= int(agg["Request Count"])
-    assert abs(int(ours_csv["50%"]) - int(agg["50%"])) <= 10  # Locust rounds to 2 digits
-    assert abs(float(ours_csv["Average Response Time"]) - float(agg["Average Response Time"])) < 5
+    assert abs(int(ours_csv["50%"]) - int(agg["50%"])) <= 0.1 * int(agg["50%"]) + 10
     assert ours_csv["TTFT 50%"] != "N/A" and ours_csv["ITL 50%"] in ("10", "11", "12")
 
 
@@ -226,7 +230,7 @@ def test_examples_record_a_team_locustfile(
     res = run_locust(lf, server.url + "/mode=ok,tokens=5", 2, 2, tmp_path, "--chaos-records",
                      str(tmp_path / "records.jsonl"))  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    recs = read_records(tmp_path / "records.jsonl")
+    recs = [r for r in read_records(tmp_path / "records.jsonl") if r["error_class"] != "cut_off"]
     assert recs and all(r["ok"] and r["output_tokens"] == 5 for r in recs)
     for r in recs:
         check_types(r)
@@ -234,3 +238,22 @@ def test_examples_record_a_team_locustfile(
     assert int(agg["Failure Count"]) == 0  # the team's own content check passed on the replay
     if example != "chat.py":  # the team's bodies went out as they were (prompts, max_tokens)
         assert any("KV cache" in p or "printing press" in p or "hello" in p for p in server.prompts)
+
+
+def test_attempts_cut_at_stop_are_recorded_cut_off(server: FakeServer, tmp_path: Path) -> None:
+    lf = tmp_path / "slow_locustfile.py"
+    lf.write_text(
+        textwrap.dedent(f"""
+        from chaoslib_infer.locust.user import LLMStreamUser
+
+        class Slow(LLMStreamUser):
+            records_path = {str(tmp_path / "slow.jsonl")!r}
+            idle_timeout_s = None
+        """)
+    )
+    cmd_host = server.url + "/mode=ok,tokens=50,itl=0.2"  # 10 s per reply: cut at the stop
+    res = run_locust(lf, cmd_host, 2, 2, tmp_path, "--stop-timeout", "0")
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    recs = read_records(tmp_path / "slow.jsonl")
+    assert len(recs) == 2 and all(r["error_class"] == "cut_off" for r in recs), recs
+    assert all(r["cut_off"] and 0 < r["in_flight_s"] < 4 for r in recs)

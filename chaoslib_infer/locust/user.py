@@ -41,7 +41,9 @@ Limits: Locust users are **closed loop** (a user sends its next request when the
 and its wait are done), not an open-loop schedule: when the service slows down, fewer requests are
 sent, and latency is under-reported (coordinated omission, ``docs/definitions.md``, "Send time").
 ``intended_at`` of a first attempt is its send time (no schedule); a retry's is the end of its
-backoff.
+backoff. An attempt still on the wire when Locust stops its user (``--stop-timeout`` passed) is
+recorded as the built-in client records one cut at its stop: class ``cut_off``, outcome unknown
+(``client.cut_off_record``); it fires no Locust event.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from chaoslib_infer.load.client import (
     _exc_msg,
     _finish_attempt,
     build_body,
+    cut_off_record,
     endpoint_url,
     logical_request_id,
     retry_backoff_delay,
@@ -389,7 +392,14 @@ class StreamingUser(FastHttpUser):
         due: float | None = None
         jitter = random.Random(f"{request_id}:retry")
         for n in range(1, spec.retry_attempts + 1):
-            rec, extra = self._attempt(payload, request_id, n, due, name, keep_body, url)
+            sent_unix = time.time()
+            try:
+                rec, extra = self._attempt(payload, request_id, n, due, name, keep_body, url)
+            except gevent.GreenletExit:  # Locust stopped this user mid-attempt
+                cut_at = time.time()
+                due_at = sent_unix if due is None else due
+                self.records.write(cut_off_record(request_id, n, due_at, sent_unix, cut_at))
+                raise
             retry = (
                 not rec["ok"] and n < spec.retry_attempts and rec["error_class"] in spec.retry_on
             )
