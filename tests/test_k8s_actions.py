@@ -194,7 +194,8 @@ def test_drain_evicts_model_pod_skips_daemonset_and_uncordons(
         ("application/strategic-merge-patch+json", {"spec": {"unschedulable": True}})
     ]
     lists = fake.calls("GET", "/api/v1/pods")
-    assert [r.query for r in lists] == [{"fieldSelector": "spec.nodeName=gpu-a"}]
+    # the bystander check (issue 13), then the drain itself
+    assert [r.query for r in lists] == [{"fieldSelector": "spec.nodeName=gpu-a"}] * 2
     evictions = fake.calls("POST")
     assert [(r.path, r.body) for r in evictions] == [
         (

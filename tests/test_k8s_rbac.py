@@ -1,4 +1,6 @@
-"""deploy/rbac.yaml covers every API call the Kubernetes actions make (and nothing is left unused)."""
+"""deploy/rbac.yaml covers every API call the Kubernetes actions make but node-level faults (and
+nothing is left unused); the opt-in deploy/rbac-node-loss.yaml and deploy/rbac-node-delete.yaml
+cover exactly the node-level calls, ``create`` on nodes only in the delete variant's file."""
 
 from __future__ import annotations
 
@@ -12,12 +14,15 @@ from fake_k8s import ALL_REQUESTS, FakeK8s, Request, make_cluster, write_target
 
 from chaoslib_infer.activities import k8s
 
-RBAC = Path(__file__).resolve().parent.parent / "deploy" / "rbac.yaml"
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+RBAC = DEPLOY / "rbac.yaml"
+NODE_LOSS = DEPLOY / "rbac-node-loss.yaml"
+NODE_DELETE = DEPLOY / "rbac-node-delete.yaml"
 _NS = re.compile(r"/namespaces/([^/]+)/")
 
 
-def _rules() -> tuple[list[tuple[str | None, dict[str, Any]]], dict[str, Any]]:
-    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+def _rules(*extra: Path) -> tuple[list[tuple[str | None, dict[str, Any]]], dict[str, Any]]:
+    docs = [d for f in (RBAC, *extra) for d in yaml.safe_load_all(f.read_text()) if d]
     kinds = {d["kind"] for d in docs}
     assert {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"} <= kinds
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")
@@ -67,12 +72,51 @@ def _exercise(tmp_path: Path) -> list[Request]:
         k8s.k8s_restore_quota(target_file=target, configuration=cfg)
         k8s.k8s_drain_model_node(poll_s=0.02, target_file=target, configuration=cfg)
         k8s.k8s_uncordon_node(target_file=target, configuration=cfg)
+        _exercise_bystander_drain(fake, target, cfg)
         k8s.k8s_network_jitter(target_file=target, configuration=cfg)
         k8s.k8s_remove_network_jitter(target_file=target, configuration=cfg)
         _exercise_load_workers(fake, target, tmp_path)
         _exercise_faults(fake, target, cfg)
         _exercise_observation(fake, kc, tmp_path, cfg)
         return list(fake.requests)
+
+
+def _exercise_bystander_drain(fake: FakeK8s, target: str, cfg: dict[str, Any]) -> None:
+    """node-loss on a node shared with another team: refused, then drained with the opt-in."""
+    import copy
+
+    from chaoslib.exceptions import ActivityFailed
+    from fake_k8s import _model_pod
+
+    node = next(p for p in fake.pods("llm", "app=vllm") if p["spec"].get("nodeName"))
+    pod = copy.deepcopy(
+        _model_pod("their-app-0", node["spec"]["nodeName"], "other-5d6f7", ns="team-b")
+    )
+    pod["metadata"]["labels"] = {"app": "other"}
+    pod["metadata"]["ownerReferences"] = []  # a bare pod: evicted, not recreated
+    fake.put("", "pods", pod)
+    victim = node["metadata"]["name"]
+    with pytest.raises(ActivityFailed, match="team-b/their-app-0"):
+        k8s.k8s_drain_model_node(pod=victim, poll_s=0.02, target_file=target, configuration=cfg)
+    k8s.k8s_drain_model_node(pod=victim, poll_s=0.02, allow_bystanders=True, target_file=target,
+                             configuration=cfg)  # fmt: skip
+    k8s.k8s_uncordon_node(target_file=target, configuration=cfg)
+
+
+def _node_level(req: Request) -> str | None:
+    """Which opt-in file a request needs: "delete" (nodes create/delete), "loss" (other node
+    writes, evictions, cluster-wide pod reads), None (the default RBAC)."""
+    if req.resource == "nodes" and req.verb in ("create", "delete"):
+        return "delete"
+    if req.resource == "nodes" and req.verb != "get":
+        return "loss"
+    if req.resource == "pods/eviction":
+        return "loss"
+    if req.resource == "pods" and "/namespaces/" not in req.path:
+        return "loss"
+    if req.resource == "pods" and req.verb == "get" and "/namespaces/team-b/" in req.path:
+        return "loss"  # an evicted bystander, waited for (allow_bystanders)
+    return None
 
 
 def _exercise_observation(fake: FakeK8s, kc: Path, tmp_path: Path, cfg: dict[str, Any]) -> None:
@@ -151,21 +195,44 @@ def _exercise_load_workers(fake: FakeK8s, target: str, tmp_path: Path) -> None:
     )  # fmt: skip
 
 
-def test_rbac_covers_every_call_and_lists_nothing_unused(tmp_path: Path) -> None:
-    bound, _ = _rules()
-    seen = _exercise(tmp_path) + [r for r in ALL_REQUESTS if r.verb]
-    assert len(seen) > 20
-    missing = sorted({(r.verb, r.group, r.resource, r.path) for r in seen if not covered(r, bound)})
-    assert missing == []
-    used = {(r.group, r.resource, v) for r in seen for v in (r.verb, *r.also_verbs)}
-    listed = {
+def _listed(bound: list[tuple[str | None, dict[str, Any]]]) -> set[tuple[str, str, str]]:
+    return {
         (g, res, v)
         for _, rule in bound
         for g in rule["apiGroups"]
         for res in rule["resources"]
         for v in rule["verbs"]
     }
-    assert listed - used == set()  # least privilege: no verb the actions never use
+
+
+def _used(reqs: list[Request]) -> set[tuple[str, str, str]]:
+    return {(r.group, r.resource, v) for r in reqs for v in (r.verb, *r.also_verbs)}
+
+
+def test_rbac_covers_every_call_and_lists_nothing_unused(tmp_path: Path) -> None:
+    """Every request of this exercise and of the whole suite (ALL_REQUESTS): the default file
+    covers all but the node-level ones, which the opt-in files cover; no file grants a verb
+    nothing uses; only the delete variant's file grants create on nodes."""
+    seen = _exercise(tmp_path) + [r for r in ALL_REQUESTS if r.verb]
+    assert len(seen) > 20
+    default = [r for r in seen if _node_level(r) is None]
+    loss = [r for r in seen if _node_level(r) == "loss"]
+    delete = [r for r in seen if _node_level(r) == "delete"]
+    assert loss and delete
+    base, _ = _rules()
+    with_loss, _ = _rules(NODE_LOSS)
+    with_delete, _ = _rules(NODE_LOSS, NODE_DELETE)
+    for reqs, bound in ((default, base), (loss, with_loss), (delete, with_delete)):
+        missing = sorted({(r.verb, r.resource, r.path) for r in reqs if not covered(r, bound)})
+        assert missing == []
+    # sufficient, and minimal: no node-level request passes with the default file alone ...
+    assert [r.path for r in loss + delete if covered(r, base)] == []
+    assert [r.path for r in delete if covered(r, with_loss)] == []  # create/delete: own file
+    # ... and no file grants a verb its drills never use
+    assert _listed(base) - _used(default) == set()
+    assert _listed(with_loss) - _listed(base) - _used(loss) == set()
+    assert _listed(with_delete) - _listed(with_loss) - _used(delete) == set()
+    assert ("", "nodes", "create") not in _listed(with_loss)
 
 
 def test_coverage_check_can_fail() -> None:

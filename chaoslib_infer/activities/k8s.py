@@ -12,6 +12,7 @@ rollbacks are idempotent). Expected failures raise one ``ActivityFailed`` line: 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import time
@@ -82,6 +83,37 @@ def _ctx(target_file: str | None, configuration: dict[str, Any] | None) -> _Ctx:
         return _Ctx(load_target(str(path), configuration=configuration))
     except InferChaosError as exc:
         raise ActivityFailed(str(exc)) from None
+
+
+def _refuse_bystanders(ctx: Any, node: str, allow_bystanders: bool, configuration: Any) -> None:
+    """Refuse a node-level fault on a node shared with pods outside the allowed namespaces.
+
+    Allowed: the target file's ``allow.namespaces`` and the operator's (both must match).
+    ``allow_bystanders=True`` is the operator's explicit opt-in. Runs before any change.
+
+    Raises:
+        ActivityFailed: one line naming the node and the first bystanders.
+    """
+    if allow_bystanders:
+        return
+    from chaoslib_infer.safety.allowlist import operator_k8s_allow
+
+    _ops, op_ns = operator_k8s_allow(configuration)
+    t = ctx.target
+
+    def allowed(ns: str) -> bool:
+        return any(fnmatch.fnmatchcase(ns, p) for p in t.allow_namespaces) and any(
+            fnmatch.fnmatchcase(ns, p) for p in op_ns
+        )
+
+    others = k8s_nodes.bystanders(ctx.core, node, allowed)
+    if others:
+        shown = ", ".join(others[:5]) + (f" (+{len(others) - 5} more)" if len(others) > 5 else "")
+        raise ActivityFailed(
+            f"node {node} also runs {len(others)} pod(s) outside the allowed namespaces: {shown}; "
+            "refusing a node-level fault (nothing changed); pass allow_bystanders: true to accept "
+            "the blast radius"
+        )
 
 
 def _state_path(configuration: dict[str, Any] | None, kind: str) -> Path:
@@ -329,6 +361,7 @@ def k8s_drain_model_node(
     max_attempts: int = 10,
     recovery_timeout_s: float = 120.0,
     poll_s: float = 0.25,
+    allow_bystanders: bool = False,
     target_file: str | None = None,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -345,6 +378,8 @@ def k8s_drain_model_node(
         max_attempts: most eviction attempts per pod.
         recovery_timeout_s, poll_s: the recovery probe's bound and interval, seconds.
         target_file: the target YAML. configuration: Chaos Toolkit configuration.
+        allow_bystanders: the operator accepts pods of other namespaces on the node (default:
+            refused before any change when the node runs one; DaemonSet pods excepted).
 
     Returns:
         ``{"kind": "k8s-node-loss", "fault_at", "node", "drain": {...}, "recovery": {...}}``.
@@ -360,6 +395,7 @@ def k8s_drain_model_node(
         before = k8s_pods.list_pods(ctx.core, t.namespace, t.selector)
         chosen = k8s_pods.select_pods(before, 1, [pod] if pod else None)[0]
         node = k8s_nodes.node_of_pod(ctx.core, t.namespace, chosen["metadata"]["name"])
+        _refuse_bystanders(ctx, node, allow_bystanders, configuration)
         was = k8s_nodes.is_unschedulable(ctx.core, node)
         _save_state(configuration, "node-loss", {"node": node, "was_unschedulable": was}, t)
         fault_at = time.time()
@@ -996,6 +1032,7 @@ def k8s_taint_model_node(
     pod: str | None = None,
     recovery_timeout_s: float = 120.0,
     poll_s: float = 0.25,
+    allow_bystanders: bool = False,
     target_file: str | None = None,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -1013,6 +1050,8 @@ def k8s_taint_model_node(
         key: taint key. pod: the model pod whose node to taint (default: first Ready pod).
         recovery_timeout_s, poll_s: the recovery probe's bound and interval, seconds.
         target_file: the target YAML. configuration: Chaos Toolkit configuration.
+        allow_bystanders: the operator accepts pods of other namespaces on the node (default:
+            refused before any change when the node runs one; DaemonSet pods excepted).
 
     Returns:
         ``{"kind": "k8s-node-taint", "fault_at", "node", "taint", "taints_before", "recovery"}``
@@ -1034,6 +1073,7 @@ def k8s_taint_model_node(
         before = k8s_pods.list_pods(ctx.core, t.namespace, t.selector)
         chosen = k8s_pods.select_pods(before, 1, [pod] if pod else None)[0]
         node = k8s_nodes.node_of_pod(ctx.core, t.namespace, chosen["metadata"]["name"])
+        _refuse_bystanders(ctx, node, allow_bystanders, configuration)
         _save_state(configuration, "node-taint", {"node": node, "key": key, "effect": effect}, t)
         fault_at = time.time()
         _log_fault(
@@ -1097,6 +1137,7 @@ def k8s_delete_model_node(
     pod: str | None = None,
     recovery_timeout_s: float = 180.0,
     poll_s: float = 0.25,
+    allow_bystanders: bool = False,
     target_file: str | None = None,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -1112,6 +1153,8 @@ def k8s_delete_model_node(
         pod: the model pod whose node to delete (default: the first Ready target pod).
         recovery_timeout_s, poll_s: the recovery probe's bound and interval, seconds.
         target_file: the target YAML. configuration: Chaos Toolkit configuration.
+        allow_bystanders: the operator accepts pods of other namespaces on the node (default:
+            refused before any change when the node runs one; DaemonSet pods excepted).
 
     Returns:
         ``{"kind": "k8s-node-delete", "fault_at", "node", "recovery"}``.
@@ -1127,6 +1170,7 @@ def k8s_delete_model_node(
         before = k8s_pods.list_pods(ctx.core, t.namespace, t.selector)
         chosen = k8s_pods.select_pods(before, 1, [pod] if pod else None)[0]
         node = k8s_nodes.node_of_pod(ctx.core, t.namespace, chosen["metadata"]["name"])
+        _refuse_bystanders(ctx, node, allow_bystanders, configuration)
         raw = k8s_nodes.snapshot_node(ctx.core, node)
         _save_state(configuration, "node-delete", {"node": node, "raw": raw}, t)
         fault_at = time.time()

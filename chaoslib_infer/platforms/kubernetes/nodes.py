@@ -116,6 +116,34 @@ def _skip_reason(pod: dict[str, Any]) -> str | None:
     return None
 
 
+def bystanders(core: Any, node: str, allowed: Any) -> list[str]:
+    """The pods on ``node`` a node-level fault would hit outside the allowed namespaces.
+
+    DaemonSet pods (one per node by design; a node fault is theirs to survive), mirror pods and
+    finished pods are left out.
+
+    Args:
+        core: ``CoreV1Api``. node: node name.
+        allowed: ``callable(namespace) -> bool``: the namespaces the drill may touch.
+
+    Returns:
+        ``["namespace/pod", ...]`` sorted (empty: the node holds only allowed pods).
+
+    Raises:
+        K8sError: listing the node's pods failed (e.g. 403).
+    """
+    listing = call(
+        f"list pods on node {node}",
+        core.list_pod_for_all_namespaces,
+        field_selector=f"spec.nodeName={node}",
+    )
+    out = []
+    for pod in listing.get("items") or []:
+        if _skip_reason(pod) is None and not allowed(pod["metadata"]["namespace"]):
+            out.append(_key(pod))
+    return sorted(out)
+
+
 def _key(pod: dict[str, Any]) -> str:
     return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
 
