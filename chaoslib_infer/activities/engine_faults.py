@@ -1,8 +1,10 @@
 """Actions that make the lab's simulated engine misbehave (engine fault modes).
 
 Faults are armed through each replica's lab-only admin endpoint (``POST /admin/faults`` on the
-replica's own loopback port, see :mod:`chaoslib_infer.lab.engine`, "Fault modes"); every sabotaged
-request then gets an ``"event": "fault"`` line in the lab's engine ledger (ground truth).
+address and port the replica listens on, with the lab's admin token:
+:mod:`chaoslib_infer.lab.engine_admin`), so they work on every lab topology, replicas on loopback
+or on network-namespace nodes; every sabotaged request then gets an ``"event": "fault"`` line in
+the lab's engine ledger (ground truth).
 
 Modes and what a client sees (the load client's error class):
 
@@ -20,15 +22,24 @@ Modes and what a client sees (the load client's error class):
                          ``http_5xx`` (through HAProxy); supervisord restarts it
 ======================== ===================================================================
 
-Each armed fault is recorded with ``lab.add_fault`` *before* the admin call; this module's
-:func:`undo_fault` / :func:`fault_active` let ``clear_lab_faults`` and ``chaos-infer lab status``
-undo and report it. The sim engine only: other engines have no admin endpoint.
+Each armed fault is recorded with ``lab.add_fault`` *before* the admin call: the lab's rollback
+ledger (``faults.json``) and ground-truth events ``{"event": "fault", "kind": "engine-fault",
+"phase": "injected" | "cleared", "replica", "mode", "fault_id"}`` in ``events.jsonl``. This
+module's :func:`undo_fault` / :func:`fault_active` let ``clear_lab_faults``, ``chaos-infer
+rollback`` and the lab's dead-man watchdog undo it (the watchdog at the latest ``ttl_s`` +
+:data:`TTL_MARGIN_S` after it was armed, or :data:`~chaoslib_infer.lab.fleet.DEFAULT_FAULT_TTL_S`
+without ``ttl_s``), and ``chaos-infer lab status`` report it. The sim engine only: other engines
+have no admin endpoint.
+
+From an experiment: ``experiments/engine-fault.yaml`` arms one mode under load for ``hold_s``
+seconds, then clears it, with :func:`clear_engine_faults` as its rollback; a plan runs it as a
+drill with the mode in its ``vars`` (``engine_fault_mode``, ``engine_fault_params``, ...).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
+import math
 import time
 from typing import Any
 from urllib.parse import quote
@@ -36,58 +47,45 @@ from urllib.parse import quote
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer.activities.lab import _lab, _log_fault
+from chaoslib_infer.lab import engine_admin
 from chaoslib_infer.lab.engine import FAULT_MODES
-from chaoslib_infer.lab.fleet import FAULTS_FILE, Lab, LabError
+from chaoslib_infer.lab.engine_admin import ReplicaNotRunning
+from chaoslib_infer.lab.fleet import DEFAULT_FAULT_TTL_S, FAULTS_FILE, Lab, LabError
 
 __all__ = ["clear_engine_faults", "set_engine_fault"]
 
 KIND = "engine-fault"
 MODULE = "chaoslib_infer.activities.engine_faults"
-ADMIN_PATH = "/admin/faults"
-_TIMEOUT_S = 3.0
-
-
-class _Dead(Exception):
-    """The replica's port refuses connections (no process listening)."""
+ADMIN_PATH = engine_admin.ADMIN_PATH
+#: seconds the lab's dead-man waits past a fault's own ``ttl_s`` before it disarms it itself
+TTL_MARGIN_S = 5.0
 
 
 def _admin(
-    port: int,
+    lab: Lab,
+    record: dict[str, Any],
     method: str,
     query: str = "",
     body: dict[str, Any] | None = None,
-    host: str = "127.0.0.1",
 ) -> dict[str, Any]:
-    """Call a replica's ``/admin/faults``; returns the JSON answer.
+    """Call ``/admin/faults`` of the replica a fault record names, with the lab's admin token.
+
+    The address is where the replica listens *now* (a node-loss drill may have moved it to the
+    spare node), else the record's ``host``.
 
     Raises:
-        _Dead: connection refused (the replica is not running).
+        ReplicaNotRunning: connection refused (the replica is not running).
         LabError: any other transport failure or a non-200 answer (message from the engine).
     """
-    conn = http.client.HTTPConnection(host, int(port), timeout=_TIMEOUT_S)
-    try:
-        payload = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if payload is not None else {}
-        conn.request(method, ADMIN_PATH + query, body=payload, headers=headers)
-        resp = conn.getresponse()
-        raw = resp.read()
-    except ConnectionRefusedError as exc:
-        raise _Dead(str(exc)) from exc
-    except (OSError, http.client.HTTPException) as exc:
-        raise LabError(
-            f"{method} {ADMIN_PATH} on port {port}: {exc or type(exc).__name__}"
-        ) from exc
-    finally:
-        conn.close()
-    try:
-        data = json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        data = {}
-    if resp.status != 200:
-        err = data.get("error") if isinstance(data, dict) else None
-        msg = err.get("message") if isinstance(err, dict) else raw[:200].decode(errors="replace")
-        raise LabError(f"{method} {ADMIN_PATH} on port {port}: HTTP {resp.status}: {msg}")
-    return data if isinstance(data, dict) else {}
+    host = str(record.get("host") or "127.0.0.1")
+    if record.get("replica"):
+        try:
+            host = lab.replica_host(str(record["replica"]))
+        except (LabError, OSError, ValueError):
+            pass
+    return engine_admin.call(
+        host, int(record["port"]), method, query, body=body, token=lab.admin_token()
+    )
 
 
 def _port(lab: Lab, replica: str) -> int:
@@ -128,6 +126,73 @@ def _recorded_ids(lab: Lab, replica: str) -> list[str]:
     ]
 
 
+def _params(params: Any) -> dict[str, Any]:
+    """``params`` of :func:`set_engine_fault` as a mapping.
+
+    Accepts a mapping, a JSON object string (``'{"k": 2, "t": 5}'``), the header form
+    ``"k=2;t=5"`` (or ``"k=2,t=5"``; numbers become numbers), or nothing (``None``, ``""``).
+
+    Raises:
+        ActivityFailed: anything else (one line).
+    """
+    if params is None or params == "" or params == {}:
+        return {}
+    if isinstance(params, dict):
+        return dict(params)
+    if isinstance(params, str):
+        text = params.strip()
+        if text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                value = None
+            if isinstance(value, dict):
+                return value
+        else:
+            out: dict[str, Any] = {}
+            for part in text.replace(",", ";").split(";"):
+                if not part.strip():
+                    continue
+                key, sep, val = part.partition("=")
+                if not sep or not key.strip():
+                    break
+                out[key.strip()] = _scalar(val.strip())
+            else:
+                return out
+    raise ActivityFailed(
+        f"engine fault params must be a mapping, a JSON object or 'k=2;t=5', got {params!r}"
+    )
+
+
+def _scalar(text: str) -> Any:
+    """``"2"`` -> 2, ``"8.5"`` -> 8.5, anything else stays text (``"bytes"``)."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            continue
+    return text
+
+
+def _number(name: str, value: Any, allow_none: bool) -> float | None:
+    """A number argument that may come from a ``${var}`` string; None/""/"none" -> None.
+
+    Raises:
+        ActivityFailed: not a finite number (one line).
+    """
+    if allow_none and (
+        value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null"))
+    ):
+        return None
+    try:
+        out = float("nan") if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        out = float("nan")
+    if not math.isfinite(out):
+        raise ActivityFailed(f"engine fault {name} must be a number, got {value!r}")
+    return out
+
+
 def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     """Disarm an engine fault (``DELETE /admin/faults?mode=...`` on its replica). Idempotent.
 
@@ -143,10 +208,8 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     mode = str(record.get("mode") or "")
     query = f"?mode={quote(mode)}" if mode else ""
     try:
-        answer = _admin(
-            int(record["port"]), "DELETE", query, host=str(record.get("host", "127.0.0.1"))
-        )
-    except _Dead:
+        answer = _admin(lab, record, "DELETE", query)
+    except ReplicaNotRunning:
         return f"engine-fault {mode} on {record.get('replica')}: replica not running, nothing armed"
     cleared = [f.get("mode") for f in answer.get("cleared", [])]
     if not cleared:
@@ -161,8 +224,8 @@ def fault_active(lab: Lab, record: dict[str, Any]) -> bool:
     lab reports the fault as active rather than hiding it.
     """
     try:
-        answer = _admin(int(record["port"]), "GET", host=str(record.get("host", "127.0.0.1")))
-    except _Dead:
+        answer = _admin(lab, record, "GET")
+    except ReplicaNotRunning:
         return False
     modes = {f.get("mode") for f in answer.get("faults", [])}
     return record.get("mode") in modes if record.get("mode") else bool(modes)
@@ -173,13 +236,15 @@ def set_engine_fault(
     replica: str = "auto",
     probability: float = 1.0,
     ttl_s: float | None = None,
-    params: dict[str, Any] | None = None,
+    params: dict[str, Any] | str | None = None,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Arm an engine fault mode on one replica (or ``"all"``) of the lab's sim engine.
 
-    The fault is recorded with ``lab.add_fault`` before the admin call (so a rollback can always
-    undo it) and logged to the drill's fault log as ``{"kind": "engine-fault", "phase": "set",
+    Works on every lab topology (replicas on loopback or on nodes): the call carries the lab's
+    admin token. The fault is recorded with ``lab.add_fault`` before the admin call (so a rollback,
+    ``chaos-infer rollback`` or the lab's dead-man can always undo it; ground-truth event
+    ``injected``) and logged to the drill's fault log as ``{"kind": "engine-fault", "phase": "set",
     "fault_at", "replica", "mode", "port", "probability", "ttl_s", "params", "fault_id"}``.
 
     Args:
@@ -187,28 +252,35 @@ def set_engine_fault(
             ``garbled``, ``truncated``, ``slowdown``, ``crash_on_long_prompt``.
         replica: replica name, ``"auto"`` (the first replica) or ``"all"``.
         probability: chance (0..1) that each request it applies to is sabotaged.
-        ttl_s: seconds until the engine disarms it by itself (None: until cleared).
-        params: the mode's parameters: ``k`` (tokens sent first), ``t`` (stall seconds), ``n``
-            (prompt-token threshold), ``factor`` (slowdown per request), ``how`` (``garbled``:
-            fffd|bytes|both; ``crash_on_long_prompt``: exit|kill).
+        ttl_s: seconds until the engine disarms it by itself (None / ``""``: until cleared; the
+            lab's dead-man disarms it after :data:`~chaoslib_infer.lab.fleet.DEFAULT_FAULT_TTL_S`
+            anyway, and ``ttl_s`` + :data:`TTL_MARGIN_S` with one).
+        params: the mode's parameters, a mapping, a JSON object string or ``"k=2;t=5"``: ``k``
+            (tokens sent first), ``t`` (stall seconds), ``n`` (prompt-token threshold),
+            ``factor`` (slowdown per request), ``how`` (``garbled``: fffd|bytes|both;
+            ``crash_on_long_prompt``: exit|kill).
         configuration: Chaos Toolkit configuration (``infer_lab_dir``, ``infer_run_dir``).
 
     Returns:
         ``{"mode", "fault_at" (unix s), "replicas": [names], "faults": [engine's description]}``.
 
     Raises:
-        ActivityFailed: no lab, unknown replica or mode, not the sim engine, or the engine refused
-            the fault (the lab record is removed again).
+        ActivityFailed: no lab, unknown replica or mode, bad parameters, not the sim engine, or
+            the engine refused the fault (the lab record is removed again).
     """
     mode_n = str(mode).strip().lower().replace("-", "_")
     if mode_n not in FAULT_MODES:
         raise ActivityFailed(f"unknown engine fault mode {mode!r}; known: {', '.join(FAULT_MODES)}")
+    prob = _number("probability", probability, allow_none=False)
+    ttl = _number("ttl_s", ttl_s, allow_none=True)
+    if ttl is not None and ttl <= 0:
+        raise ActivityFailed(f"engine fault ttl_s must be > 0 seconds, got {ttl_s!r}")
     lab = _lab(configuration)
     if lab.engine_name() != "sim":
         raise ActivityFailed(f"engine faults need the sim engine; the lab runs {lab.engine_name()}")
-    body: dict[str, Any] = {"mode": mode_n, **(params or {}), "probability": float(probability)}
-    if ttl_s is not None and str(ttl_s).strip() != "":
-        body["ttl_s"] = float(ttl_s)
+    body: dict[str, Any] = {"mode": mode_n, **_params(params), "probability": prob}
+    if ttl is not None:
+        body["ttl_s"] = ttl
     described: list[dict[str, Any]] = []
     names = _replicas(lab, replica, default_all=False)
     fault_at = time.time()
@@ -222,11 +294,12 @@ def set_engine_fault(
             "port": port,
             "host": host,
             "mode": mode_n,
+            "ttl_s": ttl + TTL_MARGIN_S if ttl is not None else DEFAULT_FAULT_TTL_S,
         }
         fault_id = lab.add_fault(record)
         try:
-            answer = _admin(port, "POST", body=body, host=host)
-        except (LabError, _Dead) as exc:
+            answer = _admin(lab, record, "POST", body=body)
+        except LabError as exc:
             lab.remove_fault(fault_id, undo=False)
             raise ActivityFailed(f"engine fault {mode_n} on {name} refused: {exc}") from exc
         fault = dict(answer.get("fault") or {})
@@ -241,7 +314,7 @@ def set_engine_fault(
                 "replica": name,
                 "port": port,
                 "mode": mode_n,
-                "probability": float(probability),
+                "probability": prob,
                 "ttl_s": body.get("ttl_s"),
                 "params": {k: v for k, v in fault.items() if k in ("k", "t", "n", "factor", "how")},
                 "fault_id": fault_id,
@@ -255,9 +328,10 @@ def clear_engine_faults(
 ) -> dict[str, Any]:
     """Rollback: disarm every engine fault on the replicas (``DELETE /admin/faults``).
 
-    Forgets the matching ``engine-fault`` records of the lab's fault ledger and logs
-    ``{"kind": "engine-fault", "phase": "cleared", "fault_at", "replica", "mode": "all"}`` per
-    replica. Safe to call when nothing is armed, when a replica is down, or without a lab.
+    Forgets the matching ``engine-fault`` records of the lab's fault ledger (ground-truth event
+    ``cleared`` each) and logs ``{"kind": "engine-fault", "phase": "cleared", "fault_at",
+    "replica", "mode": "all"}`` per replica. Safe to call when nothing is armed, when a replica is
+    down, or without a lab.
 
     Args:
         replica: replica name, ``"all"`` or ``"auto"`` (both: every replica).
@@ -267,7 +341,8 @@ def clear_engine_faults(
         ``{"cleared": [descriptions], "replicas": [names]}``.
 
     Raises:
-        ActivityFailed: a replica answered but refused to clear (its fault stays recorded).
+        ActivityFailed: a replica answered but refused to clear, or did not answer (its fault
+            stays recorded, for ``chaos-infer rollback`` and the dead-man).
     """
     try:
         lab = _lab(configuration)

@@ -20,12 +20,22 @@ policy (``chaoslib_infer.load.client``); every attempt is a record with ``final`
 that ended its logical request. A rate ``profile`` (``[[duration_s, rate_rps], ...]``) replaces
 ``rate_rps``; the warm-up runs inside its first phase, so start the profile with a baseline phase
 longer than ``warmup_s``. ``max_duration_s`` still bounds the load (the profile is cut there).
+
+Prompt lengths: ``prompt_mix`` (``"short:70,mid:25,long:5"``, ``"64:80,2048:20"`` or a mapping
+``{short: 70, long: 5}``; :mod:`chaoslib_infer.load.mix`) replaces the fixed 16-word prompt.
+Client timeouts: ``ttft_timeout_s`` (send to first output chunk, default 10 s) and
+``idle_timeout_s`` (between chunks, default 5 s), ``None`` or 0 for no limit: a drill whose fault
+stalls a stream for ``t`` seconds sees it as ``timeout_idle`` only when ``t`` exceeds
+``idle_timeout_s``. Every argument is checked before the load starts: a bad or unknown one
+interrupts the experiment with one line (``background-load: ...``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
+import math
 import os
 import signal
 import subprocess
@@ -84,6 +94,9 @@ def start_load(
     retry_backoff_s: float = 0.2,
     attempt_timeout_s: float | None = None,
     profile: list[list[float]] | None = None,
+    prompt_mix: str | dict[str, float] | list[list[Any]] | None = None,
+    ttft_timeout_s: float | None = 10.0,
+    idle_timeout_s: float | None = 5.0,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Start the background load process and wait for its warm-up.
@@ -102,28 +115,43 @@ def start_load(
         attempt_timeout_s: per-attempt total timeout in seconds (``None``: ``timeout_s``).
         profile: rate phases ``[[duration_s, rate_rps], ...]`` replacing ``rate_rps``; cut at
             ``max_duration_s``.
+        prompt_mix: prompt-length mixture, ``"short:70,mid:25,long:5"`` (named classes set the
+            prompt words and ``max_tokens``), ``"64:80,2048:20"`` (word counts; ``max_tokens``
+            stays), or a mapping ``{class: weight}``; None: 16-word prompts.
+        ttft_timeout_s: client limit from send to the first output chunk, seconds (``timeout_ttft``);
+            None or 0: no limit.
+        idle_timeout_s: client limit between output chunks, seconds (``timeout_idle``); None or
+            0: no limit.
         configuration: Chaos Toolkit configuration (target URL, run directory).
 
     Returns:
-        ``{"pid", "records", "url", "rate_rps", "profile"}``.
+        ``{"pid", "records", "url", "rate_rps", "profile", "prompt_mix" (text or None),
+        "ttft_timeout_s", "idle_timeout_s"}`` (timeouts None when unlimited).
 
     Raises:
-        InterruptExecution: bad retry/profile arguments, no target, the load process died, or no
-            request succeeded in warm-up.
+        InterruptExecution: bad retry/profile/mix/timeout arguments (one line), no target, the
+            load process died, or no request succeeded in warm-up.
     """
     from chaoslib_infer.load.client import LoadSpec
+    from chaoslib_infer.load.mix import format_mix, parse_prompt_mix
     from chaoslib_infer.load.schedule import check_profile
 
     try:
         phases = check_profile(profile) if profile is not None else None
+        mix = parse_prompt_mix(prompt_mix) if prompt_mix not in (None, "") else None
+        ttft = _timeout("ttft_timeout_s", ttft_timeout_s)
+        idle = _timeout("idle_timeout_s", idle_timeout_s)
         LoadSpec(  # validate here: one clear line instead of a dead load process
             url="http://127.0.0.1:1",
             timeout_s=timeout_s,
             retry_attempts=retry_attempts,
             retry_backoff_s=retry_backoff_s,
             attempt_timeout_s=attempt_timeout_s,
+            prompt_mix=mix,
+            ttft_timeout_s=ttft,
+            idle_timeout_s=idle,
         )
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise InterruptExecution(f"background-load: {exc}") from None
     url = _target_url(configuration)
     try:  # `chaos run` reaches here without our CLI: enforce the blast radius here too
@@ -162,6 +190,9 @@ def start_load(
         cmd += ["--attempt-timeout-s", str(attempt_timeout_s)]
     if phases is not None:
         cmd += ["--profile", ",".join(f"{d!r}:{r!r}" for d, r in phases)]
+    if mix is not None:
+        cmd += ["--prompt-mix", format_mix(mix)]
+    cmd += ["--ttft-timeout-s", repr(ttft or 0.0), "--idle-timeout-s", repr(idle or 0.0)]
     log = (run_dir / "load.log").open("ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
@@ -185,7 +216,27 @@ def start_load(
         "url": url,
         "rate_rps": rate_rps,
         "profile": [list(p) for p in phases] if phases is not None else None,
+        "prompt_mix": format_mix(mix) if mix is not None else None,
+        "ttft_timeout_s": ttft,
+        "idle_timeout_s": idle,
     }
+
+
+def _timeout(name: str, value: Any) -> float | None:
+    """A client timeout argument in seconds: None, 0 or "" -> None (no limit), else > 0.
+
+    Raises:
+        ValueError: not a number >= 0 (one line naming the argument).
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    try:
+        seconds = float("nan") if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise ValueError(f"{name} must be a number of seconds >= 0 (0: no limit), got {value!r}")
+    return seconds or None
 
 
 def stop_load(configuration: dict[str, Any] | None = None, grace_s: float = 20.0) -> int | None:
@@ -217,23 +268,25 @@ def before_experiment_control(
     configuration: dict[str, Any] | None = None,
     **arguments: Any,
 ) -> None:
-    """Chaos Toolkit hook: start the load before the experiment (arguments of :func:`start_load`)."""
-    allowed = {
-        "rate_rps",
-        "warmup_s",
-        "max_duration_s",
-        "max_concurrency",
-        "max_tokens",
-        "timeout_s",
-        "api",
-        "seed",
-        "retry_attempts",
-        "retry_backoff_s",
-        "attempt_timeout_s",
-        "profile",
+    """Chaos Toolkit hook: start the load before the experiment (arguments of :func:`start_load`).
+
+    Raises:
+        InterruptExecution: an argument :func:`start_load` does not take (a typo would otherwise
+            silently run the default), or whatever :func:`start_load` raises; the line is also
+            written to ``<run dir>/load_error.txt``.
+    """
+    # observe_after_s is read by after_experiment_control
+    allowed = (set(inspect.signature(start_load).parameters) - {"configuration"}) | {
+        "observe_after_s"
     }
-    kwargs = {k: v for k, v in arguments.items() if k in allowed}
+    unknown = sorted(set(arguments) - allowed)
+    kwargs = {k: v for k, v in arguments.items() if k in allowed and k != "observe_after_s"}
     try:
+        if unknown:
+            raise InterruptExecution(
+                f"background-load: unknown argument(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(allowed))}"
+            )
         start_load(configuration=configuration, **kwargs)
     except InterruptExecution as exc:
         with contextlib.suppress(OSError):

@@ -19,6 +19,8 @@ chaos drills observe on a real vLLM replica:
   ``error_in_stream``, ``empty``, ``garbled``, ``truncated``, ``slowdown``,
   ``crash_on_long_prompt``; set at run time through ``POST /admin/faults`` or per request with the
   ``X-Chaos-Fault`` header. Every sabotaged request gets a ``"event": "fault"`` ledger line.
+  Who may arm them: loopback peers, or, when the engine is started with ``--admin-token-file``
+  (as the lab starts every sim replica), only a caller presenting that token.
 
 Prompt tokens are approximated as ``max(1, ceil(len(text) / 4))`` characters-per-token over the
 concatenated message contents (chat) or the prompt string (completions); a prompt given as a list
@@ -33,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -49,7 +52,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -115,6 +118,9 @@ class EngineConfig:
     output_tokens: int = 32
     graceful_shutdown_s: float = 5.0
     admin_faults: bool = True
+    #: lab admin token: when set, ``/admin/faults`` and the ``X-Chaos-Fault`` header need it (header
+    #: ``X-Chaos-Admin-Token``) from every peer, loopback included; None: loopback peers only
+    admin_token: str | None = field(default=None, repr=False)
     #: provider profile mimicked (``chaoslib_infer.lab.mimic``); None: the plain engine
     profile: str | None = None
     ttft_log: Path | None = None
@@ -221,9 +227,15 @@ def generate_tokens(request_id: str, n: int) -> list[str]:
 # Fault modes (lab-only)
 # --------------------------------------------------------------------------------------------
 # Lab-only control plane. ``/admin/faults`` answers only when fault injection is enabled (the
-# default; ``--no-admin-faults`` turns it and the ``X-Chaos-Fault`` header off) and only to peers on
-# a loopback address (403 otherwise). The lab binds every replica on 127.0.0.1, so the endpoint is
-# reachable on the replica's own port; never expose a replica port beyond the lab.
+# default; ``--no-admin-faults`` turns it and the ``X-Chaos-Fault`` header off), and then:
+#
+# * started with ``--admin-token-file FILE`` (the lab does this for every sim replica: a per-lab
+#   random token in its 0700 state directory, ``Lab.admin_token()``): only to a request carrying
+#   ``X-Chaos-Admin-Token: <token>``, from any peer (replicas on lab nodes listen on a namespace
+#   address, where the caller is not loopback); the ``X-Chaos-Fault`` header needs it too;
+# * without a token: only to peers on a loopback address.
+#
+# Anything else gets 403. Never expose a replica port beyond the lab.
 
 #: Fault modes, in the order they are documented.
 FAULT_MODES: tuple[str, ...] = (
@@ -237,6 +249,8 @@ FAULT_MODES: tuple[str, ...] = (
     "slowdown",
     "crash_on_long_prompt",
 )
+#: Request header carrying the lab's admin token (see ``EngineConfig.admin_token``).
+ADMIN_TOKEN_HEADER = "x-chaos-admin-token"
 #: Request header sabotaging one request: ``X-Chaos-Fault: mode;k=3;t=2`` (see ``parse_fault_header``).
 FAULT_HEADER = "x-chaos-fault"
 #: Exit status of a replica that ``crash_on_long_prompt`` (``how=exit``) killed.
@@ -489,6 +503,30 @@ class _FaultBoard:
             if spec.applies(prompt_tokens) and self.roll(spec):
                 return spec
         return None
+
+
+def admin_allowed(config: EngineConfig, client: Any, token: str | None) -> str | None:
+    """Whether a caller may use the fault control plane (``/admin/faults``, ``X-Chaos-Fault``).
+
+    Args:
+        config: the engine's configuration (``admin_token``).
+        client: the ASGI ``client`` tuple ``(host, port)`` of the peer (may be None).
+        token: the request's ``X-Chaos-Admin-Token`` header value, or None.
+
+    Returns:
+        None when allowed, else the reason for the 403 (one line, never the token).
+    """
+    if config.admin_token is not None:
+        given = (token or "").encode()
+        if hmac.compare_digest(given, config.admin_token.encode()):
+            return None
+        what = "a wrong" if token else "no"
+        return f"fault injection needs the lab's admin token ({what} X-Chaos-Admin-Token given)"
+    if _is_loopback(client):
+        return None
+    return (
+        "/admin/faults answers loopback clients only (or start the engine with --admin-token-file)"
+    )
 
 
 def _is_loopback(client: Any) -> bool:
@@ -1323,7 +1361,14 @@ def build_app(config: EngineConfig) -> Starlette:
             job = _parse_job(body, chat, request.state.request_id, config)
             fault = None
             if config.admin_faults:
-                fault = engine.choose_fault(request.headers.get(FAULT_HEADER), job.prompt_tokens)
+                header = request.headers.get(FAULT_HEADER)
+                if header is not None and config.admin_token is not None:
+                    denied = admin_allowed(
+                        config, request.client, request.headers.get(ADMIN_TOKEN_HEADER)
+                    )
+                    if denied is not None:
+                        raise RequestError(403, f"{FAULT_HEADER}: {denied}")
+                fault = engine.choose_fault(header, job.prompt_tokens)
         except RequestError as exc:
             return _error_response(exc.status, exc.message)
         if fault is not None:
@@ -1367,11 +1412,13 @@ def build_app(config: EngineConfig) -> Starlette:
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
     async def admin_faults(request: Request) -> Response:
-        # Lab-only endpoint (see "Fault modes"): loopback peers only, off with --no-admin-faults.
+        # Lab-only endpoint (see "Fault modes"): the lab's token or loopback peers only, off
+        # with --no-admin-faults.
         if not config.admin_faults:
             return _error_response(404, "fault injection is disabled (--no-admin-faults)")
-        if not _is_loopback(request.client):
-            return _error_response(403, "/admin/faults answers loopback clients only")
+        denied = admin_allowed(config, request.client, request.headers.get(ADMIN_TOKEN_HEADER))
+        if denied is not None:
+            return _error_response(403, denied)
         if request.method == "POST":
             try:
                 fields = json.loads(await request.body())
@@ -1454,6 +1501,30 @@ def _tune_malloc() -> None:
         libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD; also disables the dynamic threshold
 
 
+class _CheckingParser(argparse.ArgumentParser):
+    """An argument parser whose errors raise ``ValueError`` instead of exiting (``check_args``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def check_args(argv: list[str]) -> None:
+    """Check engine flags without starting anything (the lab does, before it starts a replica).
+
+    ``--admin-token-file`` is not read.
+
+    Args:
+        argv: the flags (an engine command line after ``-m chaoslib_infer.lab.engine``).
+
+    Raises:
+        ValueError: an unknown flag or a value the engine would refuse (argparse's or
+            :class:`EngineConfig`'s message, one line).
+    """
+    p = _build_parser(_CheckingParser)
+    a = p.parse_args(argv)
+    _config(a, p, admin_token=None)
+
+
 def parse_args(argv: list[str] | None = None) -> EngineConfig:
     """Parse CLI flags into an :class:`EngineConfig`.
 
@@ -1464,10 +1535,26 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         The configuration.
 
     Raises:
-        SystemExit: on invalid flags (argparse).
+        SystemExit: on invalid flags (argparse), an unreadable ``--admin-token-file`` or a token
+            shorter than 16 characters.
     """
+    p = _build_parser(argparse.ArgumentParser)
+    a = p.parse_args(argv)
+    admin_token: str | None = None
+    if a.admin_token_file is not None:
+        try:
+            lines = a.admin_token_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            p.error(f"--admin-token-file {a.admin_token_file}: cannot read it: {exc}")
+        admin_token = lines[0].strip() if lines else ""
+        if len(admin_token) < 16:
+            p.error(f"--admin-token-file {a.admin_token_file}: needs a token of 16+ characters")
+    return _config(a, p, admin_token)
+
+
+def _build_parser(cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     d = EngineConfig()
-    p = argparse.ArgumentParser(
+    p = cls(
         prog="python -m chaoslib_infer.lab.engine",
         description="Simulated vLLM-like OpenAI-compatible inference server for the chaos lab.",
     )
@@ -1496,6 +1583,11 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         help="disable the lab-only /admin/faults endpoint and the X-Chaos-Fault header",
     )
     p.add_argument(
+        "--admin-token-file", type=Path, default=None, metavar="FILE",
+        help="lab admin token (first line of FILE): /admin/faults and X-Chaos-Fault then need "
+        "it in X-Chaos-Admin-Token from every peer (default: loopback peers only)",
+    )  # fmt: skip
+    p.add_argument(
         "--profile", choices=("vllm", "sglang", "tgi", "trtllm", "ark", "openai"),
         default=d.profile, help="answer like this provider (routes, auth, error shapes, stream "
         "chunks; chaoslib_infer.lab.mimic); key from $CHAOS_INFER_ENGINE_API_KEY",
@@ -1504,7 +1596,12 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
         "--ttft-log", type=Path, default=None,
         help="append one JSON line per first token: request_id, server-side ttft_s, t (unix s)",
     )  # fmt: skip
-    a = p.parse_args(argv)
+    return p
+
+
+def _config(
+    a: argparse.Namespace, p: argparse.ArgumentParser, admin_token: str | None
+) -> EngineConfig:
     try:
         return EngineConfig(
             host=a.host,
@@ -1526,6 +1623,7 @@ def parse_args(argv: list[str] | None = None) -> EngineConfig:
             output_tokens=a.output_tokens,
             graceful_shutdown_s=a.graceful_shutdown_s,
             admin_faults=a.admin_faults,
+            admin_token=admin_token,
             profile=a.profile,
             ttft_log=a.ttft_log,
         )

@@ -9,7 +9,9 @@ Layout of ``state_dir`` (nothing is written outside it, apart from the lab's cgr
     haproxy-requests.log     one line per request through HAProxy (ground truth, any engine)
     ledger.jsonl             engine ledger, shared by every replica (ground truth, sim engine)
     events.jsonl             start / ready / exit / fault records (ground truth)
-    faults.json              active faults (memory hogs)
+    faults.json              active faults: the rollback ledger (every kind, see add_fault)
+    admin-token              per-lab random token of the sim engines' fault control plane
+                             (mode 0600; the state directory itself is made 0700)
     placement.json           replica -> node (labs with nodes; see chaoslib_infer.lab.nodes)
     logs/                    replica, HAProxy stderr and recorder logs
 
@@ -60,6 +62,10 @@ LEDGER_FILE = "ledger.jsonl"
 REQUEST_LOG = "haproxy-requests.log"
 SUPERVISOR_SOCK = "supervisor.sock"
 HAPROXY_SOCK = "haproxy.sock"
+#: the sim engines' admin token (``--admin-token-file``; see :meth:`Lab.admin_token`)
+ADMIN_TOKEN_FILE = "admin-token"
+#: fields of a fault record copied into its ``injected`` ground-truth event (never secrets)
+_EVENT_FIELDS = ("mode", "node", "port", "host")
 MAX_REPLICAS = 32
 #: dead-man TTL of a fault record without ``ttl_s`` (seconds; see chaoslib_infer.safety.deadman)
 DEFAULT_FAULT_TTL_S = 120.0
@@ -293,6 +299,34 @@ def _write_json(path: Path, data: Any) -> None:
             os.close(dir_fd)
 
 
+#: sim engine flags the lab sets itself (an ``engine_args`` key for one is refused)
+_LAB_SET_ARGS = ("host", "port", "replica_id", "ledger", "admin_token_file")
+
+
+def _check_sim_args(engine_args: dict[str, object], argv: list[str]) -> None:
+    """Refuse sim ``engine_args`` the engine would reject, before anything starts.
+
+    Raises:
+        LabError: a key the lab sets itself, an unknown flag or a bad value (one line).
+    """
+    taken = [k for k in engine_args if str(k).replace("-", "_").lstrip("_") in _LAB_SET_ARGS]
+    if taken:
+        raise LabError(f"engine_args: {taken[0]!r} is set by the lab, not by engine_args")
+    from chaoslib_infer.lab import engine as sim
+
+    try:
+        sim.check_args(argv[argv.index("chaoslib_infer.lab.engine") + 1 :])
+    except ValueError as exc:
+        raise LabError(f"engine_args {engine_args}: {exc}") from None
+
+
+def _write_secret(path: Path, value: str) -> None:
+    """Write ``value`` to a new file readable by its owner only (mode 0600 from creation)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(value + "\n")
+
+
 def _conf_value(argv: list[str]) -> str:
     """A command line for supervisord.conf (shell-quoted, ``%`` escaped for its interpolation)."""
     return shlex.join(argv).replace("%", "%%")
@@ -458,6 +492,8 @@ class Lab:
         state_dir = Path(state_dir).resolve()
         ledger = state_dir / LEDGER_FILE
         sample_argv = engine_command(engine, "r0", 1, ledger, engine_args)  # validates the name
+        if engine == "sim":
+            _check_sim_args(engine_args or {}, sample_argv)
         from chaoslib_infer.lab import nodes as lab_nodes
 
         n_nodes, spare = lab_nodes.validate_nodes(nodes, spare_node, sample_argv)
@@ -465,6 +501,8 @@ class Lab:
         if haproxy_bin is None:
             raise LabError("haproxy not found: apt-get install haproxy")
         state_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # the admin token and the fault ledger live here
+            os.chmod(state_dir, 0o700)
         if (state_dir / LAB_FILE).exists():
             old = cls(state_dir, json.loads((state_dir / LAB_FILE).read_text()))
             if old._supervisord_alive():
@@ -494,9 +532,11 @@ class Lab:
             "supervisord.out",
             scaling.QUEUE_SAMPLES,
             "placement.json",
+            ADMIN_TOKEN_FILE,
         ):
             with contextlib.suppress(FileNotFoundError):
                 (state_dir / name).unlink()
+        _write_secret(state_dir / ADMIN_TOKEN_FILE, secrets.token_hex(32))
         (state_dir / "logs").mkdir(exist_ok=True)
         for log in (state_dir / "logs").glob("*"):
             with contextlib.suppress(OSError):
@@ -589,9 +629,12 @@ class Lab:
             raise LabError(f"haproxy rejected {cfg}: {first[0] if first else check.returncode}")
 
         programs = []
+        engine_args = dict(meta["engine_args"])
+        if meta["engine"] == "sim":  # the fault control plane answers the lab's token only
+            engine_args["admin_token_file"] = str(sd / ADMIN_TOKEN_FILE)
         for rep in meta["replicas"]:
             cmd = engine_command(
-                meta["engine"], rep["name"], int(rep["port"]), sd / LEDGER_FILE, meta["engine_args"]
+                meta["engine"], rep["name"], int(rep["port"]), sd / LEDGER_FILE, engine_args
             )
             wrapped = [
                 sys.executable,
@@ -840,6 +883,19 @@ class Lab:
         pids["replicas"] = {n: infos.get(n, {}).get("pid") or None for n in self.replica_names()}
         return pids
 
+    def admin_token(self) -> str | None:
+        """The lab's admin token for the sim engines' fault control plane, or None.
+
+        Sent as ``X-Chaos-Admin-Token`` to a replica's ``/admin/faults`` (see
+        :mod:`chaoslib_infer.lab.engine`, "Fault modes"). None when the lab has no token file (a lab
+        started by an older version; its engines then answer loopback peers only). Never log it.
+        """
+        try:
+            lines = (self.state_dir / ADMIN_TOKEN_FILE).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return (lines[0].strip() or None) if lines else None
+
     def replica_host(self, name: str) -> str:
         """Address replica ``name`` listens on: its node's IP, or 127.0.0.1 without nodes."""
         if not self.meta.get("nodes"):
@@ -869,8 +925,20 @@ class Lab:
 
     # -- status ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        """JSON-able snapshot: url, engine, running, replicas[...], haproxy, active_faults."""
+        """JSON-able snapshot: url, engine, running, replicas[...], haproxy, active_faults.
+
+        Each replica carries ``engine_faults``: the fault modes its sim engine has armed, asked
+        of the engine itself (:func:`chaoslib_infer.lab.engine_admin.armed`; ``[]`` when none or
+        not running, ``None`` for another engine or a stopped lab), and ``engine_faults_error``
+        when the engine could not be asked. ``active_faults`` is the lab's fault ledger (every
+        kind), each record checked by its module.
+        """
         running = self._supervisord_alive()
+        engine_faults: dict[str, Any] = {}
+        if running and self.engine_name() == "sim":
+            from chaoslib_infer.lab.engine_admin import lab_engine_faults
+
+            engine_faults = lab_engine_faults(self)
         infos = self._process_infos() if running else {}
         try:
             stats = hap.show_stat(self.state_dir / HAPROXY_SOCK) if running else {}
@@ -905,6 +973,7 @@ class Lab:
                     "oom_kills": cg.oom_kills(),
                     "restarts": max(0, starts.get(name, 0) - 1),
                     "standby": bool(rep.get("standby")),
+                    **_engine_fault_fields(engine_faults.get(name)),
                 }
             )
         hinfo = infos.get("haproxy", {})
@@ -995,7 +1064,10 @@ class Lab:
         }
         with self._faults() as faults:
             faults.append(entry)
-        self._fault_event(record.get("replica"), "injected", kind=record["kind"], fault_id=fault_id)
+        described = {k: record[k] for k in _EVENT_FIELDS if k in record}
+        self._fault_event(
+            record.get("replica"), "injected", kind=record["kind"], fault_id=fault_id, **described
+        )
         return fault_id
 
     def remove_fault(self, fault_id: str, undo: bool = True) -> str | None:
@@ -1266,6 +1338,15 @@ class Lab:
             _write_json(self.state_dir / LAB_FILE, self.meta)
         if errors:
             raise LabError("lab teardown incomplete: " + "; ".join(errors))
+
+
+def _engine_fault_fields(answer: Any) -> dict[str, Any]:
+    """A replica's ``engine_faults`` (and ``engine_faults_error``) fields of :meth:`Lab.status`."""
+    if isinstance(answer, list):
+        return {"engine_faults": answer}
+    if isinstance(answer, dict):
+        return {"engine_faults": None, "engine_faults_error": str(answer.get("error"))}
+    return {"engine_faults": None}
 
 
 def _fault_module(name: str) -> Any:

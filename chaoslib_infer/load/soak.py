@@ -41,6 +41,7 @@ from .client import (
     make_session,
     send_attempt,
 )
+from .mix import MIX_CLASSES  # the prompt-length classes (shared with LoadSpec.prompt_mix)
 from .records import RecordWriter, iter_records, perf_to_unix
 
 __all__ = [
@@ -54,12 +55,6 @@ __all__ = [
     "stream_report",
 ]
 
-#: Prompt-length classes: (prompt words, max_tokens). "long" is the ~5% very long prompt.
-MIX_CLASSES: dict[str, tuple[int, int]] = {
-    "short": (16, 32),
-    "mid": (256, 128),
-    "long": (2048, 256),
-}
 _US = 1_000_000
 _MAX_US = 3600 * _US
 #: Records ``StreamStats`` buffers before it records their values in one batch: few while a run
