@@ -43,6 +43,27 @@ def prepare_out_dir(path: Path, create: bool = True) -> None:
             raise ConfigError(f"--out {path}: cannot create it: {exc.strerror or exc}") from None
 
 
+def _parse_criteria(
+    plan: Any, items: tuple[str, ...]
+) -> list[tuple[str | None, str, float | None]]:
+    """``--criterion [DRILL:]NAME=VALUE`` items, checked against the plan's drills.
+
+    Raises:
+        ConfigError: malformed item, unknown drill or criterion.
+    """
+    from chaoslib_infer.gameday import cli_criteria
+    from chaoslib_infer.verdict import parse_override
+
+    out = []
+    for item in items:
+        try:
+            out.append(parse_override(item))
+        except ValueError as exc:
+            raise ConfigError(f"--criterion: {exc}") from None
+    cli_criteria(plan, out)  # refuses unknown drills and criteria now, before anything starts
+    return out
+
+
 def _parse_slo(values: tuple[str, ...]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in values:
@@ -193,6 +214,7 @@ def _run_plan(
     allow: tuple[str, ...] = (),
     api_key_file: Path | None = None,
     k8s_file: Path | None = None,
+    criterion: tuple[str, ...] = (),
 ) -> None:
     """Check everything that can be checked without touching anything, then run (or dry-run).
 
@@ -213,9 +235,12 @@ def _run_plan(
         if k8s is not None:
             target_url = None
         overrides = _parse_slo(slo)
+        criteria = _parse_criteria(the_plan, criterion)
         allow_patterns(allow, the_plan.path)
         if target_url:
             check_target(target_url, allow, the_plan.path)
+        if k8s is not None:  # the file's url: allowed by the operator's patterns, not by itself
+            check_target(k8s.url, allow, the_plan.path, what=f"{k8s.source}: url")
         if api_key_file is not None:
             try:
                 key = redact.read_key_file(api_key_file)
@@ -239,8 +264,6 @@ def _run_plan(
         elif target_url:  # TCP connect + one GET: an unreachable URL refuses before any load
             from chaoslib_infer.gameday import preflight_url
 
-        if k8s is not None:  # the file's url: allowed by the operator's patterns, not by itself
-            check_target(k8s.url, allow, the_plan.path, what=f"{k8s.source}: url")
             preflight_url(target_url)
         prepare_out_dir(out_dir)
         code = run_gameday(
@@ -253,6 +276,7 @@ def _run_plan(
             progress=lambda m: click.echo(m),
             allow=allow,
             k8s_target=k8s,
+            criteria=criteria,
         )
     except InferChaosError as exc:
         _fail(str(exc))
@@ -289,6 +313,14 @@ _TARGET_OPTIONS = [
         metavar="METRIC=VALUE",
         help="Override an acceptance threshold, e.g. --slo p99_e2e_s=0.5 (repeatable). Metrics: "
         "availability, error_rate, timeout_rate, p50_e2e_s, p95_over_p50, p99_e2e_s.",
+    ),
+    click.option(
+        "--criterion",
+        multiple=True,
+        metavar="[DRILL:]NAME=VALUE",
+        help="Override a drill criterion's threshold, e.g. --criterion restart_s=20 or "
+        "--criterion network-jitter:duplicate_generations=2 (repeatable); VALUE 'off' shows "
+        "the row as 'not judged'. Names and defaults: docs/definitions.md, 'Drill criteria'.",
     ),
     click.option(
         "--dry-run",
@@ -338,6 +370,7 @@ def gameday(
     replicas: int | None,
     engine: str | None,
     slo: tuple[str, ...],
+    criterion: tuple[str, ...],
     dry_run: bool,
     allow: tuple[str, ...],
     api_key_file: Path | None,
@@ -347,8 +380,10 @@ def gameday(
     With --target TARGET.yaml (a Kubernetes target file) the default plan is
     drills/gameday-k8s.yaml and no lab is brought up.
 
-    Exit code 0 when every steady-state hypothesis held, 1 when a drill deviated or failed,
-    2 on bad input or an unreachable target, 130 when interrupted (rollbacks still played).
+    Each drill ends passed, failed, inconclusive, error or aborted, with its reasons. Exit code
+    0 when every drill passed, 1 when a drill failed (a criterion broken, a fault left behind),
+    2 on bad input, an unreachable target or a drill the tool could not run, 3 when a drill was
+    inconclusive and none failed, 130 when interrupted (rollbacks still played).
     """
     from chaoslib_infer.gameday import default_k8s_plan_path, default_plan_path
     from chaoslib_infer.plan import load_plan
@@ -370,6 +405,7 @@ def gameday(
         allow,
         api_key_file,
         k8s_file,
+        criterion,
     )
 
 
@@ -408,6 +444,7 @@ def drill_run(
     replicas: int | None,
     engine: str | None,
     slo: tuple[str, ...],
+    criterion: tuple[str, ...],
     dry_run: bool,
     allow: tuple[str, ...],
     api_key_file: Path | None,
@@ -452,6 +489,7 @@ def drill_run(
         allow,
         api_key_file,
         k8s_file,
+        criterion,
     )
 
 

@@ -123,7 +123,7 @@ def test_cli_signal_stops_cleanly(server: FakeServer, tmp_path: Path, sig: int) 
     assert out.read_bytes().endswith(b"\n")  # every finished record is complete on disk
 
 
-def test_cli_signal_drops_in_flight(server: FakeServer, tmp_path: Path) -> None:
+def test_cli_signal_records_in_flight_as_cut_off(server: FakeServer, tmp_path: Path) -> None:
     out = tmp_path / "rec.jsonl"
     proc = subprocess.Popen(
         cli(
@@ -151,8 +151,12 @@ def test_cli_signal_drops_in_flight(server: FakeServer, tmp_path: Path) -> None:
             proc.wait()
     assert proc.returncode == 0, stderr
     summary = json.loads(stdout.strip().splitlines()[-1])
-    assert summary["cancelled"] > 0 and summary["records"] == 0
-    assert read_records(out) == []
+    # each attempt on the wire at the signal is recorded as cut off (outcome unknown), not dropped
+    recs = read_records(out)
+    assert summary["cancelled"] > 0 and summary["records"] == len(recs) == summary["cancelled"]
+    assert all(r["cut_off"] and r["error_class"] == "cut_off" for r in recs)
+    # and the in-flight snapshot beside the records is left empty
+    assert json.loads((out.parent / "inflight.json").read_text())["attempts"] == []
 
 
 @pytest.mark.parametrize(

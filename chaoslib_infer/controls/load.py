@@ -52,6 +52,8 @@ from chaoslib_infer.errors import InferChaosError
 __all__ = ["after_experiment_control", "before_experiment_control", "start_load", "stop_load"]
 
 _RUNNING: dict[str, subprocess.Popen[bytes]] = {}
+#: seconds the load goes on after the rollbacks (the "after" window of the verdict)
+OBSERVE_AFTER_S = 6.0
 #: in the run folder: why the load could not start (e.g. no request succeeded in warm-up); read
 #: by ``gameday.run_drill`` to report it on the console and in ``summary.json``
 LOAD_ERROR_FILE = "load_error.txt"
@@ -302,5 +304,16 @@ def after_experiment_control(
     configuration: dict[str, Any] | None = None,
     **arguments: Any,
 ) -> None:
-    """Chaos Toolkit hook: stop the load after the experiment and its rollbacks."""
+    """Chaos Toolkit hook: stop the load after the experiment and its rollbacks.
+
+    With ``observe_after_s`` (default :data:`OBSERVE_AFTER_S`) in the control's arguments the
+    load goes on that many seconds after the rollbacks, so the verdict can compare the service
+    after the drill with its baseline (capacity, P99); skipped when the run was interrupted.
+    """
+    wait = float(arguments.get("observe_after_s", OBSERVE_AFTER_S) or 0.0)
+    status = state.get("status") if isinstance(state, dict) else None
+    if wait > 0 and status not in ("interrupted", "aborted"):
+        deadline = time.monotonic() + min(wait, 60.0)
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
     stop_load(configuration)

@@ -52,9 +52,9 @@ from chaoslib_infer.lab.cgroups import (
 )
 from chaoslib_infer.lab.hog import HOG_MODULE
 from chaoslib_infer.lab.recorder import EVENTS_FILE, SUPERVISORD_LOG, append_event, read_events
+from chaoslib_infer.safety.redact import child_env
 
 __all__ = ["ENGINES", "Lab", "LabError", "engine_command", "register_engine"]
-from chaoslib_infer.safety.redact import child_env
 
 LAB_FILE = "lab.json"
 FAULTS_FILE = "faults.json"
