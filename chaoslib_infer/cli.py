@@ -352,6 +352,39 @@ def _target_options(func: Any) -> Any:
     return func
 
 
+_GATEWAY_CHOICE = click.Choice(["haproxy", "nginx", "litellm"])
+_GATEWAY_HELP = (
+    "The lab's gateway on its URL: haproxy (the lab's settings), nginx (Debian's, with "
+    "--gateway-config or the project's default); docs/gateways.md."
+)
+_GATEWAY_CONFIG_HELP = (
+    "The gateway's config: a full nginx.conf, server blocks or a location snippet (a Jinja2 "
+    "template over the lab's replicas: {{ upstream }}, {{ servers }}, {{ listen }}, "
+    "{{ lab_http }}); docs/gateways.md."
+)
+
+
+def _gateway_options(func: Any) -> Any:
+    """``--gateway`` / ``--gateway-config`` of gameday and drill run (override the plan's lab:)."""
+    func = click.option(
+        "--gateway-config",
+        type=click.Path(path_type=Path, dir_okay=False, exists=True),
+        default=None,
+        help=_GATEWAY_CONFIG_HELP,
+    )(func)
+    return click.option("--gateway", type=_GATEWAY_CHOICE, default=None, help=_GATEWAY_HELP)(func)
+
+
+def _apply_gateway(the_plan: Any, gateway: str | None, gateway_config: Path | None) -> None:
+    """Put ``--gateway`` / ``--gateway-config`` into the plan's ``lab:`` options."""
+    if gateway is not None:
+        the_plan.lab.options["gateway"] = gateway
+        if gateway == "haproxy":
+            the_plan.lab.options.pop("gateway_config", None)
+    if gateway_config is not None:
+        the_plan.lab.options["gateway_config"] = str(gateway_config.resolve())
+
+
 @main.command()
 @click.argument("plan", required=False, type=click.Path(path_type=Path))
 @click.option(
@@ -363,6 +396,7 @@ def _target_options(func: Any) -> Any:
     help="Folder for the evidence bundle.",
 )
 @_target_options
+@_gateway_options
 def gameday(
     plan: Path | None,
     out_dir: Path,
@@ -374,6 +408,8 @@ def gameday(
     dry_run: bool,
     allow: tuple[str, ...],
     api_key_file: Path | None,
+    gateway: str | None = None,
+    gateway_config: Path | None = None,
 ) -> None:
     """Run a game day: every drill of PLAN (default drills/gameday.yaml), with evidence.
 
@@ -394,6 +430,7 @@ def gameday(
     except InferChaosError as exc:
         _fail(str(exc))
         return
+    _apply_gateway(the_plan, gateway, gateway_config)
     _run_plan(
         the_plan,
         out_dir,
@@ -437,6 +474,7 @@ def drill_list() -> None:
     help="Folder for the evidence bundle (default: drill-out/NAME).",
 )
 @_target_options
+@_gateway_options
 def drill_run(
     name: str,
     out_dir: Path | None,
@@ -448,6 +486,8 @@ def drill_run(
     dry_run: bool,
     allow: tuple[str, ...],
     api_key_file: Path | None,
+    gateway: str | None = None,
+    gateway_config: Path | None = None,
 ) -> None:
     """Run the drill NAME (see `chaos-infer drill list`) alone, with evidence, like a game day.
 
@@ -478,6 +518,7 @@ def drill_run(
         drills=[spec],
         platform=base.platform,
     )
+    _apply_gateway(the_plan, gateway, gateway_config)
     _run_plan(
         the_plan,
         out_dir or Path("drill-out") / name,
@@ -583,6 +624,15 @@ def lab() -> None:
     "its first connection error (default: health checks alone).",
 )
 @click.option(
+    "--gateway", type=_GATEWAY_CHOICE, default="haproxy", show_default=True, help=_GATEWAY_HELP
+)
+@click.option(
+    "--gateway-config",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    default=None,
+    help=_GATEWAY_CONFIG_HELP,
+)
+@click.option(
     "--engine-arg",
     "engine_arg",
     multiple=True,
@@ -649,6 +699,8 @@ _LAB_UP_OPTIONS = (
     "scale_out_cooldown_s",
     "gateway_retry",
     "ready_timeout_s",
+    "gateway",
+    "gateway_config",
 )
 
 
@@ -867,8 +919,9 @@ def rollback(
     k8s_remove_network_jitter), which removes the file once done: a second run is a no-op.
 
     Exit 0 when everything pending was undone (or nothing was pending), 1 when an undo failed
-    (one line each on stderr; the record or state file stays), 2 when the ledger is unreadable
-    or the run dir does not exist.
+    (one line each on stderr; the record or state file stays), 2 when the ledger is unreadable,
+    holds a record that is not a fault of this lab (unregistered module, foreign name or pid,
+    stored argv: nothing is undone, nothing of it runs) or the run dir does not exist.
     """
     from click.core import ParameterSource
 
@@ -883,9 +936,10 @@ def rollback(
 
 def _rollback_lab(state_dir: Path, dry_run: bool) -> int:
     """The lab part of ``rollback``: replay (or, dry, list) the ledger; the exit code."""
-    from chaoslib_infer.lab.fleet import LAB_FILE, LabError
+    from chaoslib_infer.lab.fleet import LAB_FILE, Lab, LabError
     from chaoslib_infer.safety.ledger import describe, pending_faults
     from chaoslib_infer.safety.ledger import rollback as do_rollback
+    from chaoslib_infer.safety.registry import LedgerRefused, validate
 
     try:
         if dry_run:
@@ -893,12 +947,27 @@ def _rollback_lab(state_dir: Path, dry_run: bool) -> int:
                 click.echo(f"rollback: no lab in {state_dir}: nothing to roll back")
                 return 0
             pending = pending_faults(state_dir)
+            lab = Lab.attach(state_dir)
+            refused = 0
             for record in pending:
+                try:
+                    validate(lab, record)
+                except LedgerRefused as exc:
+                    refused += 1
+                    click.echo(f"refused: {exc}")
+                    continue
                 click.echo(f"would undo: {describe(record)}")
             click.echo(
                 f"rollback: dry run: {len(pending)} fault(s) pending in {state_dir}; "
                 "nothing was changed"
             )
+            if refused:
+                click.echo(
+                    f"chaos-infer: error: {refused} ledger record(s) in {state_dir} are not "
+                    "faults of this lab: a rollback would undo nothing; fix or remove them by hand",
+                    err=True,
+                )
+                return 2
             return 0
         result = do_rollback(state_dir)
     except LabError as exc:

@@ -117,6 +117,28 @@ def _fail(path: Path, where: str, msg: str) -> ConfigError:
     return ConfigError(f"{path}: {where}: {msg}")
 
 
+def _gateway_fields(path: Path, options: dict[str, Any]) -> None:
+    """Check ``lab.gateway`` / ``lab.gateway_config`` and resolve the config against the plan.
+
+    Raises:
+        ConfigError: an unknown gateway, a config that is not a string, or one that is missing.
+    """
+    from chaoslib_infer.lab.gateways import GATEWAYS
+
+    gateway = options.get("gateway", "haproxy")
+    if gateway not in GATEWAYS:
+        raise _fail(path, "lab.gateway", f"expected one of {', '.join(GATEWAYS)}, got {gateway!r}")
+    cfg = options.get("gateway_config")
+    if cfg is None:
+        return
+    if not isinstance(cfg, str) or not cfg:
+        raise _fail(path, "lab.gateway_config", f"expected a file path, got {cfg!r}")
+    resolved = (Path(path).parent / cfg).resolve()
+    if not resolved.is_file():
+        raise _fail(path, "lab.gateway_config", f"no such file: {resolved}")
+    options["gateway_config"] = str(resolved)
+
+
 def load_plan(path: Path) -> Plan:
     """Read and validate a plan file.
 
@@ -189,6 +211,7 @@ def load_plan(path: Path) -> Plan:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise _fail(path, f"lab.{key}", f"unknown field{hint}; known: {', '.join(known)}")
         lab.options[key] = lab_raw[key]
+    _gateway_fields(path, lab.options)
     if lab.engine not in ENGINES:
         raise _fail(path, "lab.engine", f"expected one of {', '.join(ENGINES)}, got {lab.engine!r}")
     if not 1 <= lab.replicas <= MAX_REPLICAS:

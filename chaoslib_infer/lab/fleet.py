@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import http.client
-import importlib
 import json
 import os
 import secrets
@@ -72,6 +71,11 @@ DEFAULT_FAULT_TTL_S = 120.0
 MIN_MEMORY_MB = 32
 TICK_S = 0.02  # supervisord wake-up period (see recorder.tick_forever)
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+#: files of a non-HAProxy gateway (:mod:`chaoslib_infer.lab.gateways`), removed at lab up
+_GATEWAY_FILES = (
+    "gateway.json", "gateway-requests.log", "gateway-servers.json", "gateway-sync.jsonl",
+    "haproxy-wire.log", "nginx.conf", "nginx.conf.new", "nginx.pid",
+)  # fmt: skip
 
 
 class LabError(InferChaosError):
@@ -449,6 +453,8 @@ class Lab:
         nodes: int | None = None,
         spare_node: bool | None = None,
         gateway_retry: bool = False,
+        gateway: str = "haproxy",
+        gateway_config: str | Path | None = None,
     ) -> Lab:
         """Start a lab and wait until every replica is ready and HAProxy answers.
 
@@ -467,6 +473,11 @@ class Lab:
         first connection error (``observe layer7 error-limit 1 on-error mark-down``, ``fastinter
         100ms``); the default gateway relies on its health checks alone (``inter 500ms fall 2``),
         so a restarted replica that is still loading answers 503s to clients until it is DOWN.
+
+        ``gateway`` is the process on the lab's URL: ``haproxy`` (the above) or ``nginx`` with
+        ``gateway_config`` (the user's nginx.conf, server blocks or location snippet, a Jinja2
+        template over the lab's replicas; None: the project's default), HAProxy then running off
+        the client path as the lab's intent plane: see :mod:`chaoslib_infer.lab.gateways`.
 
         Raises:
             LabError: bad arguments, missing HAProxy, no memory cgroup, lab already running in
@@ -500,6 +511,12 @@ class Lab:
         haproxy_bin = hap.find_haproxy()
         if haproxy_bin is None:
             raise LabError("haproxy not found: apt-get install haproxy")
+        from chaoslib_infer.lab import gateways as lab_gateways
+
+        try:
+            lab_gateways.check_choice(gateway, gateway_config)
+        except lab_gateways.GatewayError as exc:
+            raise LabError(str(exc)) from None
         state_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # the admin token and the fault ledger live here
             os.chmod(state_dir, 0o700)
@@ -518,7 +535,7 @@ class Lab:
         elif not _port_free(port):
             raise LabError(f"port {port} on 127.0.0.1 is already in use")
         ports: list[int] = []
-        while len(ports) < replicas + standby:
+        while len(ports) < replicas + standby + (gateway != "haproxy"):
             p = _free_port()
             if p != port and p not in ports:
                 ports.append(p)
@@ -533,6 +550,7 @@ class Lab:
             scaling.QUEUE_SAMPLES,
             "placement.json",
             ADMIN_TOKEN_FILE,
+            *_GATEWAY_FILES,
         ):
             with contextlib.suppress(FileNotFoundError):
                 (state_dir / name).unlink()
@@ -554,6 +572,11 @@ class Lab:
             "engine_args": dict(engine_args or {}),
             "health_path": health_path(engine),
             "gateway_retry": bool(gateway_retry),
+            "gateway": gateway,
+            "gateway_info": {
+                "config_path": str(Path(gateway_config).resolve()) if gateway_config else None
+            },
+            **({"haproxy_port": ports.pop()} if gateway != "haproxy" else {}),
             "memory_limit_bytes": memory_limit_mb << 20,
             "cgroup_version": hierarchy.version,
             "cgroup_root": str(root),
@@ -605,7 +628,7 @@ class Lab:
             scaling.mark_standby_servers(
                 hap.render_config(
                     meta["lab_id"],
-                    int(meta["port"]),
+                    int(meta.get("haproxy_port") or meta["port"]),
                     [(r["name"], int(r["port"])) for r in meta["replicas"]],
                     sd / HAPROXY_SOCK,
                     health_path=self._health_path(),
@@ -629,6 +652,25 @@ class Lab:
             raise LabError(f"haproxy rejected {cfg}: {first[0] if first else check.returncode}")
 
         programs = []
+        request_log = sd / REQUEST_LOG
+        if meta.get("gateway", "haproxy") != "haproxy":  # nginx on the lab's URL, HAProxy beside
+            from chaoslib_infer.lab import gateways as lab_gateways
+            from chaoslib_infer.lab.gateways import nginx as lab_nginx
+
+            servers = [
+                {"name": r["name"], "addr": f"{self.replica_host(r['name'])}:{r['port']}"}
+                for r in meta["replicas"]
+                if not r.get("standby")
+            ]
+            try:
+                programs.append(lab_gateways.start_programs(sd, servers, sys.executable))
+            except InferChaosError as exc:
+                raise LabError(str(exc)) from None
+            path = meta["gateway_info"].get("config_path")
+            lab_gateways.record(sd, meta["gateway"], path, Path(path).read_text() if path else None)
+            request_log = sd / "haproxy-wire.log"  # HAProxy off the client path: health checks
+            (sd / lab_nginx.ACCESS_LOG).touch()
+            (sd / REQUEST_LOG).symlink_to(lab_nginx.ACCESS_LOG)
         engine_args = dict(meta["engine_args"])
         if meta["engine"] == "sim":  # the fault control plane answers the lab's token only
             engine_args["admin_token_file"] = str(sd / ADMIN_TOKEN_FILE)
@@ -678,7 +720,7 @@ class Lab:
                     [sys.executable, "-m", "chaoslib_infer.safety.deadman", "--state-dir", str(sd)]
                 ),
                 haproxy=_conf_value([haproxy_bin, "-db", "-f", str(cfg)]),
-                request_log=sd / REQUEST_LOG,
+                request_log=request_log,
                 programs="".join(programs),
             )
         )
@@ -759,14 +801,17 @@ class Lab:
             infos = {p["name"]: p for p in _rpc(sd, 1.0).supervisor.getAllProcessInfo()}
         except (OSError, xmlrpc.client.Error, http.client.HTTPException):
             return "supervisord not answering"
-        for name in [*self.replica_names(), "haproxy"]:
+        gateway = ["gateway"] if self.meta.get("gateway", "haproxy") != "haproxy" else []
+        for name in [*self.replica_names(), "haproxy", *gateway]:
             info = infos.get(name)
             if info is None:
                 return f"{name} unknown to supervisord"
             if info["statename"] in ("FATAL", "BACKOFF") or (
-                name == "haproxy" and info["statename"] == "EXITED"
+                name in ("haproxy", "gateway") and info["statename"] == "EXITED"
             ):
                 log = sd / "logs" / ("haproxy.err" if name == "haproxy" else f"{name}.log")
+                if name == "gateway":
+                    log = sd / "logs" / "nginx.err"
                 return f"FATAL:{name} failed to start ({info['statename']}): {_tail(log) or info['spawnerr']}"
             if info["statename"] != "RUNNING":
                 return f"{name} is {info['statename']}"
@@ -878,7 +923,7 @@ class Lab:
     def _pids(self) -> dict[str, Any]:
         infos = self._process_infos()
         pids: dict[str, Any] = {"supervisord": self._supervisord_pid()}
-        for name in ("haproxy", "recorder"):
+        for name in ("haproxy", "recorder", "gateway"):
             pids[name] = infos.get(name, {}).get("pid") or None
         pids["replicas"] = {n: infos.get(n, {}).get("pid") or None for n in self.replica_names()}
         return pids
@@ -990,6 +1035,7 @@ class Lab:
             "running": running,
             "supervisord_pid": self._supervisord_pid() if running else None,
             "haproxy": {"pid": hinfo.get("pid") or None, "state": hinfo.get("statename", "DOWN")},
+            "gateway": self.meta.get("gateway", "haproxy"),
             "cgroup_version": self.meta["cgroup_version"],
             "replicas": reps,
             **node_info,
@@ -1016,16 +1062,16 @@ class Lab:
             faults = json.loads((self.state_dir / FAULTS_FILE).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return []
+        from chaoslib_infer.safety import registry
+
         active = []
         for f in faults:
-            module = f.get("module")
-            if module:
-                try:
-                    if _fault_module(str(module)).fault_active(self, f):
-                        active.append(f)
-                except Exception:  # an unknown state is reported as active: never hide a fault
+            try:
+                if registry.fault_active(self, f):
                     active.append(f)
-            elif _is_hog(int(f.get("pid", 0))):
+            except registry.LedgerRefused as exc:  # nothing of it ran; never hide it either
+                active.append({**f, "refused": str(exc)} if isinstance(f, dict) else f)
+            except Exception:  # an unknown state is reported as active: never hide a fault
                 active.append(f)
         return active
 
@@ -1079,8 +1125,11 @@ class Lab:
         f = found[0]
         note = None
         if undo and f.get("module"):
-            # undo first: if it raises, the record stays in the ledger for `chaos-infer rollback`
-            note = _fault_module(str(f["module"])).undo_fault(self, f)
+            from chaoslib_infer.safety import registry
+
+            # undo first: if it raises, the record stays in the ledger for `chaos-infer rollback`;
+            # only the record rebuilt from validated fields reaches the module (LedgerRefused)
+            note = registry.undo(self, f)
         with self._faults() as faults:
             faults[:] = [x for x in faults if x.get("id") != fault_id]
         self._fault_event(f.get("replica"), "cleared", kind=f.get("kind"), fault_id=fault_id)
@@ -1216,15 +1265,24 @@ class Lab:
     def clear_faults(self) -> list[str]:
         """Undo every recorded fault (each through its module's ``undo_fault``) and kill leftover
         memory hogs (faults.json and any hog found in replica cgroups). Returns what was undone."""
+        from chaoslib_infer.safety import registry
+
         undone: list[str] = []
         with self._faults() as faults:
             known = list(faults)
             faults.clear()
         seen: set[int] = set()
         for f in known:
+            try:  # a record that is not a fault of this lab runs nothing and stays
+                clean = registry.validate(self, f)
+            except registry.LedgerRefused as exc:
+                undone.append(f"undo REFUSED: {exc}")
+                with self._faults() as faults:
+                    faults.append(f)
+                continue
             if f.get("module"):
                 try:
-                    note = _fault_module(str(f["module"])).undo_fault(self, f)
+                    note = registry.undo(self, f)
                 except Exception as exc:  # keep undoing the others; report this one
                     note = f"{f.get('kind')} {f.get('id')}: undo FAILED: {exc}"
                     with self._faults() as faults:
@@ -1234,8 +1292,8 @@ class Lab:
                     f.get("replica"), "cleared", kind=f.get("kind"), fault_id=f.get("id")
                 )
                 continue
-            pid = int(f.get("pid", 0))
-            seen.add(pid)
+            pid = int(clean.get("pid") or 0)  # 0: the hog is gone (or its pid was reused)
+            seen.add(int(f.get("pid") or 0))
             if _is_hog(pid):
                 _kill(pid)
                 undone.append(f"oom-kill on {f.get('replica')}: killed memory hog pid {pid}")
@@ -1317,6 +1375,7 @@ class Lab:
         cands = [
             recorded.get("haproxy"),
             recorded.get("recorder"),
+            recorded.get("gateway"),
             *recorded.get("replicas", {}).values(),
         ]
         for cand in cands:
@@ -1350,10 +1409,15 @@ def _engine_fault_fields(answer: Any) -> dict[str, Any]:
 
 
 def _fault_module(name: str) -> Any:
-    """Import the module that owns a fault kind (``undo_fault`` / ``fault_active``)."""
-    if not name.startswith("chaoslib_infer."):
-        raise LabError(f"refusing to import fault module {name!r} (not part of chaoslib_infer)")
-    return importlib.import_module(name)
+    """Import the module that owns a fault kind (``undo_fault`` / ``fault_active``): only a
+    module of the registry (:data:`chaoslib_infer.safety.registry.FAULT_MODULES`).
+
+    Raises:
+        LedgerRefused: any other name (never imported).
+    """
+    from chaoslib_infer.safety import registry
+
+    return registry.fault_module(name)
 
 
 def _is_hog(pid: int) -> bool:

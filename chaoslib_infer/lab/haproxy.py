@@ -188,13 +188,27 @@ _LINE = re.compile(
 
 
 def parse_request_log(path: Path) -> list[RequestLogEntry]:
-    """Parse ``haproxy-requests.log``; malformed lines are skipped."""
+    """Parse ``haproxy-requests.log``; malformed lines are skipped.
+
+    A lab whose gateway is nginx links this file to nginx's log (``G1`` lines, see
+    :mod:`chaoslib_infer.lab.gateways.nginx`): those lines are read into the same entries.
+    """
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return []
     out: list[RequestLogEntry] = []
+    names: dict[str, str] | None = None
     for line in text.splitlines():
+        if line.startswith("G1 "):
+            from chaoslib_infer.lab.gateways import nginx
+
+            if names is None:
+                names = nginx.read_servers(path.parent)
+            entry = nginx.parse_line(line, names)
+            if entry is not None:
+                out.append(entry)
+            continue
         m = _LINE.match(line.strip())
         if not m:
             continue

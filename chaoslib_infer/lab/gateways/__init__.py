@@ -1,0 +1,233 @@
+"""The lab's gateway: the process between the drills' client and the engine replicas.
+
+``Lab.up(gateway=...)`` (plan ``lab: {gateway: nginx, gateway_config: my-nginx.conf}``,
+``chaos-infer lab up --gateway nginx --gateway-config FILE``):
+
+- ``haproxy`` (default): HAProxy with the project's settings, as before;
+- ``nginx``: Debian's nginx with the user's config (a full nginx.conf, server blocks or a
+  location snippet, rendered as a Jinja2 template with the lab's replicas: see
+  :mod:`chaoslib_infer.lab.gateways.nginx`) or the project's default; HAProxy keeps running off
+  the client path as the lab's intent plane and health checker, and
+  :mod:`chaoslib_infer.lab.gateways.sync` mirrors its server states into nginx's upstream;
+- ``litellm``: refused with one line (not supported by this version: docs/gateways.md says why).
+
+Ground truth a gateway writes: ``gateway-requests.log`` (which replica served which request id
+and when; ``haproxy-requests.log`` is a link to it, so every reader of the lab's request log
+reads the gateway's), ``gateway-sync.jsonl`` (each upstream change and its reload) and
+``gateway.json`` (name, config path, the config scrubbed of secrets, the binary's version).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from chaoslib_infer.errors import InferChaosError
+
+__all__ = [
+    "GATEWAYS",
+    "GATEWAY_FILE",
+    "GatewayError",
+    "check_choice",
+    "describe",
+    "gateway_of",
+    "redact_config",
+    "write_nginx_config",
+]
+
+GATEWAYS = ("haproxy", "nginx", "litellm")
+GATEWAY_FILE = "gateway.json"
+#: config text kept in the evidence is cut here (characters)
+_KEEP_CHARS = 20000
+_SECRET_LINE = re.compile(
+    r"(?im)^(?P<head>[^\n#]*?(?:api[_-]?key|authorization|password|passwd|secret|token|"
+    r"master[_-]?key|bearer)[^\n]*?[\s:=\"'])(?P<value>[^\s\"';]{6,})"
+)
+
+
+class GatewayError(InferChaosError):
+    """A gateway choice or config the lab refuses (one line)."""
+
+
+def check_choice(gateway: str, gateway_config: str | Path | None) -> str | None:
+    """Validate ``gateway`` / ``gateway_config`` before anything starts.
+
+    Returns:
+        The config text (None: the gateway's default).
+
+    Raises:
+        GatewayError: an unknown gateway, ``litellm`` (not supported here), a config given to
+            ``haproxy``, a config file that cannot be read, or a missing nginx binary.
+    """
+    if gateway not in GATEWAYS:
+        raise GatewayError(f"gateway must be one of {', '.join(GATEWAYS)}, got {gateway!r}")
+    if gateway == "litellm":
+        raise GatewayError(
+            "gateway litellm is not supported by this version of the lab (docs/gateways.md, "
+            "'LiteLLM'); use nginx or haproxy"
+        )
+    if gateway == "haproxy":
+        if gateway_config is not None:
+            raise GatewayError(
+                "gateway_config is for gateway nginx; the haproxy gateway has the lab's settings "
+                "(gateway_retry)"
+            )
+        return None
+    from chaoslib_infer.lab.gateways import nginx
+
+    if nginx.find_nginx() is None:
+        raise GatewayError("nginx not found: apt-get install nginx-light")
+    if gateway_config is None:
+        return None
+    path = Path(gateway_config)
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GatewayError(f"gateway_config {path}: cannot read it: {exc}") from None
+
+
+def gateway_of(meta: dict[str, Any]) -> str:
+    """The gateway of a lab's ``lab.json`` mapping (``haproxy`` for older labs)."""
+    return str(meta.get("gateway") or "haproxy")
+
+
+def redact_config(text: str) -> str:
+    """``text`` with the secrets this process knows scrubbed
+    (:func:`chaoslib_infer.safety.redact.scrub`) and the value of every line that names a key,
+    token, password or Authorization header replaced by ``[REDACTED]``; cut to 20,000 chars."""
+    from chaoslib_infer.safety.redact import scrub
+
+    out = _SECRET_LINE.sub(lambda m: m["head"] + "[REDACTED]", scrub(text))
+    return out[:_KEEP_CHARS]
+
+
+def _lab_meta(state_dir: Path) -> dict[str, Any]:
+    from chaoslib_infer.lab.fleet import LAB_FILE
+
+    meta: dict[str, Any] = json.loads((Path(state_dir) / LAB_FILE).read_text())
+    return meta
+
+
+def write_nginx_config(state_dir: Path, servers: list[dict[str, str]]) -> Path:
+    """Render the lab's nginx.conf for ``servers`` (via a ``.new`` file checked with
+    ``nginx -t``, then renamed) and remember each address in ``gateway-servers.json``.
+
+    Raises:
+        NginxError: the config does not render or nginx rejects it (nginx.conf is unchanged).
+        GatewayError: nginx not found.
+    """
+    from chaoslib_infer.lab.gateways import nginx
+
+    sd = Path(state_dir)
+    meta = _lab_meta(sd)
+    gw = meta.get("gateway_info") or {}
+    binary = nginx.find_nginx()
+    if binary is None:
+        raise GatewayError("nginx not found: apt-get install nginx-light")
+    user_text = None
+    if gw.get("config_path"):
+        user_text = Path(gw["config_path"]).read_text(encoding="utf-8")
+    source = str(gw.get("config_path") or "the default nginx config")
+    text = nginx.render_config(
+        sd, str(meta["lab_id"]), int(meta["port"]), servers, user_text, source
+    )
+    new = sd / (nginx.CONFIG_FILE + ".new")
+    new.write_text(text)
+    nginx.check_config(binary, sd, new, source)
+    names = nginx.read_servers(sd)
+    names.update({s["addr"]: s["name"] for s in servers})
+    (sd / nginx.SERVERS_FILE).write_text(json.dumps(names, indent=1, sort_keys=True))
+    new.replace(sd / nginx.CONFIG_FILE)
+    return sd / nginx.CONFIG_FILE
+
+
+def _version(binary: str) -> str | None:
+    try:
+        proc = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return lines[0] if lines else None
+
+
+def record(
+    state_dir: Path, gateway: str, config_path: str | None, text: str | None
+) -> dict[str, Any]:
+    """Write ``gateway.json`` (the evidence's gateway block) and return it: ``{"gateway",
+    "config_path", "config" (scrubbed text, None for the default), "version"}``."""
+    info: dict[str, Any] = {"gateway": gateway, "config_path": config_path, "config": None}
+    if gateway == "nginx":
+        from chaoslib_infer.lab.gateways import nginx
+
+        binary = nginx.find_nginx()
+        info["version"] = _version(binary) if binary else None
+        info["config"] = redact_config(text) if text is not None else "(the lab's default)"
+    (Path(state_dir) / GATEWAY_FILE).write_text(json.dumps(info, indent=1))
+    return info
+
+
+def describe(state_dir: Path | str | None) -> dict[str, Any]:
+    """The gateway block of a lab (``gateway.json``), ``{"gateway": "haproxy"}`` without one."""
+    if state_dir is None:
+        return {}
+    try:
+        data = json.loads((Path(state_dir) / GATEWAY_FILE).read_text())
+    except (OSError, ValueError):
+        return {"gateway": "haproxy", "config": "(the lab's HAProxy settings)"}
+    return data if isinstance(data, dict) else {}
+
+
+_PROGRAMS = """
+[program:gateway]
+command={command}
+priority=6
+autorestart=true
+startsecs=0
+startretries=3
+stopsignal=TERM
+stopwaitsecs=3
+stopasgroup=true
+killasgroup=true
+redirect_stderr=true
+stdout_logfile={logs}/gateway.log
+stdout_logfile_maxbytes=0
+
+[program:gateway-sync]
+command={sync}
+priority=7
+autorestart=true
+startsecs=0
+stopwaitsecs=2
+redirect_stderr=true
+stdout_logfile={logs}/gateway-sync.log
+stdout_logfile_maxbytes=0
+"""
+
+
+def start_programs(state_dir: Path, servers: list[dict[str, str]], python: str) -> str:
+    """Render and check the first nginx.conf (``servers`` in service), and return the
+    supervisord blocks ``[program:gateway]`` (nginx) and ``[program:gateway-sync]``.
+
+    Raises:
+        NginxError: the config does not render or nginx rejects it.
+        GatewayError: nginx not found.
+    """
+    import shlex
+
+    from chaoslib_infer.lab.gateways import nginx
+
+    sd = Path(state_dir)
+    write_nginx_config(sd, servers)
+    binary = nginx.find_nginx() or "nginx"
+
+    def conf(argv: list[str]) -> str:
+        return shlex.join(argv).replace("%", "%%")
+
+    return _PROGRAMS.format(
+        command=conf(nginx.program_command(binary, sd)),
+        sync=conf([python, "-m", "chaoslib_infer.lab.gateways.sync", "--state-dir", str(sd)]),
+        logs=sd / "logs",
+    )
