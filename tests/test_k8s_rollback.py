@@ -366,17 +366,26 @@ def test_sigkilled_quota_cut_drill_is_restored_by_rollback(
 def test_lab_rollback_dry_run_lists_the_ledger_and_changes_nothing(tmp_path: Path) -> None:
     state = tmp_path / "lab"
     state.mkdir()
-    (state / "lab.json").write_text("{}")
+    reps = [
+        {"name": n, "port": 2 + i, "cgroup": "/nonexistent"} for i, n in enumerate(["r0", "r1"])
+    ]
+    (state / "lab.json").write_text(json.dumps({"lab_id": "t1", "replicas": reps}))
     records = [
-        {"kind": "freeze", "id": "f-1", "replica": "r0", "ttl_s": 120, "module": "x"},
-        {"kind": "jitter-shim", "id": "j-2", "replica": "r1"},
+        {
+            "kind": "quota-cut",
+            "id": "quota-cut-0000abcd",
+            "stopped": ["r1"],
+            "ttl_s": 120,
+            "module": "chaoslib_infer.lab.scaling",
+        },
+        {"kind": "oom-kill", "replica": "r1", "pid": 4194303},
     ]
     (state / "faults.json").write_text(json.dumps(records))
     r = CliRunner().invoke(main, ["rollback", "--state-dir", str(state), "--dry-run"])
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines() == [
-        "would undo: freeze f-1 on r0 (ttl 120 s)",
-        "would undo: jitter-shim j-2 on r1",
+        "would undo: quota-cut quota-cut-0000abcd (ttl 120 s)",
+        "would undo: oom-kill 4194303 on r1",
         f"rollback: dry run: 2 fault(s) pending in {state}; nothing was changed",
     ]
     assert json.loads((state / "faults.json").read_text()) == records
@@ -384,9 +393,9 @@ def test_lab_rollback_dry_run_lists_the_ledger_and_changes_nothing(tmp_path: Pat
     empty = tmp_path / "run"
     empty.mkdir()
     r = CliRunner().invoke(main, ["rollback", "--run-dir", str(empty), "--dry-run"])
-    assert r.exit_code == 0 and "would undo: freeze" not in r.stdout
+    assert r.exit_code == 0 and "would undo: quota-cut" not in r.stdout
     r = CliRunner().invoke(
         main, ["rollback", "--run-dir", str(empty), "--state-dir", str(state), "--dry-run"]
     )
-    assert r.exit_code == 0 and "would undo: freeze f-1" in r.stdout
+    assert r.exit_code == 0 and "would undo: quota-cut quota-cut-0000abcd" in r.stdout
     assert "no Kubernetes fault pending" in r.stdout

@@ -442,16 +442,16 @@ def test_add_fault_records_ttl_and_deadman_expires_it(tmp_path: Path) -> None:
 
     lab = Lab(tmp_path, {"replicas": []})
     marker = tmp_path / "marker"
-    marker.write_text("x")
     rec = {"kind": "test-marker", "module": "chaoslib_infer.safety.testfault", "path": str(marker)}
     fid = lab.add_fault(dict(rec))
+    marker.write_text(fid)  # the marker holds its fault id (the undo removes only its own)
     assert ledger.pending_faults(tmp_path)[0]["ttl_s"] == DEFAULT_FAULT_TTL_S
     assert lab.remove_fault(fid) == f"test-marker {fid}: removed {marker}"
     for bad in (0, -1, "x", True, float("inf")):
         with pytest.raises(LabError, match="ttl_s"):
             lab.add_fault({**rec, "ttl_s": bad})
-    marker.write_text("x")
     fid = lab.add_fault({**rec, "ttl_s": "2"})
+    marker.write_text(fid)
     injected = ledger.pending_faults(tmp_path)[0]["injected_at"]
     assert deadman.expire_once(lab, now=injected + 1.9) == []
     lines = deadman.expire_once(lab, now=injected + 2.0)
@@ -459,9 +459,17 @@ def test_add_fault_records_ttl_and_deadman_expires_it(tmp_path: Path) -> None:
     assert not marker.exists() and ledger.pending_faults(tmp_path) == []
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [e["phase"] for e in events if e.get("fault_id") == fid] == ["injected", "expired"]
-    # an undo that fails keeps the record (retried later), it is never forgotten
+    # an undo that cannot run keeps the record (retried later), it is never forgotten: here a
+    # marker path that is a folder, which the test-marker undo refuses to touch
+    (line,) = deadman.expire_once(lab, now=time.time() + 10 * DEFAULT_FAULT_TTL_S)
+    assert "undo REFUSED" in line and "is not a regular file" in line
+    (kept,) = ledger.pending_faults(tmp_path)
+    assert kept["id"] == fid and kept["deadman_retry_at"] > time.time()
+    with lab._faults() as faults:
+        faults.clear()
+    # a kind its module does not own is refused before the module is even asked
     fid = lab.add_fault({"kind": "test-bogus", "module": "chaoslib_infer.safety.testfault"})
     (line,) = deadman.expire_once(lab, now=time.time() + 10 * DEFAULT_FAULT_TTL_S)
-    assert "undo FAILED" in line
+    assert "undo REFUSED" in line and "not a kind of chaoslib_infer.safety.testfault" in line
     (kept,) = ledger.pending_faults(tmp_path)
     assert kept["id"] == fid and kept["deadman_retry_at"] > time.time()

@@ -204,10 +204,25 @@ def _active_on(lab: Lab, replica: str) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------------------
 # undo contract (Lab.add_fault "module")
 # --------------------------------------------------------------------------------------------
+def _tc_argv(record: dict[str, Any], what: str) -> list[list[str]]:
+    """The ``tc qdisc show`` / ``del`` argv of every link of ``record``, rebuilt from its
+    ``links`` (``[[netns or None, device], ...]``) by :mod:`chaoslib_infer.lab.netem`: a stored
+    argv is never run (the ledger is data; see :mod:`chaoslib_infer.safety.registry`).
+
+    Raises:
+        LabError: a bad device or namespace name.
+    """
+    build = nm.netem_show_args if what == "show" else nm.netem_del_args
+    try:
+        return [build(str(dev), ns) for ns, dev in record.get("links") or []]
+    except (ValueError, TypeError) as exc:
+        raise LabError(f"network-jitter record {record.get('id')}: {exc}") from None
+
+
 def _netem_present(record: dict[str, Any]) -> bool:
     """True while ``tc qdisc show`` lists a netem qdisc on any of the fault's devices (an
     unanswered query counts as present: never hide a fault)."""
-    for args in record.get("show_args") or []:
+    for args in _tc_argv(record, "show"):
         try:
             out = subprocess.run(
                 list(args), capture_output=True, text=True, timeout=5.0, check=False
@@ -266,7 +281,7 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     if record.get("mechanism") == "netem":
         if _netem_present(record):
             errors = []
-            for args in record.get("del_args") or []:
+            for args in _tc_argv(record, "del"):
                 try:
                     out = subprocess.run(
                         list(args), capture_output=True, text=True, timeout=5.0, check=False

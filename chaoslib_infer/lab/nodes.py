@@ -76,6 +76,7 @@ from chaoslib_infer.lab.fleet import (
 )
 from chaoslib_infer.lab.netns import NetnsError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
+from chaoslib_infer.safety import registry
 from chaoslib_infer.safety.redact import child_env
 
 __all__ = [
@@ -789,6 +790,11 @@ def run_controller(state_dir: Path, fault_id: str, tick_s: float = 0.05) -> int:
         if record is None:
             print(f"controller {fault_id}: fault record gone (rolled back); exiting", flush=True)
             return 0
+        try:  # the ledger is data: act on this lab's node and replica names only
+            record = registry.validate(lab, record)
+        except registry.LedgerRefused as exc:
+            print(f"controller {fault_id}: {exc}; exiting", file=sys.stderr, flush=True)
+            return 1
         if not lab._supervisord_alive():
             print(f"controller {fault_id}: lab not running; exiting", flush=True)
             return 0

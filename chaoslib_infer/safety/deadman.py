@@ -11,6 +11,12 @@ under the ledger's lock, so a concurrent rollback never undoes it twice), undoes
 record's module ``undo_fault(lab, record)`` (or kills the memory hog of a module-less ``oom-kill``
 record) and appends ``{"event": "fault", "phase": "expired", ...}`` to ``events.jsonl``.
 
+The watchdog runs as root and the ledger sits in a folder others may write, so a record is never
+run as it stands: :mod:`chaoslib_infer.safety.registry` rebuilds it from the fields that check out
+against the lab (registered module and kind, this lab's replica/node/namespace names, pids in the
+lab's cgroups, no stored argv). A record that does not is refused (``undo REFUSED: ...`` in the
+log, nothing of it runs) and put back, like a failed undo, for a human to look at.
+
 Because it runs under the lab's supervisord, in the lab's control cgroup, it keeps working when the
 process that injected the fault (``chaos-infer gameday``, ``chaos run``) is killed with SIGKILL,
 and supervisord restarts it if it dies. A failed undo puts the record back (with
@@ -26,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.lab import fleet
 from chaoslib_infer.lab.fleet import DEFAULT_FAULT_TTL_S, Lab, LabError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
+from chaoslib_infer.safety import registry
 
 __all__ = ["deadline", "expire_once", "main", "undo_record"]
 
@@ -52,17 +58,19 @@ def deadline(record: dict[str, Any]) -> float:
 def undo_record(lab: Lab, record: dict[str, Any]) -> str:
     """Undo one fault record (the same way :meth:`Lab.clear_faults` does) and describe it.
 
+    The record is rebuilt from validated fields first (:func:`chaoslib_infer.safety.registry.
+    validate`): only a registered fault module is imported, only names, pids and namespaces of
+    this lab reach it, no stored argv is run.
+
     Raises:
+        LedgerRefused: the record is not a fault of this lab (nothing ran).
         Exception: whatever the fault module's ``undo_fault`` raises.
     """
-    module = record.get("module")
-    if module:
-        note = fleet._fault_module(str(module)).undo_fault(lab, record)
-        return str(note or f"{record.get('kind')} {record.get('id')}: nothing left to undo")
-    pid = int(record.get("pid") or 0)
-    if fleet._is_hog(pid):
-        fleet._kill(pid)
-        return f"{record.get('kind')} on {record.get('replica')}: killed memory hog pid {pid}"
+    note = registry.undo(lab, record)
+    if note:
+        return note
+    if record.get("module"):
+        return f"{record.get('kind')} {record.get('id')}: nothing left to undo"
     return f"{record.get('kind')} on {record.get('replica')}: nothing left to undo"
 
 
@@ -90,7 +98,10 @@ def expire_once(lab: Lab, now: float | None = None) -> list[str]:
             ok = True
         except Exception as exc:  # keep the record: a fault must never be forgotten
             ok = False
-            note = f"undo FAILED: {type(exc).__name__}: {exc}"
+            if isinstance(exc, registry.LedgerRefused):  # nothing of it ran
+                note = f"undo REFUSED: {exc}"
+            else:
+                note = f"undo FAILED: {type(exc).__name__}: {exc}"
             retry = {
                 **record,
                 "deadman_error": note,

@@ -9,7 +9,10 @@ This module answers two questions for the command line and the game day:
 
 - :func:`pending_faults`: which records are still in the ledger (left by a run that was killed, or
   by a rollback that failed)?
-- :func:`rollback`: undo them all now (``chaos-infer rollback``), reporting what was undone.
+- :func:`rollback`: undo them all now (``chaos-infer rollback``), reporting what was undone;
+  every record is first rebuilt from validated fields (:mod:`chaoslib_infer.safety.registry`),
+  and a ledger holding one record that is not a fault of this lab is refused whole
+  (:func:`refuse_if_tampered`): nothing is undone, nothing of it runs.
 
 Policy (documented in ``docs/safety.md``): ``chaos-infer lab up`` refuses a state directory with
 pending records (run ``chaos-infer rollback`` first, so a human sees what was left behind); the game
@@ -24,8 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.lab.fleet import FAULTS_FILE, LAB_FILE, Lab, LabError
+from chaoslib_infer.safety.registry import LedgerRefused, check_ledger
 
-__all__ = ["RollbackResult", "describe", "pending_faults", "refuse_if_pending", "rollback"]
+__all__ = [
+    "RollbackResult",
+    "describe",
+    "pending_faults",
+    "refuse_if_pending",
+    "refuse_if_tampered",
+    "rollback",
+]
 
 
 @dataclass
@@ -102,6 +113,23 @@ def refuse_if_pending(state_dir: Path) -> None:
         )
 
 
+def refuse_if_tampered(lab: Lab, records: list[dict[str, Any]]) -> None:
+    """Check every record against the lab before anything is undone (``chaos-infer rollback``
+    and a game day's start-up replay).
+
+    Raises:
+        LedgerRefused: one line: how many records do not belong to this lab, the first reason,
+            and that nothing was undone.
+    """
+    refused = check_ledger(lab, records)
+    if refused:
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        raise LedgerRefused(
+            f"{lab.state_dir / FAULTS_FILE}: {refused[0]}{more}; nothing was undone: the ledger "
+            "is data, not a plan; fix or remove the record by hand"
+        )
+
+
 def rollback(state_dir: Path) -> RollbackResult:
     """Undo every pending fault of the lab in ``state_dir`` (:meth:`Lab.clear_faults`).
 
@@ -117,6 +145,8 @@ def rollback(state_dir: Path) -> RollbackResult:
 
     Raises:
         LabError: the ledger or ``lab.json`` is unreadable.
+        LedgerRefused: a record is not a fault of this lab (see :func:`refuse_if_tampered`);
+            nothing was undone.
     """
     state_dir = Path(state_dir).resolve()
     result = RollbackResult(state_dir=state_dir, lab_found=(state_dir / LAB_FILE).exists())
@@ -124,6 +154,7 @@ def rollback(state_dir: Path) -> RollbackResult:
         return result
     result.pending = pending_faults(state_dir)
     lab = Lab.attach(state_dir)
+    refuse_if_tampered(lab, result.pending)
     result.undone = lab.clear_faults()
     result.failed = [line for line in result.undone if "undo FAILED" in line]
     return result
