@@ -340,6 +340,12 @@ def drill_evidence(
     figures, ground = drill_figures(
         drill_dir, events, ledger_entries, served_after=(lab.served if lab is not None else None)
     )
+    if lab is not None:  # the gateway, its config (scrubbed) and figures: docs/gateways.md
+        from chaoslib_infer.lab.gateways import describe
+        from chaoslib_infer.lab.gateways.figures import gateway_figures
+
+        figures.update(gateway_figures(lab.state_dir, drill_dir))
+        ground["gateway"] = describe(lab.state_dir)
     ledger_measured = any(e.get("event", "generation") == "generation" for e in ledger_entries)
     if target.get("kind") == "kubernetes":
         ground.setdefault("lab_only_figures", K8S_OMITTED)
@@ -393,6 +399,11 @@ def drill_evidence(
     }
     if stop:
         entry["stop_condition"] = stop
+    if (drill_dir / "records.jsonl").exists():  # Locust-format stats for existing dashboards
+        from chaoslib_infer.load.locuststats import write_locust_stats
+
+        with contextlib.suppress(OSError):
+            write_locust_stats(drill_dir / "records.jsonl")
     plots, omitted = drill_plots(name, drill_dir, records, events, entry, target, t0, t1, stop)
     render_drill(
         drill_dir,
@@ -547,6 +558,9 @@ def run_drill(
             )
     finally:
         stop_load({"infer_run_dir": str(drill_dir)})
+        from chaoslib_infer.locust.control import stop_locust
+
+        stop_locust({"infer_run_dir": str(drill_dir)})  # a locustfile drove the load
         ctk_logger.removeHandler(log_handler)
         log_handler.close()
         write_residue(drill_dir, residue_check(lab, drill_dir), time.time())
@@ -821,7 +835,7 @@ def run_gameday(
         if not base_url:
             _recover_previous_lab(out_dir / "lab", progress)
             progress(
-                f"lab: bringing up {n_replicas} {engine_name} replica(s) behind HAProxy in {out_dir / 'lab'} ..."
+                f"lab: bringing up {n_replicas} {engine_name} replica(s) behind {plan.lab.options.get('gateway', 'HAProxy')} in {out_dir / 'lab'} ..."
             )
             try:
                 lab = Lab.up(

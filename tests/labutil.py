@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 
 def pid_alive(pid: int) -> bool:
@@ -18,3 +19,22 @@ def pid_alive(pid: int) -> bool:
 def alive_pids(pids: Iterable[int]) -> list[int]:
     """The pids of ``pids`` that are still live processes (see :func:`pid_alive`)."""
     return [pid for pid in pids if pid_alive(pid)]
+
+
+def check_verdict(drill: dict[str, Any], allowed: tuple[str, ...] = ("passed", "failed")) -> None:
+    """A drill's verdict agrees with its own criteria rows and reasons.
+
+    ``failed`` has reasons, and every failing row is named in one (``(criterion)``), unless the
+    reason is a defect before the fault; ``passed`` has no reason and no failing row.
+    """
+    status = drill["status"]
+    assert status in allowed, (status, drill.get("reasons"))
+    failing = [r for r in drill["verdict"]["rows"] if r["result"] == "fail"]
+    reasons = drill["reasons"]
+    if status == "passed":
+        assert not failing and not reasons, (failing, reasons)
+    elif status == "failed":
+        assert reasons
+        if not reasons[0].startswith("the service did not meet its SLOs before the fault"):
+            for row in failing:
+                assert any(f"({row['criterion']})" in r for r in reasons), (row, reasons)

@@ -64,16 +64,27 @@ def _jitter_events(out: Path, token: str) -> list[dict[str, Any]]:
     ]
 
 
-def test_drill_counts_duplicate_generations_exactly(tmp_path: Path) -> None:
+def test_drill_counts_duplicate_generations_exactly_and_fails_on_them(tmp_path: Path) -> None:
+    """The default client (1 s attempt timeout, 3 attempts) re-runs generations still running on
+    the slowed replica: the drill exists to find that, so it FAILS and says so (budget 0)."""
     out = tmp_path / "out"
     t0 = time.monotonic()
     proc = _cli("drill", "run", DRILL, "--out", str(out))
     wall = time.monotonic() - t0
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert wall < 90, wall  # ~45 s alone; slack for a machine shared with other test runs
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert wall < 100, wall  # ~50 s alone; slack for a machine shared with other test runs
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
-    assert drill["status"] == "passed" and drill["hypothesis"] == {"before": True, "after": True}
+    assert drill["status"] == "failed" and drill["hypothesis"] == {"before": True, "after": False}
     fig, gt = drill["figures"], drill["ground_truth"]
+    dup_reason = (
+        f"duplicate generations: {fig['duplicate_generations']} > 0 (duplicate_generations)"
+    )
+    assert dup_reason in drill["reasons"], drill["reasons"]
+    assert "reason: " + dup_reason in proc.stdout
+    # what users felt is otherwise fine: every logical request succeeded (after its retries)
+    rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
+    assert rows["availability_fault"]["result"] == "pass"
+    assert rows["retries"]["result"] == "not judged" and rows["retries"]["value"] > 0
 
     # which mechanism ran is recorded, and it is the one this kernel allows
     expected_mech = "netem" if netem_available() else "shim"
@@ -137,22 +148,38 @@ def test_drill_counts_duplicate_generations_exactly(tmp_path: Path) -> None:
     _check_nothing_left(out)
 
 
-def test_drill_deviates_with_a_zero_duplicate_budget(tmp_path: Path) -> None:
+def test_drill_passes_when_the_duplicate_budget_allows_them(tmp_path: Path) -> None:
+    """The same run judged against a budget its duplicates fit in passes: the thresholds come
+    from the command line (``--criterion``) and the experiment's hypothesis budget."""
     out = tmp_path / "out"
-    proc = _cli("drill", "run", DRILL, "--out", str(out), env={"CHAOS_INFER_MAX_DUPLICATES": "0"})
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _cli(
+        "drill",
+        "run",
+        DRILL,
+        "--out",
+        str(out),
+        "--criterion",
+        "duplicate_generations=200",
+        "--criterion",
+        "network-jitter:extra_generations=off",
+        env={"CHAOS_INFER_MAX_DUPLICATES": "200"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
-    assert drill["status"] == "deviated"
-    assert drill["hypothesis"] == {"before": True, "after": False}
+    assert drill["status"] == "passed", drill["reasons"]
+    assert drill["hypothesis"] == {"before": True, "after": True}
+    rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
+    assert rows["duplicate_generations"]["threshold"] == 200
+    assert rows["duplicate_generations"]["result"] == "pass"
+    assert 0 < rows["duplicate_generations"]["value"] <= 200
+    assert rows["extra_generations"]["result"] == "not judged"
     journal = json.loads((out / DRILL / "journal.json").read_text())
     probe = next(
         p
         for p in journal["steady_states"]["after"]["probes"]
         if p["activity"]["name"] == "duplicate-generations-within-budget"
     )
-    assert probe["output"]["passed"] is False and probe["output"]["threshold"] == 0
-    assert probe["output"]["value"] > 0
-    assert drill["figures"]["duplicate_generations"] >= probe["output"]["value"]
+    assert probe["output"]["passed"] is True and probe["output"]["threshold"] == 200
     assert [r["activity"]["name"] for r in journal["rollbacks"]] == ["clear-lab-faults"]
     _check_nothing_left(out)
 

@@ -420,3 +420,94 @@ def test_health_disagreement_from_the_gateway_health_view() -> None:
     assert late["result"] == "fail" and late["value"] >= 10.0
     early = run(0.2)
     assert early["result"] == "pass" and early["value"] <= 1.0
+
+
+#: a confirmed fault of each drill (ground truth) and figures that meet every criterion
+GOOD: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "node-loss": (
+        {
+            "fault_at": T0 + 10,
+            "node": "n0",
+            "lost_replica_names": ["r0"],
+            "replicas_killed_at": T0 + 10,
+            "replica_serving_again_at": T0 + 14,
+        },
+        {"interruption_s": 1.0, "interruption_sustained": True, "replacement_serving_s": 4.0},
+    ),
+    "oom-kill": (OOM_GROUND, OOM_FIG),
+    "network-jitter": (
+        JITTER_GROUND,
+        {"duplicate_generations": 0, "extra_generations": 0, "retries": 0},
+    ),
+    "traffic-spike": (
+        {"fault_at": T0 + 10, "spike_end_at": T0 + 20},
+        {"requests_during_spike": 100, "recovery_s": 5.0, "scale_out_s": 2.0},
+    ),
+    "upstream-timeout": (
+        {**HANG_GROUND, "ejected_at": T0 + 10.3, "hung_sessions": 1},
+        {"hung_requests": 0, "ejection_s": 0.3},
+    ),
+    "simultaneous-restarts": (
+        {
+            "fault_at": T0 + 10,
+            "replicas": ["r0", "r1"],
+            "survivors": ["r2"],
+            "all_serving_at": T0 + 13,
+        },
+        {"all_serving_s": 3.0, "interruption_s": 0.5, "interruption_sustained": True},
+    ),
+    "quota-cut": (
+        {
+            "fault_at": T0 + 10,
+            "cut_done_at": T0 + 10.2,
+            "quota": 2,
+            "stopped": ["r2"],
+            "instances_serving_during_cut": 2,
+            "lift_started_at": T0 + 22,
+        },
+        {"planned_instances": 2, "instances_held": 2},
+    ),
+}
+
+#: one broken value per drill criterion read from the figures or ground truth
+BREAK: list[tuple[str, str, str, Any]] = [
+    ("node-loss", "figures", "interruption_s", 11.0),
+    ("node-loss", "figures", "interruption_sustained", False),
+    ("node-loss", "figures", "replacement_serving_s", 61.0),
+    ("oom-kill", "figures", "restart_s", 31.0),
+    ("oom-kill", "figures", "warmup_ratio", 11.0),
+    ("oom-kill", "figures", "interruption_s", 10.5),
+    ("oom-kill", "figures", "interruption_sustained", False),
+    ("network-jitter", "figures", "duplicate_generations", 1),
+    ("network-jitter", "figures", "extra_generations", 1),
+    ("traffic-spike", "figures", "scale_out_s", 30.5),
+    ("traffic-spike", "figures", "recovery_s", 61.0),
+    ("upstream-timeout", "figures", "hung_requests", 1),
+    ("upstream-timeout", "figures", "ejection_s", 5.5),
+    ("simultaneous-restarts", "figures", "all_serving_s", 61.0),
+    ("simultaneous-restarts", "figures", "interruption_s", 12.0),
+    ("quota-cut", "figures", "instances_held", 1),
+]
+
+
+@pytest.mark.parametrize("drill", sorted(GOOD))
+def test_each_drill_passes_when_it_meets_its_criteria(drill: str) -> None:
+    ground, fig = GOOD[drill]
+    v = judge_drill(facts(drill, steady(T0, T0 + 35), dict(fig), dict(ground)))
+    assert v.state == "passed", (drill, v.reasons)
+    assert not [r for r in v.rows if r["result"] == "fail"]
+
+
+@pytest.mark.parametrize(("drill", "where", "name", "value"), BREAK)
+def test_each_drill_criterion_fails_with_its_reason(
+    drill: str, where: str, name: str, value: Any
+) -> None:
+    ground, fig = (dict(x) for x in GOOD[drill])
+    (fig if where == "figures" else ground)[name] = value
+    v = judge_drill(facts(drill, steady(T0, T0 + 35), fig, ground))
+    assert v.state == "failed", (drill, name, v.reasons)
+    criterion = "instances_held" if name == "instances_held" else name
+    assert any(r.endswith(f"({criterion})") for r in v.reasons), v.reasons
+    # the same break with the criterion turned off is no longer a failure
+    v_off = judge_drill(facts(drill, steady(T0, T0 + 35), fig, ground), {criterion: "off"})
+    assert v_off.state == "passed", v_off.reasons

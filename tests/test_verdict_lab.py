@@ -1,4 +1,4 @@
-"""Verdicts on the real lab: one game day, one lab, four drills that each test one rule.
+"""Verdicts on the real lab: one game day, one lab, six drills that each test one rule.
 
 - network-jitter with a client whose attempt timeout sits above the slowest generation: no retry
   re-runs a generation, the drill PASSES (the default client's 1 s timeout fails it: the default
@@ -9,7 +9,10 @@
 - quota-cut whose experiment has no rollback: the stopped replica is still in the lab's fault
   ledger after the drill, the drill FAILS with "fault left behind", whatever its hypotheses said.
 
-Shared lab and run (CI time): about 3 minutes here.
+- quota-cut driven by a locustfile (8 users x 1 req/s) reads the same verdict and figures as the
+  built-in client at 8 req/s.
+
+Shared lab and run (CI time): about 5 minutes here.
 """
 
 from __future__ import annotations
@@ -47,9 +50,22 @@ def _no_rollback(doc: dict[str, Any]) -> None:
     doc["rollbacks"] = []
 
 
+def _locust_load(doc: dict[str, Any]) -> None:
+    """The same offered load from a locustfile: 8 users x 1 request/s (closed loop)."""
+    doc["controls"][0]["provider"]["arguments"] = {
+        "engine": "locust",
+        "locustfile": str(ROOT / "examples" / "locust" / "chat.py"),
+        "users": 8,
+        "spawn_rate": 8,
+        "warmup_s": 8,
+        "max_duration_s": 240,
+    }
+
+
 def test_verdicts_pass_inconclusive_and_residue_on_one_lab(tmp_path: Path) -> None:
     jitter = _experiment("network-jitter", tmp_path, _calm_client)
     residue = _experiment("quota-cut", tmp_path, _no_rollback)
+    locust = _experiment("quota-cut", tmp_path, _locust_load)
     quota = ROOT / "experiments" / "quota-cut.yaml"
     plan = tmp_path / "plan.yaml"
     plan.write_text(
@@ -59,6 +75,8 @@ def test_verdicts_pass_inconclusive_and_residue_on_one_lab(tmp_path: Path) -> No
                 "lab": {"replicas": 3, "engine": "sim", "engine_args": {"max_num_seqs": 4}},
                 "drills": [
                     {"name": "jitter-calm-client", "experiment": str(jitter)},
+                    {"name": "quota-builtin", "experiment": str(quota)},
+                    {"name": "quota-locust", "experiment": str(locust)},
                     {"name": "quota-noop", "experiment": str(quota), "vars": {"quota": 3}},
                     {"name": "quota-thin", "experiment": str(quota), "vars": {"load_rate_rps": 2}},
                     {"name": "quota-residue", "experiment": str(residue), "vars": {"quota": 2}},
@@ -89,6 +107,19 @@ def test_verdicts_pass_inconclusive_and_residue_on_one_lab(tmp_path: Path) -> No
     )
     assert calm["verdict"]["notes"][0].startswith("fault: 400.0 ms +- 300.0 ms on ")
 
+    # a locustfile as the drill's load: the same verdict and figures as the built-in client at
+    # the same offered load (8 req/s), within stated tolerances
+    builtin, loc = by["quota-builtin"], by["quota-locust"]
+    assert builtin["status"] == loc["status"] == "passed", (builtin["reasons"], loc["reasons"])
+    fb, fl = builtin["figures"], loc["figures"]
+    assert abs(fb["planned_instances"] - fl["planned_instances"]) <= 1
+    assert fl["instances_held"] == fl["planned_instances"]
+    assert abs(fl["requests"] - fb["requests"]) <= 0.3 * fb["requests"]
+    assert abs(fl["p50_e2e_s"] - fb["p50_e2e_s"]) <= 0.2 * fb["p50_e2e_s"] + 0.02
+    locust_json = json.loads((out / "quota-locust" / "locust.json").read_text())
+    assert "open-loop" in locust_json["note"] and locust_json["workers_lost"] == []
+    assert (out / "quota-locust" / "records_stats.csv").read_text().startswith("Type,Name")
+
     noop = by["quota-noop"]
     assert noop["status"] == "inconclusive", noop["reasons"]
     assert noop["reasons"][0].startswith(
@@ -105,7 +136,7 @@ def test_verdicts_pass_inconclusive_and_residue_on_one_lab(tmp_path: Path) -> No
     assert json.loads((out / "quota-residue" / "residue.json").read_text())["residue"]
 
     junit = (out / "junit.xml").read_text()
-    assert 'failures="1"' in junit and 'skipped="2"' in junit
+    assert 'failures="1"' in junit and 'skipped="2"' in junit and 'tests="6"' in junit
     assert "game day FAILED" in proc.stdout
     # the lab was taken down and its ledger replayed at the end: nothing left on the machine
     status = subprocess.run(

@@ -99,6 +99,8 @@ def start_load(
     prompt_mix: str | dict[str, float] | list[list[Any]] | None = None,
     ttft_timeout_s: float | None = 10.0,
     idle_timeout_s: float | None = 5.0,
+    trace: str | None = None,
+    trace_speed: float = 1.0,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Start the background load process and wait for its warm-up.
@@ -124,6 +126,9 @@ def start_load(
             None or 0: no limit.
         idle_timeout_s: client limit between output chunks, seconds (``timeout_idle``); None or
             0: no limit.
+        trace: a recorded trace (Mooncake / AIPerf JSONL, :mod:`chaoslib_infer.load.trace`) as
+            the arrival schedule and request sizes instead of ``rate_rps``; None: Poisson.
+        trace_speed: time scale of the trace (2.0 replays it twice as fast).
         configuration: Chaos Toolkit configuration (target URL, run directory).
 
     Returns:
@@ -194,6 +199,8 @@ def start_load(
         cmd += ["--profile", ",".join(f"{d!r}:{r!r}" for d, r in phases)]
     if mix is not None:
         cmd += ["--prompt-mix", format_mix(mix)]
+    if trace:
+        cmd += ["--trace", str(trace), "--trace-speed", repr(float(trace_speed))]
     cmd += ["--ttft-timeout-s", repr(ttft or 0.0), "--idle-timeout-s", repr(idle or 0.0)]
     log = (run_dir / "load.log").open("ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -272,11 +279,21 @@ def before_experiment_control(
 ) -> None:
     """Chaos Toolkit hook: start the load before the experiment (arguments of :func:`start_load`).
 
+    ``engine: locust`` (with ``locustfile``, ``users``, ``spawn_rate``, ``processes``...) runs
+    Locust headless instead (:mod:`chaoslib_infer.locust.control`); its closed-loop users are not
+    an open-loop schedule, so the coordinated-omission warning applies (stated in ``locust.json``).
+
     Raises:
         InterruptExecution: an argument :func:`start_load` does not take (a typo would otherwise
             silently run the default), or whatever :func:`start_load` raises; the line is also
             written to ``<run dir>/load_error.txt``.
     """
+    if arguments.get("engine") == "locust":  # a locustfile drives the drill's load
+        from chaoslib_infer.locust.control import before_experiment_control as locust_before
+
+        locust_before(context, configuration, **arguments)
+        return
+    arguments.pop("engine", None)  # "builtin" (the default)
     # observe_after_s is read by after_experiment_control
     allowed = (set(inspect.signature(start_load).parameters) - {"configuration"}) | {
         "observe_after_s"
@@ -316,4 +333,9 @@ def after_experiment_control(
         deadline = time.monotonic() + min(wait, 60.0)
         while time.monotonic() < deadline:
             time.sleep(0.2)
+    if arguments.get("engine") == "locust":
+        from chaoslib_infer.locust.control import stop_locust
+
+        stop_locust(configuration)
+        return
     stop_load(configuration)

@@ -34,13 +34,17 @@ from chaoslib_infer.measure.metrics import (
     window_stats,
 )
 
-from .criteria import MIN_REQUESTS, Criterion, criteria_for
+from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .timeline import Timeline, timeline
 
 __all__ = ["STATES", "DrillFacts", "Verdict", "exit_code", "in_window", "judge_drill"]
 
 #: Verdict states, worst first as the game day's exit code reads them.
 STATES = ("failed", "error", "aborted", "inconclusive", "passed")
+#: The after window opens this long after the return to service (s): the state the service
+#: settles in is judged, not the first seconds of a replica's comeback (the interruption's
+#: settling window).
+SETTLE_AFTER_S = 5.0
 #: Minimum length of the fault window (s): an instantaneous fault (a kill) still gets a window
 #: long enough to hold requests.
 MIN_FAULT_WINDOW_S = 5.0
@@ -309,6 +313,7 @@ def _values(
         "ejection_s",
         "all_serving_s",
         "retries",
+        *GATEWAY_ONLY,
     ):
         out[name] = (_num(fig.get(name)), None)
     sustained = fig.get("interruption_sustained", fig.get("interruption_settled"))
@@ -365,8 +370,8 @@ def _windows(
         end = tl.fault_end if tl.fault_end is not None else hi
         end = min(max(end, tl.fault_at + MIN_FAULT_WINDOW_S), hi)
         w["fault"] = (tl.fault_at, end)
-        if end < hi:
-            w["after"] = (end, hi)
+        if end + SETTLE_AFTER_S < hi:
+            w["after"] = (end + SETTLE_AFTER_S, hi)
     info = {
         name: {
             "start": a,
@@ -430,6 +435,8 @@ def judge_drill(
         ValueError: an override names no criterion of this drill.
     """
     crits = criteria_for(facts.drill, overrides)
+    if "gateway" not in facts.figures:  # a HAProxy lab, a cluster: no gateway figures
+        crits = [c for c in crits if c.name not in GATEWAY_ONLY]
     mins = {**MIN_REQUESTS, **(min_requests or {})}
     tl = timeline(facts.drill, facts.ground, facts.figures, facts.lab_events)
     w, info = _windows(facts, tl)
