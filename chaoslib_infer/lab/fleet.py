@@ -74,7 +74,7 @@ _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 #: files of a non-HAProxy gateway (:mod:`chaoslib_infer.lab.gateways`), removed at lab up
 _GATEWAY_FILES = (
     "gateway.json", "gateway-requests.log", "gateway-servers.json", "gateway-sync.jsonl",
-    "haproxy-wire.log", "nginx.conf", "nginx.conf.new", "nginx.pid",
+    "haproxy-wire.log", "nginx.conf", "nginx.conf.new", "nginx.pid", "ttft.jsonl",
 )  # fmt: skip
 
 
@@ -514,7 +514,7 @@ class Lab:
         from chaoslib_infer.lab import gateways as lab_gateways
 
         try:
-            lab_gateways.check_choice(gateway, gateway_config)
+            lab_gateways.precheck(gateway, gateway_config, [f"r{i}" for i in range(replicas)])
         except lab_gateways.GatewayError as exc:
             raise LabError(str(exc)) from None
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -602,6 +602,9 @@ class Lab:
                 lab_nodes.plan_nodes(meta, n_nodes, spare)
             lab._start(haproxy_bin)
             lab._wait_ready(ready_timeout_s)
+            if gateway != "haproxy":  # the first-token gap without the gateway (figures)
+                first = meta["replicas"][0]
+                lab_gateways.calibrate(state_dir, lab.replica_host(first["name"]), first["port"])
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 lab.down()
@@ -674,6 +677,8 @@ class Lab:
         engine_args = dict(meta["engine_args"])
         if meta["engine"] == "sim":  # the fault control plane answers the lab's token only
             engine_args["admin_token_file"] = str(sd / ADMIN_TOKEN_FILE)
+            if meta.get("gateway", "haproxy") != "haproxy":  # stream buffering (gateways)
+                engine_args.setdefault("ttft_log", str(sd / "ttft.jsonl"))
         for rep in meta["replicas"]:
             cmd = engine_command(
                 meta["engine"], rep["name"], int(rep["port"]), sd / LEDGER_FILE, engine_args

@@ -28,6 +28,7 @@ from typing import Any
 __all__ = [
     "COMMON",
     "DRILL_CRITERIA",
+    "GATEWAY_ONLY",
     "MIN_REQUESTS",
     "Criterion",
     "criteria_for",
@@ -104,7 +105,34 @@ COMMON: list[Criterion] = [
         "s",
         "fault",
     ),
+    # figures of a gateway other than HAProxy (docs/gateways.md, "Figures"): GATEWAY_ONLY
+    Criterion(
+        "stream_buffering_s",
+        "first token held by the gateway (vs straight to a replica)",
+        "<=",
+        0.25,
+        "s",
+        "drill",
+    ),
+    Criterion("streams_cut_200", "streams answered 200, then cut", "<=", 0.0, "count", "drill"),
 ]
+
+#: Criteria judged only on a lab whose gateway is not HAProxy (the figures of
+#: :mod:`chaoslib_infer.lab.gateways.figures`; a HAProxy lab's rows stay as they were).
+GATEWAY_ONLY = frozenset(
+    {
+        "stream_buffering_s",
+        "streams_cut_200",
+        "retry_amplification",
+        "gateway_timeout_s",
+        "routed_to_down",
+    }
+)
+
+_ROUTED_TO_DOWN = Criterion(
+    "routed_to_down", "requests the gateway routed to a replica that was down", "<=", None,
+    "count", "fault",
+)  # fmt: skip
 
 _NO_AVAIL = {"availability", "availability_fault", "error_rate"}
 
@@ -129,6 +157,7 @@ DRILL_CRITERIA: dict[str, list[Criterion]] = {
             "fault",
             key=True,
         ),
+        _ROUTED_TO_DOWN,
     ],
     "oom-kill": [
         Criterion("oom_kills", "kernel OOM kills (ground truth)", ">=", 1.0, "count", "fault"),
@@ -162,6 +191,14 @@ DRILL_CRITERIA: dict[str, list[Criterion]] = {
             "extra_generations", "generations paid twice (extra)", "<=", 0.0, "count", "drill"
         ),
         Criterion("retries", "client retries", "<=", None, "count", "drill"),
+        Criterion(
+            "retry_amplification",
+            "upstream generations per client attempt (gateway retries)",
+            "<=",
+            1.0,
+            "x",
+            "drill",
+        ),
     ],
     "traffic-spike": [
         Criterion(
@@ -198,6 +235,14 @@ DRILL_CRITERIA: dict[str, list[Criterion]] = {
             "max_wait_s", "longest wait of a request in the fault window", "<=", 5.0, "s", "fault"
         ),
         Criterion("ejection_s", "ejection of the frozen replica", "<=", 5.0, "s", "fault"),
+        Criterion(
+            "gateway_timeout_s",
+            "gateway's effective timeout (held before a 5xx or the client gave up)",
+            "<=",
+            5.0,
+            "s",
+            "fault",
+        ),
     ],
     "simultaneous-restarts": [
         Criterion(
@@ -212,6 +257,7 @@ DRILL_CRITERIA: dict[str, list[Criterion]] = {
         Criterion(
             "max_survivor_share", "largest share one survivor carried", "<=", 0.75, "ratio", "fault"
         ),
+        _ROUTED_TO_DOWN,
         Criterion("interruption_s", "interruption", "<=", 10.0, "s", "fault"),
         Criterion(
             "interruption_sustained",

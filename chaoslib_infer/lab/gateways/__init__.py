@@ -231,3 +231,83 @@ def start_programs(state_dir: Path, servers: list[dict[str, str]], python: str) 
         sync=conf([python, "-m", "chaoslib_infer.lab.gateways.sync", "--state-dir", str(sd)]),
         logs=sd / "logs",
     )
+
+
+def calibrate(state_dir: Path, host: str, port: int, n: int = 5) -> float | None:
+    """The first-token gap without the gateway: ``n`` short streams sent straight to one
+    replica (``host:port``), each gap = the client's first content chunk - the engine's
+    first-token send (its TTFT log); the median is stored in ``gateway.json`` as
+    ``direct_first_token_gap_s`` (seconds) and returned. None when nothing was measured
+    (no TTFT log, a replica that did not answer); never raises for those.
+    """
+    import http.client
+    import time
+
+    from chaoslib_infer.lab.gateways.figures import TTFT_LOG, _jsonl, stream_gaps
+
+    sd = Path(state_dir)
+    records: list[dict[str, Any]] = []
+    body = json.dumps(
+        {
+            "model": "m",
+            "stream": True,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+    )
+    for i in range(n):
+        rid = f"gateway-calibration-{i}-{time.time_ns()}"
+        try:
+            conn = http.client.HTTPConnection(host, port, timeout=5)
+            conn.request(
+                "POST",
+                "/v1/chat/completions",
+                body,
+                {"Content-Type": "application/json", "X-Request-Id": rid},
+            )
+            resp = conn.getresponse()
+            while True:
+                line = resp.fp.readline()
+                if not line:
+                    break
+                if b'"content"' in line:
+                    records.append({"request_id": rid, "first_token_at": time.time()})
+                    break
+            conn.close()
+        except (OSError, http.client.HTTPException):
+            continue
+    time.sleep(0.05)
+    gaps = stream_gaps(records, _jsonl(sd / TTFT_LOG))
+    value = round(sorted(gaps)[len(gaps) // 2], 4) if gaps else None
+    info = describe(sd)
+    info["direct_first_token_gap_s"] = value
+    (sd / GATEWAY_FILE).write_text(json.dumps(info, indent=1))
+    return value
+
+
+def precheck(gateway: str, gateway_config: str | Path | None, servers: list[str]) -> None:
+    """Render the gateway's config for placeholder replicas ``servers`` and run its own check
+    (``nginx -t``) in a scratch directory, before the lab starts anything.
+
+    Raises:
+        GatewayError: the config does not render or the gateway rejects it (one line).
+    """
+    text = check_choice(gateway, gateway_config)
+    if gateway != "nginx":
+        return
+    import tempfile
+
+    from chaoslib_infer.lab.gateways import nginx
+
+    binary = nginx.find_nginx() or "nginx"
+    source = str(gateway_config or "the default nginx config")
+    placeholder = [{"name": n, "addr": f"127.0.0.1:{40000 + i}"} for i, n in enumerate(servers)]
+    with tempfile.TemporaryDirectory(prefix="chaos-infer-nginx-") as tmp:
+        sd = Path(tmp)
+        (sd / "logs").mkdir()
+        conf = sd / nginx.CONFIG_FILE
+        try:
+            conf.write_text(nginx.render_config(sd, "check", 8800, placeholder, text, source))
+            nginx.check_config(binary, sd, conf, source)
+        except nginx.NginxError as exc:
+            raise GatewayError(str(exc)) from None

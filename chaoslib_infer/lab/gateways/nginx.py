@@ -221,6 +221,7 @@ def check_config(nginx_bin: str, state_dir: Path, config: Path, source: str) -> 
         text = (proc.stderr or proc.stdout).strip().splitlines()
         emerg = [ln for ln in text if "[emerg]" in ln] or text or [f"exit {proc.returncode}"]
         msg = re.sub(r"^nginx: \[emerg\] ", "", emerg[0])
+        msg = re.sub(r" in /\S*?([^/\s]+\.conf(?:\.new)?):(\d+)$", r" (rendered \1 line \2)", msg)
         raise NginxError(f"{source}: nginx rejected it: {msg}")
 
 

@@ -1,0 +1,193 @@
+"""Figures for what gateways get wrong, measured from the records, the engine ledger and the
+gateway's request log (``docs/gateways.md``, "Figures"). Computed for a lab whose gateway is not
+HAProxy (``{}`` otherwise: those labs keep their figures as before).
+
+- ``gateway_timeout_s``: the gateway's *effective* timeout: the longest time it held a client
+  request before it answered 5xx or the client gave up on it (nginx ``$request_time`` of the
+  5xx and 499 lines; seconds). None when it never did either.
+- ``gateway_gave_up``: how many requests it answered 5xx (or lost to the client) that way.
+- ``retry_amplification``: upstream generations per client attempt, the largest over the drill's
+  logical requests (engine ledger generations of a request id / the client's attempts sent with
+  it); above 1.0 the gateway itself re-sent a request that was already generating.
+  ``generations_per_attempt``: the same over the whole drill.
+- ``gateway_retries``: upstream tries after the first, from the gateway's log.
+- ``stream_buffering_s``: P50 over attempts of (client first-token receive - engine first-token
+  send, from the engine's TTFT log) minus the same gap measured at lab start straight to a
+  replica (``gateway.json`` ``direct_first_token_gap_s``); seconds.
+- ``routed_to_down``: upstream tries the gateway sent to a replica while it was down (between
+  its ``exit`` and its next ``ready`` event in the lab's ground truth).
+- ``streams_cut_200``: attempts that got status 200 and then lost their stream (reset,
+  truncated, stream error, empty).
+- ``ejection_s`` (upstream-timeout): replaces HAProxy's health view, which is not the gateway's:
+  the last time the gateway sent a request to the frozen replica, from the freeze (seconds; the
+  hold when it never stopped). A frozen replica counts as down for ``routed_to_down``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CUT_CLASSES", "TTFT_LOG", "gateway_figures", "stream_gaps"]
+
+TTFT_LOG = "ttft.jsonl"
+#: error classes of a 200 stream the gateway (or the replica behind it) cut
+CUT_CLASSES = frozenset({"reset", "truncated", "stream_error", "empty"})
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return out
+    for ln in lines:
+        try:
+            item = json.loads(ln)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+def stream_gaps(records: list[dict[str, Any]], ttft: list[dict[str, Any]]) -> list[float]:
+    """Per attempt with a first token: client receive time - the engine's send time of that
+    request's latest first token at or before it (seconds; unix clocks of one machine)."""
+    by_rid: dict[str, list[float]] = {}
+    for e in ttft:
+        rid, t = e.get("request_id"), e.get("t")
+        if isinstance(rid, str) and isinstance(t, int | float):
+            by_rid.setdefault(rid, []).append(float(t))
+    gaps = []
+    for r in records:
+        ft, rid = r.get("first_token_at"), r.get("request_id")
+        if not isinstance(ft, int | float) or rid not in by_rid:
+            continue
+        sent = [t for t in by_rid[str(rid)] if t <= float(ft) + 0.005]
+        if sent:
+            gaps.append(max(0.0, float(ft) - max(sent)))
+    return gaps
+
+
+def _down_windows(events: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, list[tuple[float, float]]] = {}
+    down_since: dict[str, float] = {}
+    for ev in sorted(events, key=lambda e: float(e.get("t") or 0)):
+        rep, t, kind = ev.get("replica"), float(ev.get("t") or 0), ev.get("event")
+        if not isinstance(rep, str):
+            continue
+        if kind == "exit" and rep not in down_since:
+            down_since[rep] = t
+        elif kind == "ready" and rep in down_since:
+            out.setdefault(rep, []).append((down_since.pop(rep), t))
+    for rep, t0 in down_since.items():
+        out.setdefault(rep, []).append((t0, float("inf")))
+    return out
+
+
+def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[str, Any]:
+    """The gateway figures of one drill (see the module docstring); ``{}`` for HAProxy labs.
+
+    Args:
+        lab_dir: the lab's state directory (``gateway.json``, ``gateway-requests.log``,
+            ``ledger.jsonl``, ``ttft.jsonl``, ``events.jsonl``), or None.
+        drill_dir: the drill's folder (``records.jsonl``).
+
+    Returns:
+        ``{"gateway", "gateway_timeout_s", "gateway_gave_up", "retry_amplification",
+        "generations_per_attempt", "gateway_retries", "stream_buffering_s", "first_token_gap_p50_s", "routed_to_down",
+        "streams_cut_200"}``; a figure that cannot be measured is None.
+    """
+    if lab_dir is None:
+        return {}
+    sd = Path(lab_dir)
+    from chaoslib_infer.lab.gateways import describe
+    from chaoslib_infer.lab.gateways import nginx as lab_nginx
+
+    info = describe(sd)
+    if info.get("gateway", "haproxy") == "haproxy":
+        return {}
+    records = _jsonl(Path(drill_dir) / "records.jsonl")
+    sent = [r for r in records if isinstance(r.get("sent_at"), int | float)]
+    if not sent:
+        return {"gateway": info.get("gateway")}
+    lo = min(float(r["sent_at"]) for r in sent) - 0.5
+    hi = max(float(r.get("end_at") or r["sent_at"]) for r in sent) + 30.0
+    rids = {str(r["request_id"]) for r in sent if r.get("request_id")}
+    names = lab_nginx.read_servers(sd)
+    lines = []
+    try:
+        lines = (sd / lab_nginx.ACCESS_LOG).read_text(errors="replace").splitlines()
+    except OSError:
+        pass
+    held: list[float] = []
+    retries = 0
+    down = _down_windows(_jsonl(sd / "events.jsonl"))
+    frozen: list[tuple[str, float, float]] = []
+    for f in _jsonl(Path(drill_dir) / "faults.jsonl"):
+        if f.get("kind") == "upstream-timeout" and isinstance(f.get("fault_at"), int | float):
+            t0 = float(f["fault_at"])
+            frozen.append((str(f.get("replica")), t0, t0 + float(f.get("hold_s") or 0)))
+    for rep, a, b in frozen:  # a frozen replica is down too
+        down.setdefault(rep, []).append((a, b))
+    last_to_frozen: dict[tuple[str, float], float] = {}
+    routed_down = 0
+    for line in lines:
+        entry = lab_nginx.parse_line(line, names)
+        if entry is None or entry.request_id not in rids or not lo <= entry.accept_t <= hi:
+            continue
+        if entry.status >= 500 or entry.status == 499:
+            held.append(entry.ta_ms / 1000.0)
+        _, addrs, _ = lab_nginx.upstream_tries(line)
+        retries += max(0, len(addrs) - 1)
+        for addr in addrs:
+            rep = names.get(addr, addr).removesuffix("-jitter")
+            if any(a <= entry.accept_t <= b for a, b in down.get(rep, [])):
+                routed_down += 1
+            for frep, a, b in frozen:
+                if rep == frep and a <= entry.accept_t <= b:
+                    key = (frep, a)
+                    last_to_frozen[key] = max(last_to_frozen.get(key, a), entry.accept_t)
+    gens: dict[str, int] = {}
+    for e in _jsonl(sd / "ledger.jsonl"):
+        rid = str(e.get("request_id"))
+        if e.get("event", "generation") == "generation" and rid in rids:
+            t = e.get("t")
+            if isinstance(t, int | float) and lo <= float(t) <= hi:
+                gens[rid] = gens.get(rid, 0) + 1
+    attempts: dict[str, int] = {}
+    for r in sent:
+        attempts[str(r.get("request_id"))] = attempts.get(str(r.get("request_id")), 0) + 1
+    ratios = [gens[rid] / attempts[rid] for rid in gens if attempts.get(rid)]
+    gaps = stream_gaps(sent, _jsonl(sd / TTFT_LOG))
+    gap = statistics.median(gaps) if gaps else None
+    direct = info.get("direct_first_token_gap_s")
+    buffering = None
+    if gap is not None:
+        buffering = max(0.0, gap - float(direct)) if isinstance(direct, int | float) else gap
+    cut = sum(
+        1
+        for r in sent
+        if r.get("status") == 200 and not r.get("ok") and r.get("error_class") in CUT_CLASSES
+    )
+    out: dict[str, Any] = {}
+    if frozen:  # the gateway's own ejection: it sent nothing more to the frozen replica after
+        rep, a, _ = frozen[0]
+        out["ejection_s"] = round(last_to_frozen.get((rep, a), a) - a, 3)
+        out["ejection_source"] = f"{info.get('gateway')} request log (last request sent to {rep})"
+    return {
+        **out,
+        "gateway": info.get("gateway"),
+        "gateway_timeout_s": round(max(held), 3) if held else None,
+        "gateway_gave_up": len(held),
+        "retry_amplification": round(max(ratios), 4) if ratios else None,
+        "generations_per_attempt": round(sum(gens.values()) / len(sent), 4),
+        "gateway_retries": retries,
+        "stream_buffering_s": round(buffering, 4) if buffering is not None else None,
+        "first_token_gap_p50_s": round(gap, 4) if gap is not None else None,
+        "routed_to_down": routed_down,
+        "streams_cut_200": cut,
+    }
