@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from labutil import alive_pids as _alive
+from labutil import check_verdict
 
 from chaoslib_infer.capacity import instances
 from chaoslib_infer.lab import haproxy as hap
@@ -101,8 +102,12 @@ def test_quota_cut_to_the_planned_instances_carries_the_load(tmp_path: Path) -> 
     proc = _drill_run("quota-cut", out, plan)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
-    assert drill["status"] == "passed"
+    assert drill["status"] == "passed", drill["reasons"]
+    check_verdict(drill)
     assert drill["hypothesis"] == {"before": True, "after": True}
+    rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
+    assert rows["instances_held"]["value"] == 1.0 and rows["instances_held"]["result"] == "pass"
+    assert rows["serving_after_vs_baseline"]["result"] == "pass"  # r2 is back after the drill
     fig, gt = drill["figures"], drill["ground_truth"]
     records = read_records(out / "quota-cut" / "records.jsonl")
 
@@ -142,8 +147,13 @@ def test_quota_cut_to_the_planned_instances_carries_the_load(tmp_path: Path) -> 
     assert fig["quota_requests"] == len(at_q) > 60
     assert fig["quota_availability"] == sum(r["ok"] for r in at_q) / len(at_q) == 1.0
     assert fig["quota_p99_e2e_s"] <= 10.0
-    assert fig["requests"] == len(records)
+    # attempts still on the wire when the load stopped are recorded as cut off, not counted
+    assert fig["requests"] == len([r for r in records if not r.get("cut_off")])
     _check_faults_cleared_by_rollback(out, "quota-cut")
+
+
+def fig_planned(drill: dict[str, Any]) -> int:
+    return int(drill["figures"]["planned_instances"])
 
 
 def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) -> None:
@@ -162,8 +172,16 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     proc = _drill_run("quota-cut", out, plan)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
-    assert drill["status"] == "deviated"
+    assert drill["status"] == "failed"
+    check_verdict(drill)
     assert drill["hypothesis"] == {"before": True, "after": False}
+    # the quota is below the plan for the load: said so, with the shedding it caused
+    held = 1 / fig_planned(drill)
+    assert (
+        f"instances held at the quota / planned: {held:.3g}x < 1x (instances_held)"
+        in (drill["reasons"])
+    )
+    assert any("(availability_fault)" in r for r in drill["reasons"])
     fig, gt = drill["figures"], drill["ground_truth"]
     assert fig["quota_source"] == "given" and fig["instances_held"] == 1
     assert fig["planned_instances"] == instances(12.0, fig["expected_latency_s"], 4, 0.7) >= 2

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from labutil import check_verdict
 
 from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
 from chaoslib_infer.lab.haproxy import find_haproxy
@@ -140,12 +141,14 @@ def _after_run_checks(out: Path) -> None:
     assert [p for p in pids if _alive(p, str((out / "lab").resolve()))] == []
 
 
-def test_restarts_with_a_survivor_pass_and_figures_match_ground_truth(tmp_path: Path) -> None:
+def test_restarts_with_a_survivor_judged_and_figures_match_ground_truth(tmp_path: Path) -> None:
+    """The survivor carries the restart period; requests already in flight on a killed replica
+    (if any) are lost, and that alone fails the drill, on availability, with that reason."""
     code, out, tail = _run_drill(tmp_path, {})
-    assert code == 0, tail
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
-    assert drill["status"] == "passed", json.dumps(drill, indent=1)[:3000]
-    assert drill["hypothesis"] == {"before": True, "after": True}
+    check_verdict(drill)
+    assert code == (0 if drill["status"] == "passed" else 1), tail
+    assert drill["hypothesis"]["before"] is True
     fig, gt = drill["figures"], drill["ground_truth"]
     assert gt["replicas"] == ["r0", "r1"] and gt["survivors"] == ["r2"] and gt["method"] == "kill"
     _check_restarts(out, gt, ["r0", "r1"])
@@ -166,6 +169,14 @@ def test_restarts_with_a_survivor_pass_and_figures_match_ground_truth(tmp_path: 
     # the only failures: requests already in flight on a killed replica
     lost = [r for r in records if not r["ok"] and r["end_at"] >= fault_at]
     assert all(r["sent_at"] < fault_at + 0.05 for r in lost), lost
+    rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
+    assert (
+        (drill["status"] == "failed")
+        == bool(lost)
+        == (rows["availability_fault"]["result"] == "fail")
+    )
+    assert rows["all_serving_s"]["result"] == "pass"
+    assert rows["max_survivor_share"]["result"] == "n/a"  # one survivor must carry everything
     assert abs(fig["interruption_s"] - _interruption(records, fault_at)) <= 0.25
 
     for name, row in gt["restarts"].items():
@@ -186,8 +197,10 @@ def test_restarting_every_replica_deviates(tmp_path: Path) -> None:
     code, out, tail = _run_drill(tmp_path, {"restart_k": "all"})
     assert code == 1, tail
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
-    assert drill["status"] == "deviated"
+    assert drill["status"] == "failed"
+    check_verdict(drill)
     assert drill["hypothesis"] == {"before": True, "after": False}
+    assert any("(availability_fault)" in r for r in drill["reasons"]), drill["reasons"]
     fig, gt = drill["figures"], drill["ground_truth"]
     assert gt["replicas"] == ["r0", "r1", "r2"] and gt["survivors"] == []
     _check_restarts(out, gt, ["r0", "r1", "r2"])

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from labutil import alive_pids as _alive
+from labutil import check_verdict
 
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.load.records import read_records
@@ -118,6 +119,10 @@ def test_traffic_spike_scales_out_and_holds_the_slo(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
     assert drill["status"] == "passed" and drill["hypothesis"] == {"before": True, "after": True}
+    check_verdict(drill)
+    rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
+    assert rows["scale_out_s"]["result"] == "pass" and rows["timeouts_fault"]["result"] == "pass"
+    assert rows["recovery_s"]["result"] == "pass"
     fig, gt, records = _check_common(out)
 
     # the lab's own record of the scale-out
@@ -165,8 +170,16 @@ def test_traffic_spike_without_autoscaling_and_a_tiny_queue_deviates(tmp_path: P
     proc = _drill_run(out, _plan(tmp_path / "plan", lab))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
-    assert drill["status"] == "deviated"
+    assert drill["status"] == "failed"
+    check_verdict(drill)
     assert drill["hypothesis"] == {"before": True, "after": False}
+    # the overload was shed as fast 429s (a sane drop policy), but nothing scaled out
+    rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
+    assert rows["shed_p99_s"]["result"] == "pass"
+    assert any(
+        r.startswith("scale-out (trigger to serving): never scaled out while")
+        for r in drill["reasons"]
+    ), drill["reasons"]
     fig, gt, records = _check_common(out)
     assert fig["shed_requests"] > 0 and fig["shed_429"] == fig["shed_requests"]
     shed_times = [r["sent_at"] for r in records if r["status"] == 429]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labutil import check_verdict
 
 from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
 from chaoslib_infer.lab.haproxy import find_haproxy
@@ -110,14 +111,29 @@ def _after_run_checks(out: Path) -> dict[str, Any]:
     return fault
 
 
-def test_upstream_timeout_drill_passes_and_figures_match_ground_truth(tmp_path: Path) -> None:
+def test_upstream_timeout_drill_fails_on_hung_requests_and_figures_match_ground_truth(
+    tmp_path: Path,
+) -> None:
+    """HAProxy keeps sending to the frozen replica until its health checks eject it (~2 s): those
+    requests hang until the client gives up. The gateway does not fail fast, so the drill FAILS
+    and says which requests hung and for how long."""
     out = tmp_path / "out"
     proc = _cli("drill", "run", "upstream-timeout", "--out", str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
-    assert drill["status"] == "passed", json.dumps(drill, indent=1)[:3000]
-    assert drill["hypothesis"] == {"before": True, "after": True}
+    assert drill["status"] == "failed", json.dumps(drill, indent=1)[:3000]
+    check_verdict(drill)
+    assert drill["hypothesis"] == {"before": True, "after": False}  # drill-criteria-hold
     fig, gt = drill["figures"], drill["ground_truth"]
+    reasons = drill["reasons"]
+    hung_reason = (
+        f"requests that hung until the client gave up: {fig['hung_requests']} > 0 (hung_requests)"
+    )
+    assert hung_reason in reasons, reasons
+    assert any(r.startswith("longest wait of a request in the fault window: ") for r in reasons)
+    rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
+    assert rows["ejection_s"]["result"] == "pass"  # it was ejected, just not fast enough
+    assert rows["health_disagreement_s"]["value"] is not None
     fault = _after_run_checks(out)
     records = read_records(out / "upstream-timeout" / "records.jsonl")
     fault_at, replica = gt["fault_at"], gt["replica"]
@@ -184,8 +200,10 @@ def test_upstream_timeout_drill_deviates_with_a_single_replica(tmp_path: Path) -
     proc = _cli("drill", "run", "upstream-timeout", "--replicas", "1", "--out", str(out))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
-    assert drill["status"] == "deviated"
+    assert drill["status"] == "failed"
+    check_verdict(drill)
     assert drill["hypothesis"] == {"before": True, "after": False}
+    assert any("(availability_fault)" in r for r in drill["reasons"]), drill["reasons"]
     journal = json.loads((out / "upstream-timeout" / "journal.json").read_text())
     after = {
         p["activity"]["name"]: p["output"] for p in journal["steady_states"]["after"]["probes"]

@@ -257,11 +257,36 @@ def test_never_recovered_fails_traffic_spike() -> None:
     ground = {"fault_at": T0 + 10, "spike_end_at": T0 + 20}
     fig = {"requests_during_spike": 100, "recovery_s": None, "scale_out_s": 2.0}
     v = judge_drill(facts("traffic-spike", steady(T0, T0 + 30), fig, ground))
-    assert v.state == "inconclusive"  # the key figure is unmeasured...
-    fig["recovery_s"] = 80.0  # ...and a slow one fails
+    assert v.state == "failed"  # measured, and never back in the bands: a failure, never 0
+    assert v.reasons == [
+        "back inside the baseline bands after the spike: never back inside the baseline bands "
+        "before the load ended (recovery_s)"
+    ]
+    del fig["recovery_s"]  # not measured at all on this target: inconclusive
+    v = judge_drill(facts("traffic-spike", steady(T0, T0 + 30), fig, ground))
+    assert v.state == "inconclusive"
+    fig["recovery_s"] = 80.0  # a slow one fails
     v = judge_drill(facts("traffic-spike", steady(T0, T0 + 30), fig, ground))
     assert v.state == "failed"
     assert "back inside the baseline bands after the spike: 80 s > 60 s" in v.reasons[0]
+
+
+def test_spike_shed_without_any_scale_out_fails_and_a_carried_spike_is_n_a() -> None:
+    ground = {"fault_at": T0 + 10, "spike_end_at": T0 + 20}
+    fig = {"requests_during_spike": 100, "recovery_s": 2.0, "scale_out_s": None}
+    records = steady(T0, T0 + 30)
+    v = judge_drill(facts("traffic-spike", records, fig, ground))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert v.state == "passed" and rows["scale_out_s"]["result"] == "n/a"
+    for r in records:
+        if T0 + 12 <= r["sent_at"] < T0 + 13:
+            r.update(ok=False, error_class="http_429", status=429, end_at=r["sent_at"] + 0.01)
+    v = judge_drill(facts("traffic-spike", records, fig, ground))
+    assert v.state == "failed"
+    assert v.reasons == [
+        "scale-out (trigger to serving): never scaled out while 10 requests failed during the "
+        "spike (scale_out_s)"
+    ]
 
 
 def test_recovery_counts_from_the_first_impact() -> None:

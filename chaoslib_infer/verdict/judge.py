@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaoslib_infer.measure.figures import interruption
 from chaoslib_infer.measure.metrics import (
     TIMEOUT_CLASSES,
     logical_outcomes,
@@ -316,7 +317,15 @@ def _values(
         *GATEWAY_ONLY,
     ):
         out[name] = (_num(fig.get(name)), None)
+    for name, alias in K8S_ALIASES.items():  # a cluster: the actions' own figures
+        if out[name][0] is None and _num(fig.get(alias)) is not None:
+            out[name] = (_num(fig.get(alias)), None)
     sustained = fig.get("interruption_sustained", fig.get("interruption_settled"))
+    if "interruption_s" not in fig and tl.fault_at is not None:
+        # no drill-specific figure (a cluster): the one shared computation over the records
+        intr = interruption(recs, tl.fault_at)
+        out["interruption_s"] = (float(intr["interruption_s"]), None)
+        sustained = intr["sustained"]
     out["interruption_sustained"] = (_num(sustained) if sustained is not None else None, None)
     out["oom_kills"] = (_num(facts.ground.get("oom_kills")), None)
     for name in ("duplicate_generations", "extra_generations"):
@@ -343,6 +352,16 @@ def _values(
     out["instances_held"] = ((held / planned) if planned and held is not None else None, None)
     rec = _num(fig.get("recovery_s"))
     out["recovery_s"] = (rec, None)
+    if rec is None and "recovery_s" in fig and w.get("after"):
+        # measured and never back inside the baseline bands before the load ended
+        out["recovery_s"] = (None, NEVER + "back inside the baseline bands before the load ended")
+    if facts.drill == "traffic-spike" and out["scale_out_s"][0] is None and "fault" in w:
+        failed = sum(1 for r in sel("fault") if not r.get("ok") and not r.get("cut_off"))
+        out["scale_out_s"] = (
+            (None, NEVER + f"scaled out while {failed} requests failed during the spike")
+            if failed
+            else (None, "the spike was carried without a scale-out")
+        )
     return out
 
 
@@ -385,9 +404,20 @@ def _windows(
     return w, info
 
 
+#: Kubernetes drills: the actions' own figure standing for a drill figure the lab computes.
+K8S_ALIASES = {
+    "all_serving_s": "k8s_recovery_total_s_max",
+    "replacement_serving_s": "k8s_recovery_total_s_max",
+    "restart_s": "k8s_oom_restart_s",
+}
+#: A note that starts with this marks a point the drill never reached (never recovered, never
+#: scaled out while it shed): a failure, with the note as its reason, never "unmeasured".
+NEVER = "never "
+
+
 def _row(c: Criterion, value: float | None, note: str | None) -> dict[str, Any]:
     if value is None and note is not None:
-        result = "n/a"
+        result = "fail" if note.startswith(NEVER) and c.threshold is not None else "n/a"
     elif c.threshold is None:
         result = "not judged" if value is not None else "unmeasured"
     elif value is None:
@@ -409,6 +439,8 @@ def _row(c: Criterion, value: float | None, note: str | None) -> dict[str, Any]:
 
 
 def _reason(row: Mapping[str, Any]) -> str:
+    if row["value"] is None and row.get("note"):
+        return f"{row['label']}: {row['note']} ({row['criterion']})"
     value = _fmt(row["value"], row["unit"])
     thr = _fmt(row["threshold"], row["unit"])
     fails = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[row["op"]]

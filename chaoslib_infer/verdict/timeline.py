@@ -76,7 +76,7 @@ def timeline(
     g, fig = ground, figures
     fault_at = _f(g.get("fault_at"))
     if fault_at is None:
-        k8s = _k8s(fig)
+        k8s = _k8s(g, fig)
         if k8s is not None:
             return k8s
         return Timeline(None, None, False, "no fault was recorded (the method did not inject it)")
@@ -165,13 +165,26 @@ def _spike_planned(fig: Mapping[str, Any]) -> float | None:
     return planned * dur if planned is not None and dur is not None else None
 
 
-def _k8s(fig: Mapping[str, Any]) -> Timeline | None:
-    """A Kubernetes drill: the actions' own figures (``evidence/kinds/k8s_actions.py``)."""
+def _k8s(ground: Mapping[str, Any], fig: Mapping[str, Any]) -> Timeline | None:
+    """A Kubernetes drill: the actions' own record (``evidence/kinds/k8s_actions.py``): the
+    injection from ``k8s_*_fault_at``, the return to service from the pods' recovery
+    (``k8s_recovery_total_s_max``), confirmation from what the actions saw (an OOMKilled
+    termination, deleted pods, recovered pods)."""
     k8s = {k: v for k, v in fig.items() if k.startswith("k8s_")}
-    if not k8s:
+    starts = [_f(v) for k, v in ground.items() if k.startswith("k8s_") and k.endswith("fault_at")]
+    start = min((t for t in starts if t is not None), default=None)
+    if not k8s and start is None:
         return None
+    total = _f(fig.get("k8s_recovery_total_s_max"))
+    end = start + total if start is not None and total is not None else None
     if "k8s_oom_reason" in k8s:
         ok = k8s.get("k8s_oom_reason") == "OOMKilled"
         why = f"container termination reason {k8s.get('k8s_oom_reason')}"
-        return Timeline(None, None, ok, why)
-    return Timeline(None, None, None, "the fault actions' own report (no lab ground truth)")
+        return Timeline(start, end, ok, why)
+    if int(fig.get("k8s_simultaneous_deleted") or 0) > 0:
+        n = int(fig["k8s_simultaneous_deleted"])
+        return Timeline(start, end, True, f"{n} pods deleted at once (the API's own record)")
+    if int(fig.get("k8s_recovery_pods") or 0) > 0:
+        n = int(fig["k8s_recovery_pods"])
+        return Timeline(start, end, True, f"{n} pods disrupted and observed (the API's record)")
+    return Timeline(start, end, None, "the fault actions' own report (no lab ground truth)")
