@@ -536,3 +536,21 @@ def test_each_drill_criterion_fails_with_its_reason(
     # the same break with the criterion turned off is no longer a failure
     v_off = judge_drill(facts(drill, steady(T0, T0 + 35), fig, ground), {criterion: "off"})
     assert v_off.state == "passed", v_off.reasons
+
+
+def test_a_load_that_could_not_start_is_an_error_not_an_abort() -> None:
+    v = judge_drill(
+        facts(
+            "oom-kill",
+            [],
+            {},
+            {},
+            journal_status="aborted",
+            errors=["the load could not run: no request to http://x succeeded during warm-up"],
+        )
+    )
+    assert v.state == "error"
+    assert v.reasons == ["the load could not run: no request to http://x succeeded during warm-up"]
+    # a real interruption stays an abort
+    v = judge_drill(facts("oom-kill", [], {}, {}, journal_status="aborted"))
+    assert v.state == "aborted" and v.reasons == ["stopped: the run was interrupted"]

@@ -404,6 +404,8 @@ def _windows(
     return w, info
 
 
+#: How :mod:`chaoslib_infer.evidence.verdicts` words a load that could not start or run.
+LOAD_ERROR_PREFIX = "the load could not run: "
 #: Kubernetes drills: the actions' own figure standing for a drill figure the lab computes.
 K8S_ALIASES = {
     "all_serving_s": "k8s_recovery_total_s_max",
@@ -523,6 +525,9 @@ def _state(
 ) -> tuple[str, list[str]]:
     if facts.residue:
         return "failed", [f"fault left behind after the rollbacks: {r}" for r in facts.residue]
+    load = [e for e in facts.errors if e.startswith(LOAD_ERROR_PREFIX)]
+    if load:  # the load control interrupts the run when it cannot start: the tool failed
+        return "error", list(facts.errors)
     if facts.stop_reason or facts.journal_status == "aborted":
         return "aborted", [f"stopped: {facts.stop_reason or 'the run was interrupted'}"]
     if facts.errors:
