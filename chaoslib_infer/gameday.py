@@ -636,11 +636,24 @@ def _headline(figures: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _redacting(progress: Progress, secrets: list[str]) -> Progress:
-    """``progress`` with the secrets scrubbed from every line."""
+def redacting_progress(progress: Progress, secrets: list[str]) -> Progress:
+    """``progress`` with the secrets scrubbed from every line.
+
+    A console that went away (``chaos-infer gameday | head``, a closed terminal, a killed
+    parent: ``BrokenPipeError`` / ``OSError`` on write) must not stop the run between a fault
+    and its rollback or before the lab is taken down: progress is then dropped, the evidence
+    on disk still records everything.
+    """
+    gone = False
 
     def _say(msg: str) -> None:
-        progress(redact.redact_text(msg, secrets))
+        nonlocal gone
+        if gone:
+            return
+        try:
+            progress(redact.redact_text(msg, secrets))
+        except OSError:
+            gone = True
 
     return _say
 
@@ -741,7 +754,9 @@ def run_gameday(
 
     Without ``base_url`` it brings up the local lab in ``out_dir/lab`` and takes it down at the end,
     on Ctrl-C and on SIGTERM too. Fault records a killed earlier run left in ``out_dir/lab`` are
-    rolled back first (and a lab it left running is taken down). ``summary.json`` is written at the
+    rolled back first (and a lab it left running is taken down); on Kubernetes, the saved states
+    it left in ``out_dir/*/k8s-state/`` are replayed first
+    (:func:`~chaoslib_infer.safety.k8s_replay.recover_previous_run`). ``summary.json`` is written at the
     start and after each drill with ``"complete": false`` (and ``in_progress``), so a run killed
     mid-drill still leaves a summary that ``chaos-infer report`` renders. A drill aborted by a stop
     condition ends the game day with exit code 1. Secrets (:mod:`chaoslib_infer.safety.redact`)
@@ -783,7 +798,7 @@ def run_gameday(
     validate_plan(plan)
     drill_criteria = cli_criteria(plan, criteria or [])
     secrets = redact.known_secrets()
-    progress = _redacting(progress, secrets)
+    progress = redacting_progress(progress, secrets)
     redact.private_dir(out_dir)
     run_lock = _acquire_run_lock(out_dir)
     started = time.time()
@@ -832,6 +847,10 @@ def run_gameday(
     previous_term = signal.signal(signal.SIGTERM, _on_term)
     try:
         _write_summary()
+        if k8s_target is not None:  # faults a killed run left on the cluster: undo them first
+            from chaoslib_infer.safety.k8s_replay import recover_previous_run
+
+            recover_previous_run(out_dir, str(Path(k8s_target.source).resolve()), progress)
         if not base_url:
             _recover_previous_lab(out_dir / "lab", progress)
             progress(

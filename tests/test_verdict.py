@@ -554,3 +554,23 @@ def test_a_load_that_could_not_start_is_an_error_not_an_abort() -> None:
     # a real interruption stays an abort
     v = judge_drill(facts("oom-kill", [], {}, {}, journal_status="aborted"))
     assert v.state == "aborted" and v.reasons == ["stopped: the run was interrupted"]
+
+
+def test_a_console_that_went_away_does_not_stop_the_run() -> None:
+    """``chaos-infer gameday | head``: writes to the closed pipe raise; progress is dropped so
+    the rollbacks and the lab's take-down still run (seen in a rehearsal: a runner whose stdout
+    closed left its lab up)."""
+    from chaoslib_infer.gameday import redacting_progress
+
+    seen: list[str] = []
+
+    def console(msg: str) -> None:
+        if len(seen) >= 1:
+            raise BrokenPipeError(32, "Broken pipe")
+        seen.append(msg)
+
+    say = redacting_progress(console, ["sk-test-secret-123456"])
+    say("lab: up with sk-test-secret-123456")
+    say("drill oom-kill: FAILED")  # raises inside: swallowed
+    say("lab: taking down")  # dropped, never raises
+    assert seen == ["lab: up with [REDACTED]"]
