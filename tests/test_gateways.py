@@ -74,6 +74,8 @@ def test_nginx_t_refuses_a_broken_config_before_anything_starts() -> None:
         "idle-timeout",
         "read-timeout-client-retries",
         "router-retries",
+        "fail-fast",
+        "full-nginx",
     ):
         gateways.precheck("nginx", EXAMPLES / f"{name}.conf", ["r0", "r1", "r2"])
     gateways.precheck("nginx", None, ["r0"])
