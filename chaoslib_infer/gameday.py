@@ -449,17 +449,27 @@ def cli_criteria(
     return out
 
 
+#: Ledger record kinds the service itself made (the lab's autoscaler), not a drill's fault.
+SERVICE_OWN_KINDS = frozenset({"scale-out"})
+
+
 def residue_check(lab: Lab | None, drill_dir: Path) -> list[str]:
     """Faults still in place after a drill's rollbacks: one line each ([] for none).
 
-    Reads the lab's fault ledger (every record still there is a fault no rollback removed) and
-    the drill's Kubernetes state files (``k8s-state/``: a fault whose rollback did not clear it).
-    An unreadable ledger is residue too (it may hold a fault still in place).
+    Reads the lab's fault ledger (every record still there is a fault no rollback removed,
+    except :data:`SERVICE_OWN_KINDS`: the service's own reaction, such as a scale-out its
+    autoscaler started, which the ledger holds only so a dead-man can undo it) and the drill's
+    Kubernetes state files (``k8s-state/``: a fault whose rollback did not clear it). An
+    unreadable ledger is residue too (it may hold a fault still in place).
     """
     out: list[str] = []
     if lab is not None:
         try:
-            out += [f"lab: {ledger.describe(r)}" for r in ledger.pending_faults(lab.state_dir)]
+            out += [
+                f"lab: {ledger.describe(r)}"
+                for r in ledger.pending_faults(lab.state_dir)
+                if r.get("kind") not in SERVICE_OWN_KINDS
+            ]
         except LabError as exc:
             out.append(f"lab fault ledger unreadable: {exc}")
     with contextlib.suppress(FileNotFoundError):
