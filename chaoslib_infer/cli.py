@@ -221,7 +221,9 @@ def _run_plan(
     Refused with one line and exit 2, before anything starts: a target outside the allowlist
     (a URL, or a Kubernetes target file's context/namespace: no API call is made), a
     malformed --allow/--slo/stop condition, an experiment that does not load (named), an
-    unreadable API key file.
+    unreadable API key file; on a real run also an unreachable target and, on Kubernetes, a
+    node-level drill whose node runs pods of other namespaces
+    (:func:`chaoslib_infer.safety.k8s_preflight.check_plan`).
     """
     import os
 
@@ -261,6 +263,9 @@ def _run_plan(
             from chaoslib_infer.platforms.kubernetes.target import preflight
 
             preflight(k8s)
+            from chaoslib_infer.safety.k8s_preflight import check_plan
+
+            check_plan(the_plan, k8s)  # a shared node: refused here, before any load (exit 2)
         elif target_url:  # TCP connect + one GET: an unreachable URL refuses before any load
             from chaoslib_infer.gameday import preflight_url
 
@@ -806,7 +811,9 @@ def lab_status(state_dir: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(status, indent=2))
         return
-    click.echo(f"lab {status.get('url')} engine={status.get('engine')}")
+    click.echo(
+        f"lab {status.get('url')} engine={status.get('engine')} gateway={status.get('gateway', 'haproxy')}"
+    )
     for r in status.get("replicas", []):
         mem = r.get("memory_bytes") or 0
         lim = r.get("memory_limit_bytes") or 0
