@@ -179,7 +179,8 @@ def _print_dry_run(
         extra = "".join(f", {k}={v}" for k, v in lab.options.items())
         click.echo(
             f"target: local lab, {replicas or lab.replicas} x {engine or lab.engine} replicas, "
-            f"{lab.memory_limit_mb} MiB memory cgroup each, behind HAProxy{extra}"
+            f"{lab.memory_limit_mb} MiB memory cgroup each, behind "
+            f"{lab.options.get('gateway') or 'haproxy'}{extra}"
         )
     import dataclasses
 
