@@ -62,6 +62,7 @@ import aiohttp
 
 from chaoslib_infer.safety.redact import clip
 
+from .kerneltime import session_summary
 from .mix import PromptClass, parse_prompt_mix
 from .mix import draw as draw_prompt_class
 from .records import RecordWriter, perf_to_unix
@@ -721,6 +722,7 @@ def _finish_attempt(
         "tokens_source": source,
         "replica": replica,
         "text_len": parser.text_len,
+        "time_source": "loop",  # the raw transport says "kernel" where the kernel stamped it
     }
 
 
@@ -775,7 +777,10 @@ async def run_load(
         ended_at (unix s), elapsed_s, sent_rps, ok_rps, stopped, retry (the policy:
         ``{"attempts", "backoff_s", "attempt_timeout_s", "retry_on"}``), phases`` where
         ``phases`` is ``[{"index", "start_s", "end_s", "duration_s", "rate_rps", "start_at",
-        "end_at" (unix s), "scheduled", "sent"}]`` (one phase without a profile).
+        "end_at" (unix s), "scheduled", "sent"}]`` (one phase without a profile); and the clock
+        figures of ``kerneltime.session_summary``: ``time_source``, ``kernel_attempts``,
+        ``loop_attempts``, ``p50_client_lag_s``, ``p99_client_lag_s``, ``max_client_lag_s``,
+        ``client_lag_reads`` (the client's own lag, kernel stamp to handling; None without stamps).
 
     Raises:
         OSError / ValueError: writing a record failed (the run is stopped first).
@@ -954,6 +959,7 @@ async def run_load(
             await asyncio.gather(sched, stop_wait, istop_wait, return_exceptions=True)
             if prog is not None:
                 await asyncio.gather(prog, return_exceptions=True)
+        timing = session_summary(session)
     if write_error:
         raise write_error[0]
     ended = pc()
@@ -986,6 +992,7 @@ async def run_load(
             }
             for k, p in enumerate(phases)
         ],
+        **timing,
     )
     return summary
 

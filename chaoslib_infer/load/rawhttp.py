@@ -15,6 +15,20 @@ path does for an OpenAI-compatible streaming endpoint, with less work per reques
   ``time.perf_counter`` taken when the bytes arrived (``data_received``), so the attempt's task only
   wakes once, at the end; the per-chunk deadline bookkeeping of ``client.send_attempt`` runs in the
   callback too.
+* **Kernel times** (plain ``http``; ``kerneltime`` module): once a connection is made, its reading
+  is taken over from the loop's transport: the socket is read with ``recvmsg`` (a ``dup`` of its
+  descriptor, ``loop.add_reader``) and each read carries the kernel's software receive stamp of
+  its last segment (watched through the loop's ``kerneltime.Poller``), so a chunk's time is when its bytes reached the socket, not when the event loop
+  got round to them. The request is written with ``send`` on the same socket and its send time is
+  the kernel's software transmit stamp of its last byte (read from the error queue at once; on
+  loopback it is there when ``send`` returns), else the time just after ``send`` returned; on a
+  new connection the send time stays the moment the attempt started (before the connect), so a
+  slow connect is in TTFT and E2E and never in the schedule lag. Such records say
+  ``time_source: "kernel"`` and keep the loop's handling times beside the kernel ones
+  (``*_loop`` fields, contracts.md section 3); the loop lag of every read that delivered output
+  chunks goes to ``RawSession.lag`` (the run's ``p99_client_lag_s``). Where the platform gives no
+  stamps (not Linux, the options refused, a read without one), over TLS, or with
+  ``CHAOS_INFER_KERNEL_TIMESTAMPS=off``, times are the loop's (``time_source: "loop"``).
 
 Error classes are those of the aiohttp path (``client`` module docstring, contracts.md section 3):
 ``connect`` (refused, unreachable, DNS, TLS handshake), ``timeout_connect`` (TCP + TLS connect over
@@ -31,7 +45,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import re
+import socket
 import ssl
 import time
 from typing import TYPE_CHECKING, Any, cast
@@ -41,6 +57,8 @@ import httptools
 
 from chaoslib_infer.safety.redact import clip
 
+from . import kerneltime
+from .records import perf_to_unix
 from .sse import StreamParser
 
 if TYPE_CHECKING:
@@ -53,6 +71,7 @@ __all__ = ["RawSession", "send_attempt_raw"]
 
 _USER_AGENT = "chaoslib-infer"
 _Key = tuple[str, str, int]
+_READ_SIZE = 256 * 1024  # one recvmsg per wake-up, like uvloop's read buffer
 
 
 class RawSession:
@@ -65,13 +84,23 @@ class RawSession:
         ssl_context: context for ``https`` URLs; default ``ssl.create_default_context()``
             (certificates verified against the system store, like aiohttp's default).
 
+    Kernel times (module docstring) follow ``CHAOS_INFER_KERNEL_TIMESTAMPS`` as read here
+    (``kerneltime.mode``); :meth:`timing_summary` gives the run's client lag.
+
     Raises:
         ValueError: a header name or value in ``spec.headers`` holds CR, LF or NUL, or a header
-            name is empty or holds ``:``.
+            name is empty or holds ``:``; ``CHAOS_INFER_KERNEL_TIMESTAMPS`` is not on/rx/off.
     """
 
     def __init__(self, spec: LoadSpec, ssl_context: ssl.SSLContext | None = None) -> None:
         self.spec = spec
+        #: ``"on"`` (receive and transmit stamps), ``"rx"`` or ``"off"``
+        self.kernel_mode = kerneltime.mode()
+        #: loop lag of every read that delivered output chunks on a kernel-stamped connection
+        self.lag = kerneltime.LagStats()
+        #: attempts recorded with ``time_source`` "kernel" / "loop"
+        self.kernel_attempts = 0
+        self.loop_attempts = 0
         self._ssl = ssl_context
         self._idle: dict[_Key, list[_Conn]] = {}
         self._all: set[_Conn] = set()
@@ -162,7 +191,27 @@ class RawSession:
             )
         self._all.add(conn)
         self.connections_made += 1
+        if ctx is None and self.kernel_mode != "off":
+            conn.take_over(loop, tx=self.kernel_mode == "on")
         return conn
+
+    def timing_summary(self) -> dict[str, Any]:
+        """The run's clock figures, for the load summary.
+
+        Returns:
+            ``time_source`` (``"kernel"`` when every attempt record is kernel-timed, ``"loop"``
+            when none is, else ``"mixed"``), ``kernel_attempts``, ``loop_attempts``, and
+            ``p50_client_lag_s``, ``p99_client_lag_s``, ``max_client_lag_s`` (seconds, None
+            without a stamped read) and ``client_lag_reads`` (``kerneltime.LagStats.summary``).
+        """
+        k, lp = self.kernel_attempts, self.loop_attempts
+        source = "kernel" if k and not lp else ("mixed" if k else "loop")
+        return {
+            "time_source": source,
+            "kernel_attempts": k,
+            "loop_attempts": lp,
+            **self.lag.summary(),
+        }
 
     def release(self, conn: _Conn) -> None:
         """Return a connection whose reply was complete to its pool, or close it."""
@@ -191,6 +240,17 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.waiter: asyncio.Future[str | None] | None = None
         self.now = 0.0
+        self.now_loop = 0.0
+        #: the socket this connection is read and written through (kernel times), else None
+        self.sock: socket.socket | None = None
+        self.poller: kerneltime.Poller | None = None
+        #: reading was taken over (kernel receive stamps switched on); stays True once set
+        self.stamped = False
+        self.tx_stamps = False
+        #: bytes written through ``sock`` since stamps were switched on (transmit stamp IDs)
+        self.tx_bytes = 0
+        #: attempts carried so far (0: the next one opened the connection)
+        self.requests = 0
         self.reset()
 
     def reset(self) -> None:
@@ -209,6 +269,15 @@ class _Conn(asyncio.Protocol):
         self.first_token: float | None = None
         self.done_at: float | None = None
         self.chunk_times: list[float] = []
+        # loop handling times of the same events (kernel-stamped connections)
+        self.first_byte_loop: float | None = None
+        self.first_token_loop: float | None = None
+        self.done_at_loop: float | None = None
+        self.chunk_times_loop: list[float] = []
+        #: every read of this attempt so far had a kernel stamp
+        self.kernel_ok = True
+        #: no stamp of this attempt may be earlier (its send time, then the previous read)
+        self.floor = 0.0
         self.err_body: bytearray | None = None
         self.pending: list[bytes] = []
         self.keep_alive = False
@@ -222,10 +291,133 @@ class _Conn(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
+        self.now = self.now_loop = time.perf_counter()
+        self.kernel_ok = False  # the loop's transport read these bytes: no stamp
+        self._feed(data)
+
+    # ---- kernel-stamped reading (module docstring)
+    def take_over(self, loop: asyncio.AbstractEventLoop, tx: bool) -> bool:
+        """Read (and write) this plain-TCP connection through a ``dup`` of its socket with
+        kernel stamps; the loop's transport stops reading. Call before the first write.
+
+        Returns:
+            True when taken over; False (nothing changed: loop times) when the socket is not
+            reachable or the kernel gives no receive stamps.
+        """
+        tr = self.transport
+        raw = tr.get_extra_info("socket") if tr is not None else None
+        if tr is None or raw is None:
+            return False
+        try:
+            dup = socket.socket(fileno=os.dup(raw.fileno()))
+        except (OSError, ValueError):
+            return False
+        rx, txs = kerneltime.enable(dup, tx)
+        try:
+            if not rx:
+                raise OSError("no receive stamps")
+            poller = kerneltime.poller_for(loop)
+            dup.setblocking(False)
+            poller.add(dup.fileno(), self._readable)
+        except OSError:
+            dup.close()
+            return False
+        tr.pause_reading()
+        self.sock, self.poller, self.stamped, self.tx_stamps = dup, poller, True, txs
+        return True
+
+    def _readable(self) -> None:
+        sock = self.sock
+        if sock is not None:
+            self._read(sock, _READ_SIZE)
+
+    def _read(self, sock: socket.socket, size: int) -> bool:
+        """One ``recvmsg`` of up to ``size`` bytes, stamped and fed to the parser; False when
+        nothing was read (or the connection ended)."""
+        try:
+            data, anc, _, _ = sock.recvmsg(size, kerneltime.ANC_SIZE)
+        except (BlockingIOError, InterruptedError):
+            if self.tx_stamps:  # an error-queue wake-up: a transmit stamp nobody read yet
+                kerneltime.tx_stamp(sock)
+            return False
+        except OSError as exc:
+            self._reader_lost(exc)
+            return False
+        if not data:
+            self._reader_lost(None)
+            return False
+        now, wall = time.perf_counter(), time.time()  # read together: the stamp's offset
+        stamp = kerneltime.rx_stamp(anc)
+        if stamp is None:
+            self.kernel_ok = False
+            t = now
+        else:
+            t = now - (wall - stamp) if wall > stamp else now
+            if t < self.floor:
+                t = self.floor
+        self.floor = t
+        self.now, self.now_loop = t, now
+        self._feed(data)
+        return True
+
+    def send(self, data: bytes) -> tuple[float, float, str]:
+        """Write ``data`` (the whole request).
+
+        Returns:
+            ``(sent, sent_loop, source)``: ``time.perf_counter`` seconds of the kernel's transmit
+            stamp of the last byte (``source`` ``"tx_timestamp"``), else of the moment ``send``
+            returned (``"send_return"``; both times equal), or of the handover to the loop's
+            transport (``"loop"``: not taken over, or bytes still queued there).
+
+        Raises:
+            OSError: the socket refused the bytes (reset, broken pipe).
+        """
+        tr = self.transport
+        assert tr is not None
+        sock = self.sock
+        if sock is None or tr.get_write_buffer_size():
+            tr.write(data)
+            now = time.perf_counter()
+            return now, now, "loop"
+        try:
+            n = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        self.tx_bytes += n
+        if n < len(data):
+            tr.write(data[n:])  # the rest after the loop's next turn: its time is unknown
+            now = time.perf_counter()
+            return now, now, "loop"
+        now = time.perf_counter()
+        if self.tx_stamps:
+            stamp = kerneltime.tx_stamp(sock, self.tx_bytes - 1)
+            if stamp is not None:
+                later, wall = time.perf_counter(), time.time()  # read together
+                t = later - (wall - stamp)
+                return (t if t < now else now), now, "tx_timestamp"
+        return now, now, "send_return"
+
+    def _reader_lost(self, exc: Exception | None) -> None:
+        """EOF or an error on the taken-over socket: end like the transport would."""
+        self.connection_lost(exc)
+        if self.transport is not None:
+            if exc is None:
+                self.transport.close()
+            else:
+                self.transport.abort()
+
+    def _drop_reader(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is None:
+            return
+        if self.poller is not None:
+            self.poller.remove(sock.fileno())
+        sock.close()
+
+    def _feed(self, data: bytes) -> None:
         if self.waiter is None or self.waiter.done():
             self.abort()  # bytes nobody asked for (or after the attempt ended): unusable
             return
-        self.now = time.perf_counter()
         try:
             self.parser.feed_data(data)
             if self.pending:
@@ -241,6 +433,7 @@ class _Conn(asyncio.Protocol):
         return None  # close our side too; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._drop_reader()
         self.closed = True
         self.session.forget(self)
         w = self.waiter
@@ -271,6 +464,7 @@ class _Conn(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.headers_done = True
         self.first_byte = self.now
+        self.first_byte_loop = self.now_loop
         status = self.status = self.parser.get_status_code()
         if self.encoding not in (None, b"identity"):
             self._finish(f"garbled:unrequested Content-Encoding {self.encoding.decode('latin-1')}")
@@ -296,7 +490,12 @@ class _Conn(asyncio.Protocol):
             now = self.now
             if self.first_token is None:
                 self.first_token = now
+                self.first_token_loop = self.now_loop
             self.chunk_times.extend([now] * n)
+            if self.stamped:
+                self.chunk_times_loop.extend([self.now_loop] * n)
+                if self.kernel_ok:
+                    self.session.lag.add(self.now_loop - now)
             if self.deadline is not None:
                 idle = self.idle
                 if idle is not None:
@@ -312,6 +511,7 @@ class _Conn(asyncio.Protocol):
                     self.deadline.move(self.total_dl)
         if sp.done and self.done_at is None:
             self.done_at = self.now
+            self.done_at_loop = self.now_loop
             self.kind = "done"
             if self.deadline is not None:
                 self.deadline.move(min(self.now + self.grace, self.total_dl))
@@ -333,6 +533,7 @@ class _Conn(asyncio.Protocol):
 
     def abort(self) -> None:
         """Close the connection at once (RST); it is never reused."""
+        self._drop_reader()
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
@@ -348,7 +549,16 @@ async def send_attempt_raw(
     url: str | None = None,
 ) -> dict[str, Any]:
     """``client.send_attempt`` over a ``RawSession``: same arguments, same record, same error
-    classes (module docstring); ``asyncio.CancelledError`` propagates and produces no record."""
+    classes (module docstring); ``asyncio.CancelledError`` propagates and produces no record.
+
+    On a kernel-stamped connection the record's times are the kernel's (``time_source``
+    ``"kernel"``, module docstring) with the loop's beside them: ``sent_source``
+    (``"tx_timestamp"``, ``"send_return"``, ``"connect"``: a new connection, timed from the
+    attempt's start; ``"loop"``), ``sent_at_loop``, ``first_byte_at_loop``,
+    ``first_token_at_loop``, ``chunk_times_loop`` (one per chunk time), ``end_at_loop``; every
+    kernel time is <= its loop time and the kernel times are non-decreasing. Otherwise
+    ``time_source`` is ``"loop"``.
+    """
     from . import client as _c  # import cycle: client imports this module lazily
 
     loop = asyncio.get_running_loop()
@@ -366,8 +576,12 @@ async def send_attempt_raw(
     done_at: float | None = None
     chunk_times: list[float] = []
     sp = StreamParser()
+    kernel = False
+    sent_source = "connect"
+    loop_times: tuple[float | None, float | None, float | None, list[float], float] | None = None
 
-    sent = pc()
+    sent = pc()  # the attempt starts: deadlines run from here, and a new connection's send time
+    sent_loop = sent
     attempt_timeout = spec.attempt_timeout
     total_dl = sent + attempt_timeout
     ttft_dl = sent + spec.ttft_timeout_s if spec.ttft_timeout_s is not None else math.inf
@@ -398,17 +612,25 @@ async def send_attempt_raw(
                 conn.idle = spec.idle_timeout_s
                 conn.grace = _c._AFTER_DONE_GRACE_S
                 waiter = conn.waiter = loop.create_future()
-                assert conn.transport is not None
-                conn.transport.write(
-                    b"".join(
-                        (
-                            prefix,
-                            request_id.encode("latin-1"),
-                            b"\r\nContent-Length: %d\r\n\r\n" % len(body),
-                            body,
+                fresh = conn.requests == 0
+                conn.requests += 1
+                try:
+                    t_k, t_l, how = conn.send(
+                        b"".join(
+                            (
+                                prefix,
+                                request_id.encode("latin-1"),
+                                b"\r\nContent-Length: %d\r\n\r\n" % len(body),
+                                body,
+                            )
                         )
                     )
-                )
+                except OSError as exc:  # the server closed the pooled connection: a reset
+                    conn.connection_lost(exc)
+                else:
+                    conn.floor = t_k
+                    if not fresh:
+                        sent, sent_loop, sent_source = t_k, t_l, how
                 outcome = await waiter
                 if outcome is not None:
                     err_class, _, err = outcome.partition(":")
@@ -441,6 +663,14 @@ async def send_attempt_raw(
                 status, replica = conn.status, conn.replica or conn.lab_server
                 first_byte, first_token = conn.first_byte, conn.first_token
                 chunk_times, done_at = conn.chunk_times, conn.done_at
+                if conn.stamped:
+                    lt = (conn.first_byte_loop, conn.first_token_loop, conn.done_at_loop,
+                          conn.chunk_times_loop, conn.now_loop)  # fmt: skip
+                    if conn.kernel_ok:
+                        kernel, loop_times = True, lt
+                    else:  # a read without a stamp: the whole record on the loop's clock
+                        first_byte, first_token, done_at, chunk_times = lt[:4]
+                        sent = sent_loop
                 conn.deadline = None
                 if clean:
                     session.release(conn)  # resets the connection's attempt state
@@ -450,14 +680,15 @@ async def send_attempt_raw(
         if not expired:
             raise  # cancelled by the caller, not by our deadline: no record
         timed_out = True
-    return _c._finish_attempt(
+    end = pc()
+    rec = _c._finish_attempt(
         spec,
         sp,
         request_id=request_id,
         attempt=attempt,
         intended_at=intended_at,
         sent=sent,
-        end=pc(),
+        end=end,
         status=status,
         replica=replica,
         err_class=err_class,
@@ -470,6 +701,22 @@ async def send_attempt_raw(
         first_token=first_token,
         chunk_times=chunk_times,
     )
+    if kernel and loop_times is not None:
+        session.kernel_attempts += 1
+        fb_l, ft_l, done_l, ct_l, _ = loop_times
+        rec["time_source"] = "kernel"
+        rec["sent_source"] = sent_source
+        rec["sent_at_loop"] = perf_to_unix(sent_loop)
+        rec["first_byte_at_loop"] = None if fb_l is None else perf_to_unix(fb_l)
+        rec["first_token_at_loop"] = None if ft_l is None else perf_to_unix(ft_l)
+        rec["chunk_times_loop"] = [perf_to_unix(t) for t in ct_l]
+        rec["end_at_loop"] = perf_to_unix(
+            done_l if done_at is not None and done_l is not None and rec["ok"] else end
+        )
+    else:
+        session.loop_attempts += 1
+        rec["time_source"] = "loop"
+    return rec
 
 
 def _why(exc: BaseException) -> str:

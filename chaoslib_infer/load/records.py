@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency
     _loads = json.loads  # type: ignore[assignment]
 
 __all__ = [
+    "OPTIONAL_FIELDS",
     "RECORD_FIELDS",
     "T0_PERF",
     "T0_UNIX",
@@ -59,6 +60,21 @@ RECORD_FIELDS: tuple[str, ...] = (
     "tokens_source",
     "replica",
     "text_len",
+)
+
+#: Fields a record may carry after :data:`RECORD_FIELDS` (contracts.md section 3): the clock
+#: (``time_source`` "kernel" | "loop", absent = "loop"; the kernel records' loop-time stamps) and
+#: the cut-off marks.
+OPTIONAL_FIELDS: tuple[str, ...] = (
+    "time_source",
+    "sent_source",
+    "sent_at_loop",
+    "first_byte_at_loop",
+    "first_token_at_loop",
+    "chunk_times_loop",
+    "end_at_loop",
+    "cut_off",
+    "in_flight_s",
 )
 
 

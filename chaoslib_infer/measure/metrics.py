@@ -11,6 +11,12 @@ Definitions come from ``docs/definitions.md``:
 * Percentiles are over **successful** requests only, with ``censored_fraction`` (failed /
   attempted) beside them, so a server that sheds load cannot look faster.
 
+**Client lag** (records with ``time_source: "kernel"``, ``load/kerneltime.py``): for each socket
+read that delivered output chunks, the client's loop handling time (``chunk_times_loop``) minus
+the kernel's arrival stamp (``chunk_times``), over every attempt, ok or not: how late the client
+itself saw what the service had already delivered. A large lag means the client's own
+scheduling, not the service, made the run slow (its open-loop schedule is then suspect too).
+
 Percentiles use HDR histograms (``hdrh``) at microsecond resolution with 3 significant digits
 (relative error <= 0.1%); values between 1 us and 1 hour are tracked, outside values are clamped.
 A statistic without data is ``None``, never NaN.
@@ -26,6 +32,7 @@ from hdrh.histogram import HdrHistogram
 
 __all__ = [
     "TIMEOUT_CLASSES",
+    "client_lag_s",
     "cut_off_count",
     "logical_outcomes",
     "logical_stats",
@@ -104,6 +111,28 @@ def percentiles_s(values_s: Sequence[float], pcts: Sequence[float]) -> dict[floa
     return {p: got[p] / _US for p in pcts}
 
 
+def client_lag_s(records: Iterable[Record]) -> list[float]:
+    """Client lag per socket read (module docstring), seconds, from kernel-timed records.
+
+    A read is a run of equal ``chunk_times_loop`` values of a record (the chunks of one read share
+    both times); its lag is that loop time minus the chunks' kernel time. Records without ``time_source: "kernel"`` or whose two lists differ
+    in length are skipped.
+    """
+    out: list[float] = []
+    for r in records:
+        if r.get("time_source") != "kernel":
+            continue
+        kt, lt = r.get("chunk_times") or [], r.get("chunk_times_loop") or []
+        if len(kt) != len(lt):
+            continue
+        prev: Any = None
+        for k, lp in zip(kt, lt, strict=True):
+            if lp != prev:
+                out.append(max(float(lp) - float(k), 0.0))
+                prev = lp
+    return out
+
+
 def _ok(r: Record) -> bool:
     return bool(r.get("ok"))
 
@@ -135,7 +164,11 @@ def window_stats(
         p50/p99_itl_s, p50/p99_tpot_s`` (seconds, successful requests only); ``p99_send_lag_s``
         (``sent_at - intended_at``, all attempts: client-side queueing); ``ok_rps`` (successful
         requests per second of window; the window is [start, end) when both are given, else the
-        span of ``sent_at``); ``errors_by_class: {class: {"count", "sample"}}``. None where no data.
+        span of ``sent_at``); ``errors_by_class: {class: {"count", "sample"}}``; the client's own
+        lag (module docstring): ``p50_client_lag_s``, ``p99_client_lag_s``, ``max_client_lag_s``
+        (seconds, all attempts, None without kernel-timed records), ``client_lag_reads`` and
+        ``kernel_time_fraction`` (attempts with ``time_source: "kernel"`` / attempted). None where
+        no data.
     """
     recs = select(records, start, end)
     n = len(recs)
@@ -178,6 +211,9 @@ def window_stats(
     pi = percentiles_s(itl, (50, 99))
     pp = percentiles_s(tpot, (50, 99))
     pl = percentiles_s([max(v, 0.0) for v in lag], (99,))
+    clag = client_lag_s(recs)
+    pcl = percentiles_s(clag, (50, 99))
+    n_kernel = sum(1 for r in recs if r.get("time_source") == "kernel")
     if start is not None and end is not None:
         span: float | None = end - start
     elif recs:
@@ -209,6 +245,11 @@ def window_stats(
         "p99_send_lag_s": pl[99],
         "ok_rps": (n_ok / span) if span else None,
         "errors_by_class": errors,
+        "p50_client_lag_s": pcl[50],
+        "p99_client_lag_s": pcl[99],
+        "max_client_lag_s": max(clag) if clag else None,
+        "client_lag_reads": len(clag),
+        "kernel_time_fraction": _ratio(n_kernel, n),
     }
 
 
