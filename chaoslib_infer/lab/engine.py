@@ -67,6 +67,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from chaoslib_infer.lab import kernel_stamps
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -916,13 +918,26 @@ class _Engine:
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(CRASH_EXIT_CODE)
 
-    def record_ttft(self, request_id: str, ttft_s: float) -> None:
+    def record_ttft(
+        self, request_id: str, ttft_s: float, stamps: kernel_stamps.Stamps | None = None
+    ) -> None:
         """With ``--ttft-log``: append ``{"request_id", "ttft_s", "t"}`` for a first token just
         sent (``ttft_s``: seconds from arrival to the first token handed to the transport, the
-        value the TTFT histogram observes; ``t``: unix seconds, now)."""
+        value the TTFT histogram observes; ``t``: unix seconds, now), plus, with ``stamps``
+        (``lab.kernel_stamps``), ``rx_at`` (the request's last byte arrived on the socket),
+        ``tx_at`` (the first token's bytes left it), unix seconds, ``ttft_kernel_s`` =
+        ``tx_at - rx_at`` and their sources ``rx_source``, ``tx_source``."""
         if self._ttft_fd is not None:
-            line = json.dumps({"request_id": request_id, "ttft_s": ttft_s, "t": time.time()})
-            os.write(self._ttft_fd, (line + "\n").encode())
+            row: dict[str, Any] = {"request_id": request_id, "ttft_s": ttft_s, "t": time.time()}
+            if stamps is not None and stamps.rx_at is not None and stamps.tx_at is not None:
+                row.update(
+                    rx_at=stamps.rx_at,
+                    tx_at=stamps.tx_at,
+                    ttft_kernel_s=stamps.tx_at - stamps.rx_at,
+                    rx_source=stamps.rx_source,
+                    tx_source=stamps.tx_source,
+                )
+            os.write(self._ttft_fd, (json.dumps(row) + "\n").encode())
 
     def close(self) -> None:
         """Close the ledger (and TTFT log) files."""
@@ -977,10 +992,12 @@ class _GenerationResponse:
         self.mode = fault.mode if fault is not None else None
         self.itl_scale = engine.itl_scale(fault)
         self.disconnected = False
+        self.stamps: kernel_stamps.Stamps | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
         assert task is not None
+        self.stamps = kernel_stamps.stamps_of(scope)
 
         async def watch() -> None:
             while True:
@@ -1057,7 +1074,7 @@ class _GenerationResponse:
                 now = time.perf_counter()
                 if k == 0:
                     m.ttft.labels(cfg.model).observe(now - job.arrival)
-                    eng.record_ttft(job.request_id, now - job.arrival)
+                    eng.record_ttft(job.request_id, now - job.arrival, self.stamps)
                 else:
                     m.itl.labels(cfg.model).observe(now - last_t)
                 last_t = now
@@ -1594,7 +1611,9 @@ def _build_parser(cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser
     )  # fmt: skip
     p.add_argument(
         "--ttft-log", type=Path, default=None,
-        help="append one JSON line per first token: request_id, server-side ttft_s, t (unix s)",
+        help="append one JSON line per first token: request_id, server-side ttft_s, t (unix s), "
+        "and kernel times of request in / first token out (rx_at, tx_at, ttft_kernel_s: "
+        "chaoslib_infer.lab.kernel_stamps)",
     )  # fmt: skip
     return p
 
@@ -1659,7 +1678,7 @@ def main(argv: list[str] | None = None) -> None:
         uvicorn.Config(
             app,
             loop="uvloop",
-            http="httptools",
+            http=kernel_stamps.protocol_class() if config.ttft_log is not None else "httptools",
             access_log=False,
             log_level="warning",
             lifespan="on",
