@@ -461,6 +461,7 @@ def test_add_fault_records_ttl_and_deadman_expires_it(tmp_path: Path) -> None:
     assert [e["phase"] for e in events if e.get("fault_id") == fid] == ["injected", "expired"]
     # an undo that cannot run keeps the record (retried later), it is never forgotten: here a
     # marker path that is a folder, which the test-marker undo refuses to touch
+    fid = lab.add_fault({**rec, "path": str(tmp_path)})
     (line,) = deadman.expire_once(lab, now=time.time() + 10 * DEFAULT_FAULT_TTL_S)
     assert "undo REFUSED" in line and "is not a regular file" in line
     (kept,) = ledger.pending_faults(tmp_path)
