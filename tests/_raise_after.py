@@ -9,7 +9,12 @@ action once its fault is in place)::
 Its first call runs the real function, then raises ``RuntimeError("injected failure")``; later
 calls pass through (the rollback may call it again). Before raising it prints one line on stderr,
 ``raise_after: <target> raised; ledger kinds: [...]``, listing the kinds of the records in the
-lab's fault ledger (``DIR/lab/faults.json``) at that instant: the fault is in place.
+lab's fault ledger (``DIR/lab/faults.json``) and the Kubernetes states saved in
+``DIR/*/k8s-state/`` at that instant: the fault is in place.
+
+``!MODULE:QUALNAME`` raises *instead of* the first call (the real function never runs that
+time): an exception in the middle of an action, e.g. while a Kubernetes action waits for its
+fault to act (``tests/test_k8s_interruptions.py``).
 """
 
 from __future__ import annotations
@@ -33,13 +38,20 @@ def _ledger_kinds(argv: list[str]) -> list[str]:
     return [str(r.get("kind")) for r in data if isinstance(r, dict)]
 
 
+def _k8s_states(argv: list[str]) -> list[str]:
+    """The Kubernetes faults saved in ``DIR/*/k8s-state/`` at this instant (their kinds)."""
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
+    return sorted(p.stem for p in out.glob("*/k8s-state/*.json")) if out else []
+
+
 def patch(target: str, argv: list[str]) -> None:
     """Replace ``target`` (``MODULE:QUALNAME``) by a wrapper that raises after its first call.
 
     Raises:
         SystemExit: ``target`` is malformed or does not name a callable.
     """
-    module_name, sep, qualname = target.partition(":")
+    instead = target.startswith("!")
+    module_name, sep, qualname = target.lstrip("!").partition(":")
     if not sep or not qualname:
         raise SystemExit(f"_raise_after: expected MODULE:QUALNAME, got {target!r}")
     owner: Any = importlib.import_module(module_name)
@@ -53,11 +65,12 @@ def patch(target: str, argv: list[str]) -> None:
 
     @functools.wraps(real)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        result = real(*args, **kwargs)
+        result = None if instead and not raised else real(*args, **kwargs)
         if not raised:
             raised.append(True)
             print(
-                f"raise_after: {target} raised; ledger kinds: {_ledger_kinds(argv)}",
+                f"raise_after: {target} raised; ledger kinds: {_ledger_kinds(argv)}; "
+                f"k8s states: {_k8s_states(argv)}",
                 file=sys.stderr,
                 flush=True,
             )
