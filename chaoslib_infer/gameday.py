@@ -764,11 +764,14 @@ def run_gameday(
 
     Without ``base_url`` it brings up the local lab in ``out_dir/lab`` and takes it down at the end,
     on Ctrl-C and on SIGTERM too. Fault records a killed earlier run left in ``out_dir/lab`` are
-    rolled back first (and a lab it left running is taken down). ``summary.json`` is written at the
-    start and after each drill with ``"complete": false`` (and ``in_progress``), so a run killed
-    mid-drill still leaves a summary that ``chaos-infer report`` renders. A drill aborted by a stop
-    condition ends the game day with exit code 1. Secrets (:mod:`chaoslib_infer.safety.redact`)
-    are scrubbed from every file before the bundle's manifest is written.
+    rolled back first (and a lab it left running is taken down); on Kubernetes, the saved states
+    it left in ``out_dir/*/k8s-state/`` are replayed first
+    (:func:`~chaoslib_infer.safety.k8s_replay.recover_previous_run`). ``summary.json`` is
+    written at the start and after each drill with ``"complete": false`` (and ``in_progress``),
+    so a run killed mid-drill still leaves a summary that ``chaos-infer report`` renders. A drill
+    aborted by a stop condition ends the game day with exit code 1. Secrets
+    (:mod:`chaoslib_infer.safety.redact`) are scrubbed from every file before the bundle's
+    manifest is written.
 
     Args:
         allow: extra target allowlist patterns (``--allow``; see
@@ -855,6 +858,10 @@ def run_gameday(
     previous_term = signal.signal(signal.SIGTERM, _on_term)
     try:
         _write_summary()
+        if k8s_target is not None:  # faults a killed run left on the cluster: undo them first
+            from chaoslib_infer.safety.k8s_replay import recover_previous_run
+
+            recover_previous_run(out_dir, str(Path(k8s_target.source).resolve()), progress)
         if not base_url:
             _recover_previous_lab(out_dir / "lab", progress)
             progress(

@@ -507,3 +507,103 @@ def _same_cluster(before: dict[Any, Any], after: dict[Any, Any], drill: str) -> 
         v for k, v in pods1.items() if k[2] == NS and v["metadata"]["labels"].get("app") == "vllm"
     ]
     assert len(model) == 3 and all(_ready(p) for p in model), [p["metadata"]["name"] for p in model]
+
+
+# ---------------------------------------------------------------------------------------------
+# a Kubernetes game day replays what a killed run left in its --out folder, then runs
+# ---------------------------------------------------------------------------------------------
+def _leave_faults(c: Cluster, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a game day SIGKILLed mid-drill leaves: faults in place, their states in OUT."""
+    from chaoslib_infer.activities import k8s
+
+    monkeypatch.setenv("KUBECONFIG", c.env["KUBECONFIG"])
+    target = str(c.target)
+    k8s.k8s_cut_quota(
+        gpus=1,
+        replicas=2,
+        hpa_max_replicas=2,
+        target_file=target,
+        configuration={"infer_run_dir": str(out / "quota-cut")},
+    )
+    k8s.k8s_taint_model_node(
+        effect="NoSchedule",
+        target_file=target,
+        configuration={"infer_run_dir": str(out / "node-loss")},
+    )
+    assert sorted(p.name for p in out.glob("*/k8s-state/*.json")) == [
+        "node-taint.json",
+        "quota-cut.json",
+    ]
+
+
+def test_k8s_gameday_replays_the_state_a_killed_run_left_then_runs(
+    fresh: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, fake = fresh, fresh.fake
+    fake.exec_handler = Kubelet()
+    before = _store(c.snapshot)
+    out = tmp_path / "gd"
+    _leave_faults(c, out, monkeypatch)
+    # the same drill again: without the replay its cut would be refused (its state is pending)
+    plan = _plan(c, tmp_path, "quota-cut", "exception")
+    proc = subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", str(plan)]
+        + ["--target", str(c.target), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=c.env,
+        timeout=120,
+        cwd=ROOT,
+    )
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text, text
+    lines = proc.stdout.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("safety: "))
+    assert lines[first] == (
+        f"safety: 2 Kubernetes fault(s) left by a previous run in {out}: replaying their "
+        "rollbacks before the first drill"
+    ), text
+    undone = lines[first + 1 : first + 3]
+    assert all(ln.startswith(f"safety:   undone: {out.resolve()}/") for ln in undone), undone
+    assert "k8s_restore_quota" in "".join(undone) and "k8s_remove_node_taint" in "".join(undone)
+    drill_at = next(i for i, ln in enumerate(lines) if ln.startswith("drill quota-cut:"))
+    assert drill_at > first + 2
+    summary = json.loads((out / "summary.json").read_text())
+    (entry,) = summary["drills"]
+    journal = json.loads((out / "quota-cut" / "journal.json").read_text())
+    cut = next(r for r in journal["run"] if r["activity"]["name"] == "cut-quota")
+    assert cut["status"] == "succeeded", cut  # not refused as a second injection
+    # the fake cluster has no lab ground truth: the verdict says what it can, with reasons
+    assert entry["status"] in ("passed", "inconclusive"), entry
+    assert proc.returncode == {"passed": 0, "inconclusive": 3}[entry["status"]], text
+    assert entry["reasons"], entry
+    assert list(out.rglob("k8s-state/*")) == []
+    _settle(fake)
+    with fake.lock:
+        after = _store(fake.objects)
+    _same_cluster(before, after, "quota-cut")
+
+
+def test_k8s_gameday_refuses_to_start_when_a_leftover_cannot_be_undone(
+    fresh: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, fake = fresh, fresh.fake
+    out = tmp_path / "gd"
+    _leave_faults(c, out, monkeypatch)
+    fake.forbid("update", "resourcequotas")
+    plan = _plan(c, tmp_path, "quota-cut", "exception")
+    r = CliRunner().invoke(
+        main, ["gameday", str(plan), "--target", str(c.target), "--out", str(out)]
+    )
+    assert r.exit_code == 2, r.output
+    errors = [ln for ln in r.stdout.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "could not undo 1 Kubernetes fault(s) left in" in errors[0]
+    assert "permission denied" in errors[0] and "no drill started" in errors[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["drills"] == [] and "could not undo" in summary["error"]
+    assert (out / "quota-cut" / "k8s-state" / "quota-cut.json").exists()  # kept for a retry
+    assert not (out / "node-loss" / "k8s-state" / "node-taint.json").exists()  # this one undone
+    assert not (out / "quota-cut" / "records.jsonl").exists()  # no load was sent
+    fake.forbidden = set()
+    assert _rollback(c.env, out).exit_code == 0
+    assert list(out.rglob("k8s-state/*")) == []

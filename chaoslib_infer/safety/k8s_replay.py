@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROLLBACKS", "PendingK8sFault", "ReplayResult", "find_pending", "replay"]
+__all__ = [
+    "ROLLBACKS",
+    "PendingK8sFault",
+    "ReplayResult",
+    "find_pending",
+    "recover_previous_run",
+    "replay",
+]
 
 #: State-file kind (``k8s-state/<kind>.json``) -> the rollback activity of
 #: :mod:`chaoslib_infer.activities.k8s` that undoes it.
@@ -277,3 +284,45 @@ def replay(
             continue
         result.undone.append(f"{where}: {name}: {text or 'nothing left to undo'}")
     return result
+
+
+def recover_previous_run(out_dir: Path, target_file: str, progress: Callable[[str], None]) -> int:
+    """A Kubernetes game day's start-up: replay what a killed earlier run left in ``out_dir``.
+
+    Like the lab game day with its ledger, ``chaos-infer gameday --target FILE --out DIR`` plays
+    the rollbacks of every ``DIR/k8s-state/`` and ``DIR/*/k8s-state/`` file left by a run that
+    was killed (SIGKILL, a lost CI job) before its first drill, and says so: one ``safety:`` line,
+    then one line per fault undone. States that record no target are replayed against
+    ``target_file`` (the game day's); a recorded one is always used (allowlist checked again).
+
+    Args:
+        out_dir: the game day's ``--out`` folder (existing).
+        target_file: the game day's target file.
+        progress: where the lines go (the game day's console).
+
+    Returns:
+        How many faults were undone (0: nothing was pending, and no API call was made).
+
+    Raises:
+        InferChaosError: one line: a fault could not be undone (its state file stays, for
+            ``chaos-infer rollback --run-dir``); the game day then starts no drill.
+    """
+    from chaoslib_infer.errors import InferChaosError
+
+    pending = find_pending(out_dir)
+    if not pending:
+        return 0
+    progress(
+        f"safety: {len(pending)} Kubernetes fault(s) left by a previous run in {out_dir}: "
+        "replaying their rollbacks before the first drill"
+    )
+    result = replay(out_dir, target_file=target_file)
+    for line in result.undone:
+        progress(f"safety:   undone: {line}")
+    if result.failed:
+        raise InferChaosError(
+            f"could not undo {len(result.failed)} Kubernetes fault(s) left in {out_dir} by a "
+            f"previous run: {result.failed[0]}; no drill started (chaos-infer rollback --run-dir "
+            f"{out_dir} retries)"
+        )
+    return len(result.undone)
