@@ -118,3 +118,80 @@ def test_allowed_namespace_must_be_the_operators_too(
     out = k8s.k8s_taint_model_node(pod=victim, poll_s=POLL_S, target_file=target, configuration=cfg)
     assert out["node"] == "gpu-a"
     k8s.k8s_remove_node_taint(target_file=target, configuration=cfg)
+
+
+# ---- the command line's preflight: refused before anything starts ---------------------------
+def _first_ready_node(fake: FakeK8s) -> str:
+    """The node of the pod a node-level action picks by default (the first Ready target pod)."""
+    first = sorted(p["metadata"]["name"] for p in fake.pods("llm", "app=vllm"))[0]
+    return str(fake.get("", "pods", first, "llm")["spec"]["nodeName"])
+
+
+def _plan(tmp_path: Path, drill_vars: dict[str, Any] | None = None) -> Path:
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    drill = {"name": "node-loss", "experiment": str(root / "experiments/k8s/node-loss.yaml")}
+    if drill_vars:
+        drill["vars"] = drill_vars
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"name": "n", "platform": "kubernetes", "drills": [drill]}))
+    return plan
+
+
+@pytest.mark.parametrize("command", ["gameday", "drill"])
+def test_cli_preflight_refuses_a_shared_node_with_one_line_before_anything_starts(
+    tmp_path: Path, fake: FakeK8s, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from chaoslib_infer.cli import main
+
+    target, _cfg, _victim = _setup(tmp_path, fake)
+    node = _first_ready_node(fake)
+    _bystander(fake, "team-b", "their-app-0", node=node)
+    out = tmp_path / "out"
+    plan = _plan(tmp_path)
+    if command == "gameday":
+        args = ["gameday", str(plan), "--target", target, "--out", str(out)]
+    else:
+        monkeypatch.setenv("CHAOS_INFER_K8S_PLAN", str(plan))
+        args = ["drill", "run", "node-loss", "--target", target, "--out", str(out)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, r.output
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("chaos-infer: error: ") and "Traceback" not in r.output
+    assert "drill node-loss (k8s_taint_model_node)" in line and "no drill started" in line
+    assert (
+        f"node {node} also runs 1 pod(s) outside the allowed namespaces: team-b/their-app-0" in line
+    )
+    assert "allow_bystanders" in line
+    assert not out.exists()  # no folder, no load, no lab
+    assert _writes(fake) == []  # nothing changed on the cluster
+    reads = [r.path.split("?")[0] for r in fake.calls("GET")]
+    assert reads.count("/api/v1/pods") == 1  # one list of the node's pods, cluster-wide
+
+
+def test_preflight_follows_the_drill_opt_in_and_the_daemonset_exception(
+    tmp_path: Path, fake: FakeK8s
+) -> None:
+    from chaoslib_infer.errors import ConfigError
+    from chaoslib_infer.plan import load_plan
+    from chaoslib_infer.platforms.kubernetes.target import load_target
+    from chaoslib_infer.safety.k8s_preflight import check_plan, node_fault_calls
+
+    target_file, _cfg, _victim = _setup(tmp_path, fake)
+    target = load_target(target_file)
+    node = _first_ready_node(fake)
+    _bystander(fake, "team-b", "agent-0", node=node, daemonset=True)
+    assert check_plan(load_plan(_plan(tmp_path)), target) == 1  # checked: a DaemonSet pod only
+    _bystander(fake, "team-b", "their-app-0", node=node)
+    with pytest.raises(ConfigError, match="team-b/their-app-0"):
+        check_plan(load_plan(_plan(tmp_path)), target)
+    opted = load_plan(_plan(tmp_path, {"allow_bystanders": True}))  # the operator's opt-in
+    assert node_fault_calls(opted)[0][2]["allow_bystanders"] is True
+    n = len(fake.requests)
+    assert check_plan(opted, target) == 0 and len(fake.requests) == n  # not asked: no API call
+    plain = load_plan(Path(__file__).resolve().parent.parent / "drills" / "gameday-k8s.yaml")
+    assert [c[:2] for c in node_fault_calls(plain)] == [("node-loss", "k8s_taint_model_node")]
+    assert _writes(fake) == []
