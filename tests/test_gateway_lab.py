@@ -10,7 +10,10 @@ the client alone re-runs no generation (it passes behind HAProxy: tests/test_ver
 - ``good.conf`` (its counterpart): PASSED, with the gateway figures measured and within their
   thresholds; the evidence names nginx and the config, scrubbed.
 
-About 2.5 minutes here.
+- ``idle-timeout.conf`` (``proxy_read_timeout 2s``) under the engine's stall mode (3 s pauses
+  on one replica, ``experiments/tools/engine-fault.yaml``): FAILED with ``streams_cut_200``.
+
+About 3 minutes here.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ pytestmark = [
 
 
 def _gameday(
-    tmp: Path, config: str, edits: dict[str, str] | None = None
+    tmp: Path, config: str, edits: dict[str, str] | None = None, drill: dict[str, Any] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     doc = yaml.safe_load((ROOT / "experiments" / "network-jitter.yaml").read_text())
     doc["controls"][0]["provider"]["arguments"]["attempt_timeout_s"] = 8.0
@@ -69,7 +72,7 @@ def _gameday(
                     "gateway": "nginx",
                     "gateway_config": cfg.name,
                 },
-                "drills": [{"name": "network-jitter", "experiment": str(exp)}],
+                "drills": [drill or {"name": "network-jitter", "experiment": str(exp)}],
             }
         )
     )
@@ -83,16 +86,17 @@ def _gameday(
         env=dict(os.environ),
     )
     summary = json.loads((out / "summary.json").read_text())
-    drill = summary["drills"][0]
-    text = (out / "network-jitter" / "evidence.md").read_text() + json.dumps(summary)
+    result = summary["drills"][0]
+    name = summary["drills"][0]["name"]
+    text = (out / name / "evidence.md").read_text() + json.dumps(summary)
     assert "lab-secret-0123456789" not in text
-    gw = drill["ground_truth"]["gateway"]
+    gw = result["ground_truth"]["gateway"]
     assert gw["gateway"] == "nginx" and gw["config_path"] == str(cfg)
     assert "[REDACTED]" in gw["config"] and "proxy_read_timeout" in gw["config"]
-    sync = (out / "lab" / "gateway-sync.jsonl").read_text().splitlines()
-    # the jitter detour went through the intent plane into nginx's upstream, and back
-    assert any('"r0-jitter"' in ln or "-jitter" in ln for ln in sync), sync
-    return proc, drill
+    if drill is None:  # the jitter detour went through the intent plane into nginx's upstream
+        sync = (out / "lab" / "gateway-sync.jsonl").read_text().splitlines()
+        assert any("-jitter" in ln for ln in sync), sync
+    return proc, result
 
 
 def test_router_retries_fail_on_retry_amplification(tmp_path: Path) -> None:
@@ -122,3 +126,24 @@ def test_good_config_passes_with_gateway_figures(tmp_path: Path) -> None:
     rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
     for name in ("retry_amplification", "stream_buffering_s", "streams_cut_200"):
         assert rows[name]["result"] == "pass", rows[name]
+
+
+def test_idle_timeout_below_a_pause_cuts_streams_after_a_200(tmp_path: Path) -> None:
+    # the engine's stall mode pauses r1's streams for 3 s after 2 tokens (a long think or a
+    # queue); idle-timeout.conf's proxy_read_timeout (2 s) cuts them after nginx answered 200
+    stall = {
+        "name": "engine-stall",
+        "experiment": str(ROOT / "experiments" / "tools" / "engine-fault.yaml"),
+        "vars": {
+            "engine_fault_mode": "stall",
+            "engine_fault_replica": "r1",
+            "engine_fault_params": "k=2;t=3",
+            "hold_s": 10,
+            "load_rate_rps": 10,
+        },
+    }
+    proc, drill = _gameday(tmp_path, "idle-timeout", drill=stall)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert drill["status"] == "failed", drill["reasons"]
+    assert any(r.endswith("(streams_cut_200)") for r in drill["reasons"]), drill["reasons"]
+    assert drill["figures"]["streams_cut_200"] >= 1
