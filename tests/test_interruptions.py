@@ -388,7 +388,8 @@ def test_interrupted_drill_leaves_no_fault(
         assert summary["complete"] is False
         assert summary["in_progress"]["drill"] == drill
     else:
-        assert code == (1 if how == "exception" else 130), output[-4000:]
+        # a crashed action: the tool failed, the drill is "error" (exit 2, docs/definitions.md)
+        assert code == (2 if how == "exception" else 130), output[-4000:]
         summary = json.loads((out / "summary.json").read_text())
         journal = json.loads((out / drill / "journal.json").read_text())
         entry = summary["drills"][0]

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaoslib_infer.measure.figures import interruption
+from chaoslib_infer.measure.figures import interruption, recovery
 from chaoslib_infer.measure.metrics import (
     TIMEOUT_CLASSES,
     logical_outcomes,
@@ -341,6 +341,13 @@ def _values(
         shed = _shed_p99(recs, a, b)
         out["shed_p99_s"] = (shed, None if shed is not None else "no request was shed")
         hung = fig.get("hung_requests")
+        if hung is None and facts.drill == "upstream-timeout":
+            # no drill figure (a cluster): attempts of the fault window the client gave up on
+            hung = sum(
+                1
+                for r in recs
+                if r.get("error_class") in TIMEOUT_CLASSES and not r.get("in_flight_at_judging")
+            )
         hung_now = sum(1 for r in select(recs, a, b) if r.get("in_flight_at_judging"))
         out["hung_requests"] = (
             (float(int(hung) + hung_now), None) if hung is not None else (None, None)
@@ -349,8 +356,22 @@ def _values(
         share, why = _survivor_share(facts, a, b)
         out["max_survivor_share"] = (share, why)
     planned, held = _num(fig.get("planned_instances")), _num(fig.get("instances_held"))
+    if planned is None and _num(fig.get("k8s_quota_replicas_after")):
+        # a cluster: ready endpoints through the cut against the replicas the quota allows
+        planned = _num(fig.get("k8s_quota_replicas_after"))
+        held = _num(fig.get("k8s_ready_endpoints_min"))
     out["instances_held"] = ((held / planned) if planned and held is not None else None, None)
+    if out["scale_out_s"][0] is None:
+        wanted, serving = _num(fig.get("k8s_hpa_desired_at_s")), _num(fig.get("k8s_serving_at_s"))
+        if wanted is not None and serving is not None:  # HPA desired -> new pod serving
+            out["scale_out_s"] = (serving - wanted, None)
     rec = _num(fig.get("recovery_s"))
+    if "recovery_s" not in fig and facts.drill == "traffic-spike" and "baseline" in w:
+        # no drill figure (a cluster): the shared computation, from the end of the spike
+        base_stats = window_stats(sel("baseline"))
+        if base_stats.get("p99_e2e_s") is not None and tl.fault_at is not None:
+            rec = recovery(facts.records, tl.fault_end or tl.fault_at, base_stats)
+            fig = {**fig, "recovery_s": rec}
     out["recovery_s"] = (rec, None)
     if rec is None and "recovery_s" in fig and w.get("after"):
         # measured and never back inside the baseline bands before the load ended

@@ -171,12 +171,20 @@ def _k8s(ground: Mapping[str, Any], fig: Mapping[str, Any]) -> Timeline | None:
     (``k8s_recovery_total_s_max``), confirmation from what the actions saw (an OOMKilled
     termination, deleted pods, recovered pods)."""
     k8s = {k: v for k, v in fig.items() if k.startswith("k8s_")}
-    starts = [_f(v) for k, v in ground.items() if k.startswith("k8s_") and k.endswith("fault_at")]
+    starts = [
+        _f(v)
+        for k, v in ground.items()
+        if k.startswith("k8s_") and (k.endswith("fault_at") or k == "k8s_spike_at")
+    ]
     start = min((t for t in starts if t is not None), default=None)
     if not k8s and start is None:
         return None
     total = _f(fig.get("k8s_recovery_total_s_max"))
+    cleared = [
+        _f(v) for k, v in ground.items() if k.startswith("k8s_") and k.endswith("cleared_at")
+    ]
     end = start + total if start is not None and total is not None else None
+    end = _latest(end, *cleared)
     if "k8s_oom_reason" in k8s:
         ok = k8s.get("k8s_oom_reason") == "OOMKilled"
         why = f"container termination reason {k8s.get('k8s_oom_reason')}"
@@ -184,6 +192,15 @@ def _k8s(ground: Mapping[str, Any], fig: Mapping[str, Any]) -> Timeline | None:
     if int(fig.get("k8s_simultaneous_deleted") or 0) > 0:
         n = int(fig["k8s_simultaneous_deleted"])
         return Timeline(start, end, True, f"{n} pods deleted at once (the API's own record)")
+    if int(fig.get("k8s_freeze_stopped") or 0) > 0:
+        n = int(fig["k8s_freeze_stopped"])
+        return Timeline(start, end, True, f"{n} processes of the pod stopped (SIGSTOP confirmed)")
+    before, after = fig.get("k8s_quota_replicas_before"), fig.get("k8s_quota_replicas_after")
+    if isinstance(before, int) and isinstance(after, int):
+        ok = after < before
+        return Timeline(start, end, ok, f"replicas cut from {before} to {after} by the quota")
+    if ground.get("k8s_spike_at") is not None:
+        return Timeline(start, end, True, f"spike from the {ground.get('k8s_spike_source')}")
     if int(fig.get("k8s_recovery_pods") or 0) > 0:
         n = int(fig["k8s_recovery_pods"])
         return Timeline(start, end, True, f"{n} pods disrupted and observed (the API's record)")
