@@ -17,11 +17,22 @@ checks it). For each tool the script prints:
   client that does not fill its core (here: the one-core engine is the bottleneck) would carry
   this many requests per second on a full core.
 
+A bare C client, ``h2load`` (nghttp2, Debian's ``nghttp2-client``; HTTP/1.1, the same
+concurrency and request body, no parsing of the stream at all), runs in the same rounds as the
+floor of what one client core can drive: our cost per request is printed as a multiple of its
+(its req/core-s over ours). It is not a peer: it never enters the ratio.
+
 Then the ratios of ours to the best peer, on engine req/s and on req/core-s, and our TTFT error at
-half our ceiling: our client sends open-loop Poisson traffic at half its engine-counted rate, and
-each request's TTFT (send to first output chunk, from its record) is compared with the engine's own
-server-side TTFT of the same request id (``--ttft-log``: arrival to first token sent). The last line
-is ``ratio_vs_best_peer=<float>``: req/core-s of ours over the best peer's (``nan`` when no peer
+50 % and 90 % of our ceiling (``--ttft-fractions``): our client sends open-loop Poisson traffic at
+that share of its engine-counted rate, and each request's TTFT (send to first output chunk, from
+its record) is compared with the engine's own TTFT of the same request id (``--ttft-log``). The
+engine takes kernel socket stamps for it (``chaoslib_infer.lab.kernel_stamps``): from the moment
+the request's last byte arrived on its socket to the moment the first token's bytes left it, so
+its own accept/parse queueing is inside the truth, not counted as client error; our client's
+times are kernel stamps too (``time_source: "kernel"`` records). The error splits in two legs,
+send -> engine arrival and engine first token out -> our first-token stamp, and the client's own
+lag (``p99_client_lag_s``: kernel stamp to handling) is printed beside it. The last line is
+``ratio_vs_best_peer=<float>``: req/core-s of ours over the best peer's (``nan`` when no peer
 ran); on a machine where the clients fill their core it equals the req/s ratio.
 
 Peers are installed into throw-away virtual environments under ``--peer-dir`` (default
@@ -567,6 +578,61 @@ PEER_SPECS: dict[str, Peer] = {
 }  # fmt: skip
 
 
+#: the bare C client, the floor of what one core drives (not a peer: never in the ratio)
+FLOOR = "h2load"
+_H2LOAD_RATE = re.compile(r"finished in [0-9.]+s, ([0-9.]+) req/s")
+
+
+def ensure_h2load(skip_install: bool, cap_s: float) -> str:
+    """The path of ``h2load``, installing Debian's ``nghttp2-client`` first when it is missing
+    (root, not ``skip_install``).
+
+    Raises:
+        BenchError: with the one-line reason it cannot be used.
+    """
+    found = shutil.which("h2load")
+    if found:
+        return found
+    if skip_install or os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise BenchError("h2load not installed (apt-get install -y nghttp2-client)")
+    print("installing nghttp2-client (h2load) ...", file=sys.stderr, flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["nice", "-n", "10", "apt-get", "install", "-y", "nghttp2-client"],
+                       env=env, capture_output=True, timeout=cap_s, check=False)  # fmt: skip
+    found = shutil.which("h2load")
+    if not found:
+        raise BenchError("could not install nghttp2-client (h2load) with apt-get")
+    return found
+
+
+def _run_floor(h2load: str, eng: Engine, a: argparse.Namespace, out: Path) -> Run | str:
+    """One closed-loop ``h2load --h1`` run: ``--concurrency`` connections, one request in
+    flight each, the body our client sends (``max_tokens`` + ``ignore_eos``), ``--duration-s``.
+    Returns its figures, or the one-line reason it gave none."""
+    out.mkdir(parents=True, exist_ok=True)
+    body = out / "body.json"
+    body.write_text(json.dumps({
+        "model": MODEL, "prompt": " ".join(["hello"] * 12), "max_tokens": a.max_tokens,
+        "stream": True, "ignore_eos": True,
+    }))  # fmt: skip
+    print("running h2load (floor) ...", file=sys.stderr, flush=True)
+    cmd = [h2load, "--h1", "-c", str(a.concurrency), "-t", "1", "-m", "1",
+           "-D", str(max(1, round(a.duration_s))), "-d", str(body),
+           "-H", "Content-Type: application/json", eng.url + "/v1/completions"]  # fmt: skip
+    run, rc = run_tool(FLOOR, cmd, eng, a.client_core, a.duration_s + 60, out / "log.txt")
+    text = (out / "log.txt").read_text(errors="replace")
+    m = _H2LOAD_RATE.search(text)
+    if m:
+        run.own_rps = float(m.group(1))
+    if run.engine_rps is None:
+        tail = [x for x in text.splitlines() if x.strip()][-1:] or ["no output"]
+        return f"ran but served too few requests (exit {rc}): {tail[0][:200]}"
+    if rc != 0:
+        run.note = f"exit {rc}"
+    return run
+
+
 def find_python(minimum: str) -> Path | None:
     """A Python interpreter >= ``minimum`` (``"3.12"``): this one, ``python3.X`` on PATH, or a
     pyenv version. Prefers the running interpreter's minor version (pip finds local wheels for it).
@@ -712,30 +778,45 @@ def ours_main(argv: list[str]) -> None:
 
 
 def ttft_error(records_path: Path, ttft_log: Path) -> dict[str, Any]:
-    """Client TTFT minus the engine's server-side TTFT, per request id, in seconds.
+    """Client TTFT minus the engine's own TTFT, per request id, in seconds.
 
-    The error splits in two legs, from the unix times both sides log (one machine, one clock):
-    ``up`` = engine arrival (first-token time minus its TTFT) minus the client's send time: the
-    client's send path, loopback, and the engine's HTTP parsing and queueing before its own clock
-    starts; ``down`` = the client's first-token time minus the engine's first-token send time:
-    loopback and the client's receive path (event loop wake-up, SSE parsing).
+    The truth is the engine's kernel-stamped TTFT (``ttft_kernel_s``: the request's last byte in
+    on its socket to the first token's bytes out) where its ``--ttft-log`` line has it, else its
+    loop-time TTFT (``ttft_s``: parsed request to first token handed to the transport). The error
+    splits in two legs, from the unix times both sides log (one machine, one clock): ``up`` =
+    engine arrival (``rx_at``, or first-token time minus ``ttft_s``) minus the client's send
+    time: the client's send path and loopback (with the loop-time truth also the engine's HTTP
+    parsing and queueing); ``down`` = the client's first-token time minus the engine's
+    first-token send time (``tx_at``, or ``t``): loopback and the client's receive path.
 
     Returns:
-        ``{"matched", "ok", "p50_s", "p99_s", "max_s", "up_p50_s", "up_p99_s", "down_p50_s",
-        "down_p99_s", "client_p50_s", "client_p99_s", "server_p50_s", "server_p99_s"}`` (HDR
-        percentiles, 1 us resolution).
+        ``{"matched", "ok", "truth" ("kernel" | "loop" | "mixed"), "client_kernel" (matched
+        records with ``time_source: "kernel"``), "fresh" (matched on a new connection: the
+        connect is in their TTFT), "p50_s", "p99_s", "max_s", "pooled_p99_s" (the P99 without
+        the fresh ones), "up_p50_s", "up_p99_s", "down_p50_s", "down_p99_s", "client_p50_s",
+        "client_p99_s", "server_p50_s", "server_p99_s", "lag_p50_s", "lag_p99_s" (client lag,
+        ``metrics.client_lag_s``)}``; errors as HDR percentiles of ``|error|`` with its sign kept
+        (1 us resolution; a negative error means the client read lower than the truth).
     """
     from chaoslib_infer.load.records import iter_records
-    from chaoslib_infer.measure.metrics import percentiles_s
+    from chaoslib_infer.measure.metrics import client_lag_s, percentiles_s
 
-    server: dict[str, tuple[float, float]] = {}
+    server: dict[str, tuple[float, float, float, bool]] = {}
     with open(ttft_log, encoding="utf-8") as fh:
         for line in fh:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 row = json.loads(line)
-                server[row["request_id"]] = (float(row["ttft_s"]), float(row["t"]))
-    errs, up, down, client, srv = [], [], [], [], []
-    ok = 0
+                if "ttft_kernel_s" in row:
+                    server[row["request_id"]] = (
+                        float(row["ttft_kernel_s"]), float(row["rx_at"]), float(row["tx_at"]),
+                        True,
+                    )  # fmt: skip
+                else:
+                    t = float(row["t"])
+                    server[row["request_id"]] = (float(row["ttft_s"]), t - float(row["ttft_s"]),
+                                                 t, False)  # fmt: skip
+    errs, pooled, up, down, client, srv, lags = [], [], [], [], [], [], []
+    ok = kernel_truth = client_kernel = fresh = 0
     for r in iter_records(records_path):
         if not r.get("ok") or r.get("first_token_at") is None:
             continue
@@ -743,23 +824,50 @@ def ttft_error(records_path: Path, ttft_log: Path) -> dict[str, Any]:
         got = server.get(r["request_id"])
         if got is None:
             continue
-        s_ttft, s_first = got
+        s_ttft, s_in, s_out, kernel = got
+        kernel_truth += kernel
+        client_kernel += r.get("time_source") == "kernel"
         c = r["first_token_at"] - r["sent_at"]
         errs.append(c - s_ttft)
-        up.append(s_first - s_ttft - r["sent_at"])
-        down.append(r["first_token_at"] - s_first)
+        if r.get("sent_source") == "connect":
+            fresh += 1
+        else:
+            pooled.append(c - s_ttft)
+        up.append(s_in - r["sent_at"])
+        down.append(r["first_token_at"] - s_out)
         client.append(c)
         srv.append(s_ttft)
-    pe = percentiles_s(errs, (50, 99, 100))
-    pu = percentiles_s(up, (50, 99))
-    pd = percentiles_s(down, (50, 99))
+        lags.extend(client_lag_s([r]))
+
+    def signed(vals: list[float], pcts: tuple[float, ...]) -> dict[float, float | None]:
+        # percentiles of the magnitude, reported with the sign of the value at that rank
+        ranked = sorted(vals, key=abs)
+        got = percentiles_s([abs(v) for v in vals], pcts)
+        out: dict[float, float | None] = {}
+        for p in pcts:
+            g = got[p]
+            if g is None or not ranked:
+                out[p] = g
+                continue
+            v = ranked[min(len(ranked) - 1, max(0, math.ceil(p / 100 * len(ranked)) - 1))]
+            out[p] = math.copysign(g, v)
+        return out
+
+    pe = signed(errs, (50, 99, 100))
+    pp = signed(pooled, (99,))
+    pu = signed(up, (50, 99))
+    pd = signed(down, (50, 99))
     pc = percentiles_s(client, (50, 99))
     ps = percentiles_s(srv, (50, 99))
+    pl = percentiles_s(lags, (50, 99))
+    n = len(errs)
+    truth = "kernel" if n and kernel_truth == n else ("mixed" if kernel_truth else "loop")
     return {
-        "matched": len(errs), "ok": ok, "p50_s": pe[50], "p99_s": pe[99], "max_s": pe[100],
+        "matched": n, "ok": ok, "truth": truth, "client_kernel": client_kernel, "fresh": fresh,
+        "p50_s": pe[50], "p99_s": pe[99], "max_s": pe[100], "pooled_p99_s": pp[99],
         "up_p50_s": pu[50], "up_p99_s": pu[99], "down_p50_s": pd[50], "down_p99_s": pd[99],
         "client_p50_s": pc[50], "client_p99_s": pc[99], "server_p50_s": ps[50],
-        "server_p99_s": ps[99],
+        "server_p99_s": ps[99], "lag_p50_s": pl[50], "lag_p99_s": pl[99],
     }  # fmt: skip
 
 
@@ -779,8 +887,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="client_ceiling.py",
         description=(
             "Streamed requests/s of our load client and of the peer load generators against one "
-            "zero-latency lab engine, one client core each; the ratio ours / best peer; our TTFT "
-            "error against the engine's server-side TTFT at half our ceiling. Last line: "
+            "zero-latency lab engine, one client core each, beside a bare C client (h2load) as the "
+            "floor; the ratio ours / best peer; our TTFT error against the engine's kernel-stamped "
+            "TTFT at 50 % and 90 % of our ceiling. Last line: "
             "ratio_vs_best_peer=<float> (requests per client core-second)."
         ),
         epilog="Peers are cached in --peer-dir; delete a tool's folder there to reinstall it.",
@@ -827,7 +936,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--ttft-duration-s",
         type=float,
         default=15.0,
-        help="length of the half-ceiling TTFT run, seconds (default %(default)s)",
+        help="length of each TTFT-error run, seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--ttft-fractions",
+        default="0.5,0.9",
+        help="shares of our ceiling at which the TTFT error is measured (default %(default)s)",
+    )
+    p.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help=f"skip the bare C client ({FLOOR}, the floor of one core)",
     )
     p.add_argument(
         "--rounds",
@@ -867,6 +987,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.also_transport = next(t for t in TRANSPORTS if t != a.transport)
     if a.also_transport in ("none", a.transport):
         a.also_transport = None
+    try:
+        a.ttft_fraction_list = [float(x) for x in a.ttft_fractions.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--ttft-fractions {a.ttft_fractions!r}: comma-separated numbers")
+    if not all(0 < f <= 1.5 for f in a.ttft_fraction_list):
+        p.error("--ttft-fractions: each share must be in (0, 1.5]")
     if not (a.duration_s >= 3 and a.ttft_duration_s >= 1):
         p.error("--duration-s must be >= 3 and --ttft-duration-s >= 1")
     if a.max_tokens < 2 or a.concurrency < 1 or a.install_cap_s <= 0 or a.rounds < 1:
@@ -907,6 +1033,12 @@ def _bench(a: argparse.Namespace, work: Path) -> int:
             venvs[name] = ensure_peer(PEER_SPECS[name], a.peer_dir, a.skip_install, a.install_cap_s)
         except (BenchError, OSError, subprocess.SubprocessError) as exc:
             skipped[name] = str(exc) or type(exc).__name__
+    h2load: str | None = None
+    if a.floor:
+        try:
+            h2load = ensure_h2load(a.skip_install, a.install_cap_s)
+        except BenchError as exc:
+            skipped[FLOOR] = str(exc)
     tokenizer = ensure_tokenizer(a.peer_dir, list(venvs.values())) if venvs else None
     if venvs and tokenizer is None:
         for name in venvs:
@@ -934,6 +1066,13 @@ def _bench(a: argparse.Namespace, work: Path) -> int:
                 wait_idle(eng)
                 got_alt = _run_ours(me, eng, a, work / f"{alt}-{rnd}", a.also_transport, alt)
                 runs.setdefault(alt, []).append(got_alt)
+            if h2load is not None and FLOOR not in skipped:
+                wait_idle(eng)
+                floor = _run_floor(h2load, eng, a, work / f"{FLOOR}-{rnd}")
+                if isinstance(floor, str):
+                    skipped[FLOOR] = floor
+                else:
+                    runs.setdefault(FLOOR, []).append(floor)
             for name, venv in venvs.items():
                 if name in skipped:
                     continue
@@ -943,26 +1082,29 @@ def _bench(a: argparse.Namespace, work: Path) -> int:
                     skipped[name] = got
                 else:
                     runs.setdefault(name, []).append(got)
-        # ---- TTFT error at half our ceiling (the same rate for --also-transport)
-        half = statistics.median(r.engine_rps or 0.0 for r in runs["ours"]) / 2
-        ttft: list[tuple[str, dict[str, Any], Run]] = []
-        for transport in (a.transport, a.also_transport):
-            if transport is None:
-                continue
-            wait_idle(eng)
-            os.truncate(eng.ttft_log, 0)  # the engine appends (O_APPEND): only this run's lines
-            tdir = work / f"ours-ttft-{transport}"
-            tdir.mkdir(exist_ok=True)
-            argv = [*me, "open", eng.url, str(a.ttft_duration_s), "1024", str(a.max_tokens),
-                    str(half), str(tdir / "records.jsonl"), transport]  # fmt: skip
-            tr, rc = run_tool("ours-ttft", argv, eng, a.client_core, a.ttft_duration_s + 60,
-                              tdir / "log.txt")  # fmt: skip
-            if rc != 0:
-                raise BenchError(f"the TTFT run ({transport}) failed (exit {rc})")
-            wait_idle(eng)
-            ttft.append((transport, ttft_error(tdir / "records.jsonl", eng.ttft_log), tr))
+        # ---- TTFT error at each fraction of our ceiling (the same rate for --also-transport)
+        ceiling = statistics.median(r.engine_rps or 0.0 for r in runs["ours"])
+        ttft: list[tuple[str, float, float, dict[str, Any], Run]] = []
+        for frac in a.ttft_fraction_list:
+            rate = ceiling * frac
+            for transport in (a.transport, a.also_transport):
+                if transport is None:
+                    continue
+                wait_idle(eng)
+                os.truncate(eng.ttft_log, 0)  # the engine appends (O_APPEND): this run's lines
+                tdir = work / f"ours-ttft-{transport}-{round(frac * 100)}"
+                tdir.mkdir(exist_ok=True)
+                argv = [*me, "open", eng.url, str(a.ttft_duration_s), "1024", str(a.max_tokens),
+                        str(rate), str(tdir / "records.jsonl"), transport]  # fmt: skip
+                tr, rc = run_tool("ours-ttft", argv, eng, a.client_core, a.ttft_duration_s + 60,
+                                  tdir / "log.txt")  # fmt: skip
+                if rc != 0:
+                    raise BenchError(f"the TTFT run ({transport}, {frac:g}) failed (exit {rc})")
+                wait_idle(eng)
+                terr = ttft_error(tdir / "records.jsonl", eng.ttft_log)
+                ttft.append((transport, frac, rate, terr, tr))
     merged = [_median_run(name, rs) for name, rs in runs.items()]
-    _report(merged, skipped, ttft, half, a)
+    _report(merged, skipped, ttft, a)
     return 0
 
 
@@ -1037,8 +1179,7 @@ def _median_run(name: str, runs: list[Run]) -> Run:
 def _report(
     runs: list[Run],
     skipped: dict[str, str],
-    ttft: list[tuple[str, dict[str, Any], Run]],
-    half: float,
+    ttft: list[tuple[str, float, float, dict[str, Any], Run]],
     a: argparse.Namespace,
 ) -> None:
     head = (f"{'tool':<16}{'own req/s':>10}{'engine req/s':>13}{'tok/req':>8}{'client CPU':>11}"
@@ -1054,7 +1195,13 @@ def _report(
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     ours = runs[0]
-    peers = [r for r in runs if not r.tool.startswith("ours")]
+    peers = [r for r in runs if not r.tool.startswith("ours") and r.tool != FLOOR]
+    floor = next((r for r in runs if r.tool == FLOOR), None)
+    if floor is not None and floor.req_per_core_s and ours.req_per_core_s:
+        print(f"cost per request, ours / {FLOOR} (bare C client, HTTP/1.1, no stream parsing; "
+              f"the floor of one client core): {floor.req_per_core_s / ours.req_per_core_s:.2f}x "
+              f"({ours.req_per_core_s:.0f} vs {floor.req_per_core_s:.0f} req per client "
+              "core-second)")  # fmt: skip
     ratio = math.nan
     if peers:
         best_rps = max(peers, key=lambda r: r.engine_rps or 0)
@@ -1078,25 +1225,27 @@ def _report(
         "multi-process tool its own processes queueing for the one core); a high share "
         "from other work makes every figure, the TTFT tail most, noisy")  # fmt: skip
     ms = lambda v: _fmt(None if v is None else v * 1000, ".3f")  # noqa: E731
-    for transport, terr, ttft_run in ttft:
-        verdict = "PASS" if terr["p99_s"] is not None and terr["p99_s"] <= 0.001 else "FAIL"
+    for transport, frac, rate, terr, ttft_run in ttft:
+        p99 = terr["p99_s"]
+        verdict = "PASS" if p99 is not None and abs(p99) <= 0.001 else "FAIL"
+        runq = None if ttft_run.runq_share is None else 100 * ttft_run.runq_share
         print(
-            f"TTFT error, transport {transport}, at half our ceiling ({half:.0f} req/s Poisson, "
-            f"{a.ttft_duration_s:g} s, engine-counted {_fmt(ttft_run.engine_rps)} req/s, client "
-            f"run-queue wait "
-            f"{_fmt(None if ttft_run.runq_share is None else 100 * ttft_run.runq_share)}%; "
-            f"{terr['matched']} of {terr['ok']} ok "
-            f"requests matched by id): P50 {ms(terr['p50_s'])} ms, P99 {ms(terr['p99_s'])} ms, "
-            f"max {ms(terr['max_s'])} ms (target P99 <= 1 ms: {verdict}); client TTFT P50/P99 "
-            f"{ms(terr['client_p50_s'])}/{ms(terr['client_p99_s'])} ms, engine TTFT P50/P99 "
-            f"{ms(terr['server_p50_s'])}/{ms(terr['server_p99_s'])} ms"
+            f"TTFT error, transport {transport}, at {frac:.0%} of our ceiling ({rate:.0f} req/s "
+            f"Poisson, {a.ttft_duration_s:g} s, engine-counted {_fmt(ttft_run.engine_rps)} req/s, "
+            f"client run-queue wait {_fmt(runq)}%; {terr['matched']} of {terr['ok']} ok requests "
+            f"matched by id; truth: engine {terr['truth']} times, client kernel-timed "
+            f"{terr['client_kernel']}): P50 {ms(terr['p50_s'])} ms, P99 {ms(p99)} ms, max "
+            f"{ms(terr['max_s'])} ms (target |P99| <= 1 ms: {verdict}); P99 without the "
+            f"{terr['fresh']} on new connections (connect in their TTFT) "
+            f"{ms(terr['pooled_p99_s'])} ms; client TTFT P50/P99 {ms(terr['client_p50_s'])}/"
+            f"{ms(terr['client_p99_s'])} ms, engine TTFT P50/P99 {ms(terr['server_p50_s'])}/"
+            f"{ms(terr['server_p99_s'])} ms; client lag (kernel stamp to handling) P50/P99 "
+            f"{ms(terr['lag_p50_s'])}/{ms(terr['lag_p99_s'])} ms"
         )
         print(
-            f"TTFT error legs ({transport}): send -> engine arrival (client send path + loopback "
-            f"+ engine HTTP parsing/queueing) P50/P99 {ms(terr['up_p50_s'])}/"
-            f"{ms(terr['up_p99_s'])} ms; engine first token sent -> parsed by our client "
-            f"(loopback + client receive path) P50/P99 "
-            f"{ms(terr['down_p50_s'])}/{ms(terr['down_p99_s'])} ms"
+            f"TTFT error legs ({transport}, {frac:.0%}): send -> engine arrival P50/P99 "
+            f"{ms(terr['up_p50_s'])}/{ms(terr['up_p99_s'])} ms; engine first token out -> our "
+            f"first-token stamp P50/P99 {ms(terr['down_p50_s'])}/{ms(terr['down_p99_s'])} ms"
         )
     print(f"ratio_vs_best_peer={ratio:.3f}" if math.isfinite(ratio) else "ratio_vs_best_peer=nan")
 
