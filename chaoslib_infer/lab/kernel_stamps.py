@@ -44,7 +44,7 @@ __all__ = ["SCOPE_KEY", "Stamps", "protocol_class", "stamps_of"]
 
 #: Key of the :class:`Stamps` in a request's ASGI scope.
 SCOPE_KEY = "chaos_infer.kernel_stamps"
-_READ_SIZE = 256 * 1024
+_READ_SIZE = 64 * 1024  # under glibc's mmap threshold: a 256 KB buffer costs an mmap a read
 _LOWAT_HIGH = 1 << 30  # the kernel caps it at half the receive buffer: still far above a request
 
 

@@ -70,6 +70,10 @@ SOF_TIMESTAMPING_OPT_TSONLY = 1 << 11
 _RX_FLAGS = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE
 _TX_FLAGS = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY
 _TS = struct.Struct("@ll")  # struct timespec (the _OLD options: native long seconds, nanoseconds)
+_TS_SIZE = _TS.size
+_TS_UNPACK = _TS.unpack_from
+_SOL_SOCKET = socket.SOL_SOCKET
+_STAMP_KINDS = (SO_TIMESTAMPING, SO_TIMESTAMPNS)  # SCM_* share the SO_* numbers
 #: ancillary buffer for one read: a ``scm_timestamping`` (3 timespecs) with room to spare
 ANC_SIZE = socket.CMSG_SPACE(3 * _TS.size) + 64 if hasattr(socket, "CMSG_SPACE") else 0
 _ERR_ANC = ANC_SIZE + 128  # the error queue adds a sock_extended_err (+ address)
@@ -192,6 +196,13 @@ def enable(sock: socket.socket, tx: bool = True) -> tuple[bool, bool]:
 def rx_stamp(ancdata: Iterable[tuple[int, int, bytes]]) -> float | None:
     """The receive stamp in ``recvmsg`` ancillary data: unix seconds (``CLOCK_REALTIME``), the
     arrival of the last segment of that read; None when the data holds no (non-zero) stamp."""
+    if ancdata.__class__ is list and len(ancdata) == 1:  # the usual case, without the loop
+        level, kind, data = ancdata[0]
+        if level == _SOL_SOCKET and kind in _STAMP_KINDS and len(data) >= _TS_SIZE:
+            sec, nsec = _TS_UNPACK(data)
+            if sec or nsec:
+                return sec + nsec * 1e-9
+            return None
     for level, kind, data in ancdata:
         if level != socket.SOL_SOCKET or len(data) < _TS.size:
             continue

@@ -71,7 +71,10 @@ __all__ = ["RawSession", "send_attempt_raw"]
 
 _USER_AGENT = "chaoslib-infer"
 _Key = tuple[str, str, int]
-_READ_SIZE = 256 * 1024  # one recvmsg per wake-up, like uvloop's read buffer
+_perf, _wall = time.perf_counter, time.time
+_READ_SIZE = (
+    64 * 1024
+)  # one recvmsg a wake-up, under glibc's mmap threshold (256 KB: an mmap a read)
 
 
 class RawSession:
@@ -346,7 +349,7 @@ class _Conn(asyncio.Protocol):
         if not data:
             self._reader_lost(None)
             return False
-        now, wall = time.perf_counter(), time.time()  # read together: the stamp's offset
+        now, wall = _perf(), _wall()  # read together: the stamp's offset
         stamp = kerneltime.rx_stamp(anc)
         if stamp is None:
             self.kernel_ok = False
