@@ -575,3 +575,25 @@ def test_a_console_that_went_away_does_not_stop_the_run() -> None:
     say("drill oom-kill: FAILED")  # raises inside: swallowed
     say("lab: taking down")  # dropped, never raises
     assert seen == ["lab: up with [REDACTED]"]
+
+
+def test_a_lagging_client_makes_the_drill_inconclusive() -> None:
+    """Kernel receive stamps against the loop's handling time: a client 0.3 s behind its own
+    socket cannot vouch for its chunk times or its schedule."""
+
+    def kernel(records: list[dict[str, Any]], lag: float) -> list[dict[str, Any]]:
+        for r in records:
+            r["time_source"] = "kernel"
+            r["chunk_times_loop"] = [t + lag for t in r["chunk_times"]]
+        return records
+
+    ok = judge_drill(facts("oom-kill", kernel(steady(T0, T0 + 30), 0.002), OOM_FIG, OOM_GROUND))
+    rows = {r["criterion"]: r for r in ok.rows}
+    assert ok.state == "passed" and rows["client_lag_p99_s"]["result"] == "pass"
+    late = judge_drill(facts("oom-kill", kernel(steady(T0, T0 + 30), 0.3), OOM_FIG, OOM_GROUND))
+    assert late.state == "inconclusive"
+    assert late.reasons[0].startswith(
+        "the client fell behind its schedule: client lag P99 (kernel receive to handling): 0.3"
+    )
+    loop = judge_drill(facts("oom-kill", steady(T0, T0 + 30), OOM_FIG, OOM_GROUND))
+    assert {r["criterion"]: r for r in loop.rows}["client_lag_p99_s"]["result"] == "unmeasured"

@@ -97,6 +97,11 @@ COMMON: list[Criterion] = [
         "after",
     ),
     Criterion("send_lag_p99_s", "client schedule lag P99", "<=", 1.0, "s", "drill"),
+    # the client's own lag (kernel receive stamp to handling): above it, its chunk times and
+    # open-loop schedule are suspect (inconclusive, like the schedule lag)
+    Criterion(
+        "client_lag_p99_s", "client lag P99 (kernel receive to handling)", "<=", 0.1, "s", "drill"
+    ),
     Criterion(
         "health_disagreement_s",
         "gateway health UP while the faulted replica's completions fail",

@@ -177,6 +177,7 @@ def _stats(
     logical = logical_stats(list(records), a, b)
     attempts = window_stats(list(records), a, b)
     logical["p99_send_lag_s"] = attempts.get("p99_send_lag_s")
+    logical["p99_client_lag_s"] = attempts.get("p99_client_lag_s")
     logical["attempt_requests"] = attempts.get("requests")
     return logical
 
@@ -292,6 +293,7 @@ def _values(
         "p99_e2e_s": (_num(drill.get("p99_e2e_s")), None),
         "p99_e2e_fault_s": (_num(fault.get("p99_e2e_s")), None),
         "send_lag_p99_s": (_num(drill.get("p99_send_lag_s")), None),
+        "client_lag_p99_s": (_num(drill.get("p99_client_lag_s")), None),
         "health_disagreement_s": (_num(fig.get("health_disagreement_s")), None),
     }
     if out["health_disagreement_s"][0] is None and "fault" in w:
@@ -425,6 +427,8 @@ def _windows(
     return w, info
 
 
+#: Criteria on the client itself: a failure makes the drill inconclusive, not failed.
+CLIENT_LAG = frozenset({"send_lag_p99_s", "client_lag_p99_s"})
 #: How :mod:`chaoslib_infer.evidence.verdicts` words a load that could not start or run.
 LOAD_ERROR_PREFIX = "the load could not run: "
 #: Kubernetes drills: the actions' own figure standing for a drill figure the lab computes.
@@ -574,15 +578,14 @@ def _state(
     n_fault = int(info.get("fault", {}).get("requests") or 0)
     if "fault" in info and n_fault < mins["fault"]:
         incon.append(f"fault window holds {n_fault} requests (< {mins['fault']})")
-    lag = next((r for r in rows if r["criterion"] == "send_lag_p99_s"), None)
-    if lag is not None and lag["result"] == "fail":
+    for lag in (r for r in rows if r["criterion"] in CLIENT_LAG and r["result"] == "fail"):
         incon.append(
             "the client fell behind its schedule: " + _reason(lag) + "; latencies are suspect"
         )
     if incon:
         return "inconclusive", incon
     failed = [
-        _reason(r) for r in rows if r["result"] == "fail" and r["criterion"] != "send_lag_p99_s"
+        _reason(r) for r in rows if r["result"] == "fail" and r["criterion"] not in CLIENT_LAG
     ]
     for phase, line in facts.hypothesis_failures:
         if phase != "before":
