@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import json
 import math
 import os
@@ -76,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 MODEL = "chaos-sim"
-PEERS = ("aiperf", "guidellm", "inference-perf", "vllm")
+PEERS = ("aiperf", "guidellm", "inference-perf", "vllm", "locust", "locust-recorded")
 TRANSPORTS = ("aiohttp", "raw")
 DEFAULT_PEER_DIR = Path("/tmp/chaos-infer-peers")
 SAMPLE_S = 0.2
@@ -384,6 +385,7 @@ class Peer:
     command: Callable[[Ctx, Path, Path], list[str]]  # (ctx, venv, run dir) -> argv
     own_rate: Callable[[Path, str], float | None]  # (run dir, log text) -> req/s
     env: dict[str, str] = field(default_factory=lambda: dict(_OFFLINE_ENV))  # added to os.environ
+    own_venv: bool = False  # runs from this project's environment (sys.prefix), nothing installed
 
 
 #: No tool may try the network (there is none but the package registries here).
@@ -559,6 +561,37 @@ def _vllm_rate(out: Path, _log: str) -> float | None:
     return float(v) if isinstance(v, int | float) else None
 
 
+_LOCUST_DIR = Path(__file__).resolve().parent / "locust_peers"
+
+
+def _own_venv_install(venv: Path, python: Path, deadline: float) -> None:
+    """Locust peers run from this project's own environment (locust is in its dev extra)."""
+
+
+def _locust_cmd(locustfile: str, record: bool = False) -> Callable[[Ctx, Path, Path], list[str]]:
+    def command(ctx: Ctx, venv: Path, out: Path) -> list[str]:
+        records = ["--chaos-records", str(out / "records.jsonl")] if record else []
+        return [
+            "env", f"CEILING_MAX_TOKENS={ctx.max_tokens}", f"CEILING_MODEL={MODEL}",
+            str(venv / "bin" / "locust"), "-f", str(_LOCUST_DIR / locustfile), "--headless",
+            "-u", str(ctx.concurrency), "-r", str(ctx.concurrency),
+            "-t", f"{max(1, round(ctx.duration_s))}s", "--host", ctx.url, "--only-summary",
+            "--stop-timeout", "2", "--csv", str(out / "locust"), *records,
+        ]  # fmt: skip
+
+    return command
+
+
+def _locust_rate(out: Path, _log: str) -> float | None:
+    f = out / "locust_stats.csv"
+    if not f.exists():
+        return None
+    for row in csv.DictReader(f.read_text().splitlines()):
+        if row.get("Name") == "Aggregated":
+            return float(row["Requests/s"])
+    return None
+
+
 PEER_SPECS: dict[str, Peer] = {
     "aiperf": Peer(
         "aiperf", "3.10", _simple_install("aiperf"), ["aiperf", "--version"], _aiperf_cmd,
@@ -574,6 +607,16 @@ PEER_SPECS: dict[str, Peer] = {
     ),
     "vllm": Peer(
         "vllm", "3.10", _vllm_install, ["vllm", "bench", "serve", "--help"], _vllm_cmd, _vllm_rate
+    ),
+    # Locust's FastHttpUser counting chunks only, and this project's recording Locust user: the
+    # pair prices the recording (issue 15); both run from this project's own environment
+    "locust": Peer(
+        "locust", "3.11", _own_venv_install, ["locust", "--version"], _locust_cmd("counting.py"),
+        _locust_rate, own_venv=True,
+    ),
+    "locust-recorded": Peer(
+        "locust-recorded", "3.11", _own_venv_install, ["locust", "--version"],
+        _locust_cmd("recorded.py", record=True), _locust_rate, own_venv=True,
     ),
 }  # fmt: skip
 
@@ -665,6 +708,10 @@ def ensure_peer(peer: Peer, peer_dir: Path, skip_install: bool, cap_s: float) ->
     Raises:
         BenchError: with the one-line reason it cannot be used.
     """
+    if peer.own_venv:
+        venv = Path(sys.prefix)
+        _check_peer(peer, venv)
+        return venv
     venv = peer_dir / peer.name
     marker = venv / ".chaos-infer-ok"
     if marker.exists():
