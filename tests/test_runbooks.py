@@ -31,6 +31,7 @@ SECTIONS = [
     "Blast radius",
     "Steps",
     "Expected behaviour",
+    "Verdict criteria",
     "When the drill fails",
     "Rollback",
     "Evidence",
@@ -43,6 +44,12 @@ def test_each_drill_has_a_complete_runbook(drill: str) -> None:
     headings = re.findall(r"^## (.+?)\s*$", text, re.M)
     assert headings == SECTIONS, headings
     assert f"`experiments/{drill}.yaml`" in text
+    # the runbook names every criterion the verdict judges for this drill (verdict/criteria.py)
+    from chaoslib_infer.verdict import DRILL_CRITERIA
+
+    criteria = text.split("## Verdict criteria", 1)[1].split("## When the drill fails", 1)[0]
+    for c in DRILL_CRITERIA[drill]:
+        assert f"`{c.name}`" in criteria, (drill, c.name)
     assert (ROOT / "experiments" / f"{drill}.yaml").is_file()
     assert text.count(START) == 1 and text.count(END) == 1
     evidence = text.split("## Evidence", 1)[1]
