@@ -52,18 +52,10 @@ _LIST_MAX = 8
 
 
 def crit_text(value: Any, unit: Any, missing: str) -> str:
-    """A criterion's value or threshold as text: ``missing`` for None, seconds with ``s``,
-    factors with ``x``, counts as integers, ratios to 4 significant digits."""
-    if value is None:
-        return missing
-    v = float(value)
-    if unit == "s":
-        return f"{v:.3g} s"
-    if unit == "x":
-        return f"{v:.3g}x"
-    if unit == "count":
-        return f"{v:.0f}" if v == int(v) else f"{v:.3g}"
-    return f"{v:.4g}"
+    """A criterion's value or threshold as text (:func:`chaoslib_infer.verdict.format_value`)."""
+    from chaoslib_infer.verdict import format_value
+
+    return format_value(value, unit, missing)
 
 
 def fmt(value: Any) -> str:

@@ -6,7 +6,7 @@ Definitions: ``docs/definitions.md`` ("Drill criteria", "Windows", "Verdicts").
 """
 
 from .criteria import COMMON, DRILL_CRITERIA, MIN_REQUESTS, Criterion, criteria_for, parse_override
-from .judge import STATES, DrillFacts, Verdict, exit_code, judge_drill
+from .judge import STATES, DrillFacts, Verdict, exit_code, format_value, judge_drill
 from .timeline import Timeline, timeline
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "Verdict",
     "criteria_for",
     "exit_code",
+    "format_value",
     "judge_drill",
     "parse_override",
     "timeline",

@@ -139,12 +139,11 @@ _ROUTED_TO_DOWN = Criterion(
     "count", "fault",
 )  # fmt: skip
 
-_NO_AVAIL = {"availability", "availability_fault", "error_rate"}
 
-#: Each drill's own question (``docs/definitions.md``, "Drill criteria").
-DRILL_CRITERIA: dict[str, list[Criterion]] = {
-    "node-loss": [
-        Criterion("interruption_s", "interruption", "<=", 10.0, "s", "fault", key=True),
+def _interruption(key: bool = False) -> list[Criterion]:
+    """The interruption criteria a drill that kills or drops replicas shares."""
+    return [
+        Criterion("interruption_s", "interruption", "<=", 10.0, "s", "fault", key=key),
         Criterion(
             "interruption_sustained",
             "service sustained after the interruption",
@@ -153,6 +152,15 @@ DRILL_CRITERIA: dict[str, list[Criterion]] = {
             "count",
             "fault",
         ),
+    ]
+
+
+_NO_AVAIL = {"availability", "availability_fault", "error_rate"}
+
+#: Each drill's own question (``docs/definitions.md``, "Drill criteria").
+DRILL_CRITERIA: dict[str, list[Criterion]] = {
+    "node-loss": [
+        *_interruption(key=True),
         Criterion(
             "replacement_serving_s",
             "moved replicas serving again",
@@ -178,15 +186,7 @@ DRILL_CRITERIA: dict[str, list[Criterion]] = {
         Criterion(
             "warmup_ratio", "first-request TTFT / steady-state TTFT", "<=", 10.0, "x", "fault"
         ),
-        Criterion("interruption_s", "interruption", "<=", 10.0, "s", "fault"),
-        Criterion(
-            "interruption_sustained",
-            "service sustained after the interruption",
-            ">=",
-            1.0,
-            "count",
-            "fault",
-        ),
+        *_interruption(),
     ],
     "network-jitter": [
         Criterion(
@@ -263,15 +263,7 @@ DRILL_CRITERIA: dict[str, list[Criterion]] = {
             "max_survivor_share", "largest share one survivor carried", "<=", 0.75, "ratio", "fault"
         ),
         _ROUTED_TO_DOWN,
-        Criterion("interruption_s", "interruption", "<=", 10.0, "s", "fault"),
-        Criterion(
-            "interruption_sustained",
-            "service sustained after the interruption",
-            ">=",
-            1.0,
-            "count",
-            "fault",
-        ),
+        *_interruption(),
     ],
     "quota-cut": [
         Criterion(

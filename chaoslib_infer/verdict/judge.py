@@ -38,7 +38,15 @@ from chaoslib_infer.measure.metrics import (
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .timeline import Timeline, timeline
 
-__all__ = ["STATES", "DrillFacts", "Verdict", "exit_code", "in_window", "judge_drill"]
+__all__ = [
+    "STATES",
+    "DrillFacts",
+    "Verdict",
+    "exit_code",
+    "format_value",
+    "in_window",
+    "judge_drill",
+]
 
 #: Verdict states, worst first as the game day's exit code reads them.
 STATES = ("failed", "error", "aborted", "inconclusive", "passed")
@@ -119,9 +127,11 @@ class Verdict:
         }
 
 
-def _fmt(value: Any, unit: str) -> str:
+def format_value(value: Any, unit: str | None, missing: str = "unmeasured") -> str:
+    """A criterion's value or threshold as text: ``missing`` for None, seconds with ``s``,
+    factors with ``x``, ratios to 4 significant digits, whole counts as integers."""
     if value is None:
-        return "unmeasured"
+        return missing
     if isinstance(value, bool):
         return "yes" if value else "no"
     v = float(value)
@@ -468,8 +478,8 @@ def _row(c: Criterion, value: float | None, note: str | None) -> dict[str, Any]:
 def _reason(row: Mapping[str, Any]) -> str:
     if row["value"] is None and row.get("note"):
         return f"{row['label']}: {row['note']} ({row['criterion']})"
-    value = _fmt(row["value"], row["unit"])
-    thr = _fmt(row["threshold"], row["unit"])
+    value = format_value(row["value"], row["unit"])
+    thr = format_value(row["threshold"], row["unit"])
     fails = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[row["op"]]
     return f"{row['label']}: {value} {fails} {thr} ({row['criterion']})"
 
