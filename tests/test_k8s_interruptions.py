@@ -7,7 +7,9 @@ in place on the cluster (its saved state in ``k8s-state/`` and the change visibl
 API, or in the scripted containers of :class:`k8s_sim.SimContainer`), the runner is interrupted:
 
 - ``sigint`` / ``sigterm``: expected exit 130, the drill ``aborted``, every rollback of the
-  experiment played and succeeded;
+  experiment played and succeeded; for oom-kill and upstream-timeout the signal is sent from
+  inside the exec that starts the memory hog / the freeze's dead-man timer, before it answers
+  (between the start and the state that records the pid: the narrowest window);
 - ``exception``: ``tests/_raise_after.py`` makes the drill's action raise
   ``RuntimeError("injected failure")`` with the fault in place (right after the action's own
   call, or instead of the wait that follows the injection); expected: the drill ``error`` (exit 2)
@@ -47,7 +49,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 from fake_k8s import ExecCall, ExecReply, FakeK8s, Request, make_cluster, write_target
-from k8s_sim import SimContainer
+from k8s_sim import SimContainer, _program
 
 from chaoslib_infer.cli import main
 from chaoslib_infer.load.ceiling import sim_engine
@@ -79,6 +81,10 @@ class Case:
         state: the ``k8s-state/`` file the fault saves (None: nothing to roll back).
         slow_scheduler: pods stay Pending until the test lets the scheduler catch up (so the
             restarts' recovery wait is still running when the signal comes).
+        window: the in-container program (``hog``, ``freeze``) that starts a process whose pid
+            only its answer tells: SIGINT/SIGTERM are sent from inside that exec, before it
+            answers, i.e. between the start and the state file that records it (the rollback
+            must still stop it: :mod:`chaoslib_infer.safety.signals`).
     """
 
     in_place: Callable[[FakeK8s, Kubelet, Path, list[Request]], bool]
@@ -86,6 +92,7 @@ class Case:
     holds: tuple[str, ...]
     state: str | None
     slow_scheduler: bool = False
+    window: str | None = None
 
 
 class Kubelet:
@@ -95,13 +102,23 @@ class Kubelet:
     def __init__(self) -> None:
         self.containers: dict[str, SimContainer] = {}
         self.lock = threading.Lock()
+        #: ``{"hog" | "freeze": callback}``: run once inside that exec, before it answers
+        self.on_program: dict[str, Callable[[], None]] = {}
 
     def __call__(self, call: ExecCall) -> ExecReply:
         with self.lock:
             sim = self.containers.get(call.pod)
             if sim is None:
                 sim = self.containers[call.pod] = SimContainer(call.pod)
-            return sim(call)
+            reply = sim(call)
+        _, name, args = _program(call)
+        hook = self.on_program.pop(
+            "freeze" if name == "signal" and args[0] == "STOP" else name, None
+        )
+        if hook is not None:
+            hook()
+            time.sleep(0.3)  # the runner takes the signal while it waits for this answer
+        return reply
 
     def states(self) -> dict[str, dict[int, str]]:
         with self.lock:
@@ -126,7 +143,7 @@ def _tainted(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
 
 
 def _hog_running(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
-    state = _state_file(run, "oom-kill") or {}
+    state = _state_file(run, "oom-kill") or {}  # the hog started and is recorded
     return bool(state.get("hog")) and any(len(s) > len(PROCS) for s in k.states().values())
 
 
@@ -165,12 +182,13 @@ CASES: dict[str, Case] = {
         "!chaoslib_infer.platforms.kubernetes.oom:watch_restart",
         ("settle_s",),
         "oom-kill",
+        window="hog",
     ),
     "network-jitter": Case(
         _jittered, f"{K8S}:k8s_network_jitter", ("hold_s", "settle_s"), "network-jitter"
     ),
     "upstream-timeout": Case(
-        _frozen, f"{K8S}:k8s_freeze_model_server", ("hold_s",), "upstream-freeze"
+        _frozen, f"{K8S}:k8s_freeze_model_server", ("hold_s",), "upstream-freeze", window="freeze"
     ),
     "simultaneous-restarts": Case(
         _pods_deleted,
@@ -377,23 +395,31 @@ def test_interrupted_k8s_drill_leaves_the_cluster_as_it_was(
     n_requests = len(fake.requests)
     if case.slow_scheduler:
         fake.schedule_delay_s = 600.0
+    sig = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM}.get(how)
+    in_window = sig is not None and case.window is not None
+    fired = threading.Event()
     t0 = T0[0] = time.monotonic()
     runner = Runner(argv, env)
+    if in_window:  # the signal lands inside the exec that starts the hog / the timer
+        kubelet.on_program[str(case.window)] = lambda: (runner.proc.send_signal(sig), fired.set())
     try:
         if how != "exception":
             deadline = time.monotonic() + 60
-            while not case.in_place(fake, kubelet, run_dir, fake.requests[n_requests:]):
+            while not (
+                fired.is_set()
+                if in_window
+                else case.in_place(fake, kubelet, run_dir, fake.requests[n_requests:])
+            ):
                 assert runner.proc.poll() is None and time.monotonic() < deadline, (
                     f"the fault never appeared:\n{runner.output[-4000:]}"
                 )
                 time.sleep(0.05)
             if TRACE:
                 print(f"{time.monotonic() - t0:6.2f} fault in place", flush=True)
-            sig = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
             if how == "sigkill":
                 os.killpg(runner.proc.pid, signal.SIGKILL)  # the runner and all it started
-            else:
-                runner.proc.send_signal(sig[how])
+            elif not in_window:
+                runner.proc.send_signal(sig)
         code = runner.wait(timeout_s=90)
     finally:
         runner.kill()

@@ -474,3 +474,35 @@ def test_add_fault_records_ttl_and_deadman_expires_it(tmp_path: Path) -> None:
     assert "undo REFUSED" in line and "not a kind of chaoslib_infer.safety.testfault" in line
     (kept,) = ledger.pending_faults(tmp_path)
     assert kept["id"] == fid and kept["deadman_retry_at"] > time.time()
+
+
+def test_held_interrupts_defers_one_signal_and_lets_a_second_through() -> None:
+    """Between an exec that starts a process and the state that records it, SIGINT/SIGTERM wait
+    (then reach the run's own handler); a second one inside the block is not held."""
+    import os
+    import signal
+
+    from chaoslib_infer.safety.signals import held_interrupts
+
+    got: list[int] = []
+
+    def mine(signum: int, frame: Any) -> None:
+        got.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with held_interrupts() as held:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert got == [] and held == [signal.SIGTERM]
+        assert got == [signal.SIGTERM]  # delivered after the block
+        assert signal.getsignal(signal.SIGTERM) is mine
+        with pytest.raises(KeyboardInterrupt), held_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            pytest.fail("a second signal must not be held")
+        assert got == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -34,6 +34,7 @@ from chaoslib_infer.platforms.kubernetes import policy as k8s_policy
 from chaoslib_infer.platforms.kubernetes import quota as k8s_quota
 from chaoslib_infer.platforms.kubernetes.target import K8sTarget, load_target
 from chaoslib_infer.safety.redact import private_dir
+from chaoslib_infer.safety.signals import held_interrupts
 
 __all__ = [
     "k8s_cut_quota",
@@ -712,13 +713,16 @@ def k8s_oom_kill(
                 "memory_limit_bytes": limit,
             },
         )
-        try:
-            hog = k8s_oom.start_hog(ctx.core, t.namespace, name, t.container, mb, timeout_s + 30)
-        except K8sError:
-            _state_path(configuration, "oom-kill").unlink(missing_ok=True)  # nothing started
-            raise
-        state["hog"] = hog
-        _save_state(configuration, "oom-kill", state)
+        with held_interrupts():  # the hog is recorded before a Ctrl-C can reach the rollback
+            try:
+                hog = k8s_oom.start_hog(
+                    ctx.core, t.namespace, name, t.container, mb, timeout_s + 30
+                )
+            except K8sError:
+                _state_path(configuration, "oom-kill").unlink(missing_ok=True)  # nothing started
+                raise
+            state["hog"] = hog
+            _save_state(configuration, "oom-kill", state)
         fig = k8s_oom.watch_restart(
             ctx.core,
             t.namespace,

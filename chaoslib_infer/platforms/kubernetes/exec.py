@@ -27,6 +27,7 @@ from typing import Any
 
 from chaoslib_infer.platforms.kubernetes import K8sError, api_error_line
 from chaoslib_infer.safety.redact import clip
+from chaoslib_infer.safety.signals import held_interrupts
 
 __all__ = [
     "INTERPRETERS",
@@ -126,7 +127,9 @@ def exec_in_container(
         core: ``CoreV1Api``.
         namespace, pod, container: where to run it.
         command: argv (not run through a shell).
-        timeout_s: bound on the whole exec, seconds.
+        timeout_s: bound on the whole exec, seconds. SIGINT/SIGTERM arriving meanwhile are
+            held until the exec ends (:func:`~chaoslib_infer.safety.signals.held_interrupts`),
+            then delivered: never lost inside the client.
 
     Returns:
         The :class:`ExecResult` (a non-zero exit is a result, not an error).
@@ -141,32 +144,36 @@ def exec_in_container(
     from websocket import WebSocketException
 
     what = f"exec {command[0]} in pod {namespace}/{pod} (container {container})"
-    try:
-        ws = stream(
-            core.connect_get_namespaced_pod_exec,
-            pod,
-            namespace,
-            command=command,
-            container=container,
-            stdin=False,
-            stdout=True,
-            stderr=True,
-            tty=False,
-            _preload_content=False,
-        )
-    except ApiException as exc:
-        raise _handshake_error(exc, what) from None
-    try:
-        ws.run_forever(timeout=timeout_s)
-        if ws.is_open():
-            raise K8sError(f"{what}: did not finish within {timeout_s:g} s")
-        stdout = str(ws.read_channel(1) or "")
-        stderr = str(ws.read_channel(2) or "")
-        status = str(ws.read_channel(3) or "")
-    except (WebSocketException, OSError) as exc:
-        raise K8sError(f"{what}: connection lost: {exc}") from None
-    finally:
-        ws.close()
+    # A Ctrl-C / SIGTERM inside the WebSocket handshake is turned into "API server unreachable"
+    # by the client (the interruption is lost and the drill goes on); held, it is delivered
+    # once the exec has ended (bounded by timeout_s; a second signal is not held).
+    with held_interrupts():
+        try:
+            ws = stream(
+                core.connect_get_namespaced_pod_exec,
+                pod,
+                namespace,
+                command=command,
+                container=container,
+                stdin=False,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            raise _handshake_error(exc, what) from None
+        try:
+            ws.run_forever(timeout=timeout_s)
+            if ws.is_open():
+                raise K8sError(f"{what}: did not finish within {timeout_s:g} s")
+            stdout = str(ws.read_channel(1) or "")
+            stderr = str(ws.read_channel(2) or "")
+            status = str(ws.read_channel(3) or "")
+        except (WebSocketException, OSError) as exc:
+            raise K8sError(f"{what}: connection lost: {exc}") from None
+        finally:
+            ws.close()
     code, message = parse_exec_status(status)
     return ExecResult(
         list(command), stdout, stderr, code, message, [ln for ln in stdout.splitlines() if ln]

@@ -35,6 +35,7 @@ from chaoslib_infer.platforms.kubernetes import K8sError, call
 from chaoslib_infer.platforms.kubernetes import scripts as S
 from chaoslib_infer.platforms.kubernetes.exec import run_script
 from chaoslib_infer.safety.redact import clip
+from chaoslib_infer.safety.signals import held_interrupts
 
 __all__ = [
     "INIT_COMMS",
@@ -263,10 +264,11 @@ def freeze(
         K8sError: the exec failed, or no target is stopped after ``verify_s`` (they are sent
             SIGCONT again first).
     """
-    outcome, timer = _signal(core, saved, "STOP", ttl_s)
-    stopped_at = time.time()
-    saved["timer"] = timer
-    save(saved)
+    with held_interrupts():  # the timer is recorded before a Ctrl-C can reach the rollback
+        outcome, timer = _signal(core, saved, "STOP", ttl_s)
+        stopped_at = time.time()
+        saved["timer"] = timer
+        save(saved)
     want = {t["pid"]: t["start"] for t in saved["targets"] if outcome.get(t["pid"]) == "sent"}
     deadline = time.monotonic() + verify_s
     states: dict[int, str] = {}
