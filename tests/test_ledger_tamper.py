@@ -376,6 +376,23 @@ def test_genuine_records_of_the_same_lab_are_undone(world: World) -> None:
     freeze = {**_freeze(world), "deadman_pid": world.foreign, "pids": [world.own]}
     clean = registry.validate(world.lab(), freeze)
     assert clean["deadman_pid"] == 0 and clean["pids"] == [world.own]
+    # a memory hog that has not joined its replica's cgroup yet: recognised by its command line
+    r0 = json.loads((world.lab_dir / "lab.json").read_text())["replicas"][0]["cgroup"]
+    for cgroup, ours in ((r0, True), (str(world.root / "elsewhere"), False)):
+        hog = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"]
+            + ["chaoslib_infer.lab.hog", "--cgroup", cgroup, "--version", "2"]
+        )
+        try:
+            rec = {"kind": "oom-kill", "replica": "r0", "pid": hog.pid}
+            if ours:
+                assert registry.validate(world.lab(), rec)["pid"] == hog.pid
+            else:
+                with pytest.raises(registry.LedgerRefused, match="not a process of this lab"):
+                    registry.validate(world.lab(), rec)
+        finally:
+            hog.kill()
+            hog.wait(timeout=5)
     r = CliRunner().invoke(main, ["rollback", "--state-dir", str(world.lab_dir)])
     assert r.exit_code == 0, r.output
     assert f"SIGCONT pid {world.own}" in r.stdout and f"removed {marker}" in r.stdout

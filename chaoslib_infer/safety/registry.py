@@ -508,9 +508,19 @@ def _testfault(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
 
 
 def _hog(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
+    from chaoslib_infer.lab.hog import HOG_MODULE
+
     replica = _replica(record, lab)
-    pid = _own_pid(record, lab, "pid", record.get("pid"), None, _lab_pids(lab))
-    out.update(replica=replica, pid=pid or 0, hog_pid=pid or 0)
+    owned = _lab_pids(lab)
+    pid = record.get("pid")
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid not in owned:
+        # a hog that has not joined its replica's cgroup yet (its first step): its command line
+        # names this lab's cgroup
+        cg = str(_replicas(lab)[replica].get("cgroup"))
+        if f"{HOG_MODULE} --cgroup {cg} " in _cmdline(pid) + " ":
+            owned = owned | {pid}
+    mine = _own_pid(record, lab, "pid", pid, None, owned)
+    out.update(replica=replica, pid=mine or 0, hog_pid=mine or 0)
 
 
 _REBUILD = {
