@@ -22,6 +22,7 @@ Nothing is sent to a cluster: the output is YAML to apply (``kubectl apply -f``)
 from __future__ import annotations
 
 import copy
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,11 +135,16 @@ def _functions(experiment: dict[str, Any]) -> set[str]:
 
 
 def _rbac(target_ns: str, own_ns: str, with_nodes: bool) -> list[dict[str, Any]]:
+    """The default RBAC, plus the opt-in node-loss file (``rbac-node-loss.yaml`` beside it) for a
+    plan whose drills touch nodes."""
     path = rbac_path()
-    try:
-        docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read the RBAC manifests: {exc}") from None
+    paths = [path, path.with_name("rbac-node-loss.yaml")] if with_nodes else [path]
+    docs: list[dict[str, Any]] = []
+    for one in paths:
+        try:
+            docs += [d for d in yaml.safe_load_all(one.read_text(encoding="utf-8")) if d]
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{one}: cannot read the RBAC manifests: {exc}") from None
     out = []
     for doc in docs:
         doc = copy.deepcopy(doc)
@@ -158,14 +164,32 @@ def _rbac(target_ns: str, own_ns: str, with_nodes: bool) -> list[dict[str, Any]]
     return out
 
 
-def _config_target(target_path: Path) -> tuple[str, Any]:
+def _config_target(target_path: Path, plan_path: Path) -> tuple[str, Any]:
     from chaoslib_infer.platforms.kubernetes.target import _resolve_context, load_target
 
-    target = load_target(target_path)  # allowlist: refused here, before anything is written
+    # the operator's allowlist (environment, the plan's allow:): refused here, before anything is
+    # written; a target file can only narrow it
+    target = load_target(target_path, plan_path=plan_path)
     raw = yaml.safe_load(target_path.expanduser().read_text(encoding="utf-8"))
     raw.pop("kubeconfig", None)  # in the pod: the service account (in-cluster configuration)
     raw["context"] = target.context or _resolve_context(target.kubeconfig) or "in-cluster"
     return yaml.safe_dump(raw, sort_keys=False), target
+
+
+def _operator_allow(plan_path: Path) -> dict[str, list[str]]:
+    """The allowlist the operator who schedules gives the scheduled game day: the plan's own
+    ``allow:`` plus ``$CHAOS_INFER_ALLOW`` / ``_CONTEXTS`` / ``_NAMESPACES`` at schedule time, as
+    the scheduled plan's ``allow: {urls, contexts, namespaces}`` (the pod has no operator
+    environment; the target file in the ConfigMap can still only narrow it)."""
+    from chaoslib_infer.safety.allowlist import ENV_VAR, operator_k8s_allow, plan_allow
+
+    contexts, namespaces = operator_k8s_allow(plan_path=plan_path)
+    urls = [*plan_allow(plan_path), *(x for x in os.environ.get(ENV_VAR, "").split(",") if x)]
+    return {
+        "urls": list(dict.fromkeys(u.strip() for u in urls if u.strip())),
+        "contexts": list(contexts),
+        "namespaces": list(namespaces),
+    }
 
 
 def build_schedule(spec: ScheduleSpec) -> list[dict[str, Any]]:
@@ -193,9 +217,10 @@ def build_schedule(spec: ScheduleSpec) -> list[dict[str, Any]]:
             f"{spec.plan}: a scheduled game day runs on the cluster: the plan needs "
             "platform: kubernetes (e.g. drills/gameday-k8s.yaml)"
         )
-    target_text, target = _config_target(spec.target)
+    target_text, target = _config_target(spec.target, spec.plan)
     raw_plan = yaml.safe_load(spec.plan.read_text(encoding="utf-8"))
     raw_plan.pop("target", None)
+    raw_plan["allow"] = _operator_allow(spec.plan)
     data: dict[str, str] = {"target.yaml": target_text}
     funcs: set[str] = set()
     for drill, item in zip(plan.drills, raw_plan["drills"], strict=True):

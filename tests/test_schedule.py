@@ -29,6 +29,10 @@ from chaoslib_infer.schedule import validate_cron
 
 ROOT = Path(__file__).resolve().parent.parent
 RBAC = [d for d in yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text()) if d]
+#: the opt-in node-loss permissions (issue 13): a schedule whose plan touches nodes carries them
+RBAC_NODES = [
+    d for d in yaml.safe_load_all((ROOT / "deploy" / "rbac-node-loss.yaml").read_text()) if d
+]
 NODE_ROLE, WORKERS_ROLE = "chaos-infer-node-loss", "chaos-infer-load-workers"
 MODELS = {
     ("v1", "ServiceAccount"): "V1ServiceAccount",
@@ -43,7 +47,9 @@ MODELS = {
 
 def _cli(*args: str, cwd: Path = ROOT) -> Any:
     """``chaos-infer schedule ARGS`` in-process (exit code, stdout, stderr), default paths."""
-    env = {k: None for k in os.environ if k.startswith("CHAOS_INFER_")}
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("CHAOS_INFER_")}
+    # the operator who schedules owns the allowlist (a target file can only narrow it)
+    env.update(CHAOS_INFER_ALLOW_CONTEXTS="kind-*", CHAOS_INFER_ALLOW_NAMESPACES="llm-*")
     old = Path.cwd()
     os.chdir(cwd)
     try:
@@ -81,7 +87,7 @@ def _expected_rbac(
     """deploy/rbac.yaml as a schedule must carry it: namespaces replaced, no load workers' Role,
     the node-loss ClusterRole only for plans with a node drill."""
     out = []
-    for doc in json.loads(json.dumps(RBAC)):
+    for doc in json.loads(json.dumps([*RBAC, *(RBAC_NODES if nodes else [])])):
         name = doc["metadata"]["name"]
         if name == WORKERS_ROLE or (name == NODE_ROLE and not nodes):
             continue
@@ -216,7 +222,15 @@ def test_create_from_yaml_against_the_fake_api(
     in_pod = yaml.safe_load((mount / "target.yaml").read_text())
     assert "kubeconfig" not in in_pod and in_pod["context"] == "kind-prod"
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    assert load_target(mount / "target.yaml").namespace == "llm-prod"  # allowlist still holds
+    # the operator's allowlist travels in the scheduled plan's allow: (the pod has no operator
+    # environment); the target file still only narrows it
+    assert plan_allow_doc(mount / "plan.yaml")["namespaces"] == ["llm-*"]
+    target_in_pod = load_target(mount / "target.yaml", plan_path=mount / "plan.yaml")
+    assert target_in_pod.namespace == "llm-prod"
+
+
+def plan_allow_doc(path: Path) -> dict[str, Any]:
+    return dict(yaml.safe_load(path.read_text())["allow"])
 
 
 def test_plan_without_node_drills_gets_no_cluster_role(tmp_path: Path, target: Path) -> None:
