@@ -295,6 +295,8 @@ def test_lab_up_merges_plan_and_options(tmp_path: Path, monkeypatch: pytest.Monk
         "scale_out_after_s": 1.0,
         "scale_out_cooldown_s": 10.0,
         "ready_timeout_s": 60.0,
+        "gateway": "haproxy",  # the default gateway (issue 14)
+        "gateway_config": None,
     }
     res = runner.invoke(cli.main, [*base, "--plan", str(ROOT / "drills" / "gameday.yaml"),
                                    "--no-autoscale", "--nodes", "0"])  # fmt: skip
