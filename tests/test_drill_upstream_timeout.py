@@ -79,7 +79,7 @@ def _interruption(records: list[dict[str, Any]], fault_at: float, settle_s: floa
     """The docs/definitions.md definition, written again: first failure after the fault to the last
     failure followed by ``settle_s`` with at least one success and no failed request in flight
     (one sent before the window's end that failed after the failure: a hung request)."""
-    after = [r for r in records if r["end_at"] >= fault_at]
+    after = [r for r in records if r["end_at"] >= fault_at and not r.get("cut_off")]
     fails = sorted((r["end_at"], r["sent_at"]) for r in after if not r["ok"])
     if not fails:
         return 0.0
