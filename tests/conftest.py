@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,14 @@ import pytest
 # only narrow it, never grant it). Subprocesses the tests start inherit it.
 os.environ.setdefault("CHAOS_INFER_ALLOW_CONTEXTS", "kind-*")
 os.environ.setdefault("CHAOS_INFER_ALLOW_NAMESPACES", "llm")
+
+
+# A suite started from a non-interactive shell's background job (`.ci/run &`) inherits SIGINT
+# ignored, and so would every runner it starts: the Ctrl-C tests would then send a signal nobody
+# hears. Restore Python's handler here; children get the default disposition back (a handler,
+# unlike SIG_IGN, does not survive exec) and install their own.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
