@@ -1302,7 +1302,11 @@ class Lab:
             if _is_hog(pid):
                 _kill(pid)
                 undone.append(f"oom-kill on {f.get('replica')}: killed memory hog pid {pid}")
-            self._fault_event(str(f.get("replica")), "cleared", hog_pid=pid)
+            # the event names the fault it clears (the recorded hog), whether or not its process
+            # was still there to kill: the ground truth pairs it with its 'injected' event
+            self._fault_event(
+                str(f.get("replica")), "cleared", hog_pid=int(f.get("pid") or 0) or pid
+            )
         for rep in self.meta["replicas"]:
             for pid in self._cgroup(rep["name"]).pids():
                 if pid not in seen and _is_hog(pid):
