@@ -51,13 +51,16 @@ def _run(tmp_path: Path, env_mode: str | None) -> tuple[list[dict[str, Any]], di
 def test_ttft_log_has_kernel_stamps_consistent_with_the_client(tmp_path: Path) -> None:
     recs, rows = _run(tmp_path, None)
     assert recs
-    matched = 0
+    matched = kernel_rx = 0
     for r in recs:
         row = rows.get(r["request_id"])
         if row is None:
             continue
         matched += 1
-        assert row["rx_source"] == "kernel"
+        # a read the kernel gave no stamp for falls back to loop time, stated in the row (seen
+        # once on a loaded CI rehearsal); most reads carry the kernel's stamp
+        assert row["rx_source"] in ("kernel", "loop")
+        kernel_rx += row["rx_source"] == "kernel"
         assert row["tx_source"] in ("tx_timestamp", "send_return")
         assert row["rx_at"] <= row["tx_at"]
         assert row["ttft_kernel_s"] == pytest.approx(row["tx_at"] - row["rx_at"])
@@ -68,6 +71,7 @@ def test_ttft_log_has_kernel_stamps_consistent_with_the_client(tmp_path: Path) -
         assert row["tx_at"] <= r["first_token_at"] + _SLACK_S
         assert row["rx_at"] <= row["t"] + 1e-6 and row["tx_at"] <= row["t"] + 1e-6
     assert matched == len(recs)
+    assert kernel_rx >= 0.8 * matched, (kernel_rx, matched)
 
 
 def test_ttft_log_states_loop_times_when_stamps_are_off(tmp_path: Path) -> None:
