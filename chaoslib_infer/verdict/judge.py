@@ -27,10 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaoslib_infer.measure.figures import interruption, recovery
+from chaoslib_infer.measure.health import health_disagreement
 from chaoslib_infer.measure.metrics import (
     TIMEOUT_CLASSES,
     logical_outcomes,
     logical_stats,
+    percentiles_s,
     select,
     window_stats,
 )
@@ -201,8 +203,6 @@ def _timeouts(records: Sequence[Mapping[str, Any]], a: float, b: float) -> int:
 
 
 def _shed_p99(records: Sequence[Mapping[str, Any]], a: float, b: float) -> float | None:
-    from chaoslib_infer.measure.metrics import percentiles_s
-
     shed = [
         float(r["end_at"]) - float(r["sent_at"])
         for r in select(list(records), a, b)
@@ -236,8 +236,6 @@ def _health(
     the fault window: the gateway's health view (HAProxy's checks in the lab's ``lb_state``
     samples: the replica's server, or its run-time detour ``<name>-...``, UP) against its
     completions (:func:`chaoslib_infer.measure.health.health_disagreement`, 1 s windows)."""
-    from chaoslib_infer.measure.health import health_disagreement
-
     names = _faulted(facts.ground)
     states = sorted(
         (
@@ -285,11 +283,13 @@ def _survivor_share(facts: DrillFacts, a: float, b: float) -> tuple[float | None
 
 
 def _values(
-    facts: DrillFacts, tl: Timeline, w: dict[str, tuple[float, float]]
+    facts: DrillFacts,
+    tl: Timeline,
+    w: dict[str, tuple[float, float]],
+    sel: Callable[[str], list[dict[str, Any]]],
 ) -> dict[str, tuple[float | None, str | None]]:
     """``{criterion name: (value, note)}``; a note with value None means ``n/a``."""
     fig, recs = facts.figures, facts.records
-    sel = _selector(facts, tl, w)
     drill = _stats(sel("drill"), None, None)
     fault = _stats(sel("fault"), None, None) if "fault" in w else {}
     after = _stats(sel("after"), None, None) if "after" in w else {}
@@ -401,19 +401,23 @@ def _values(
 def _selector(
     facts: DrillFacts, tl: Timeline, w: dict[str, tuple[float, float]]
 ) -> Callable[[str], list[dict[str, Any]]]:
+    """The records of each named window, selected once (every criterion of a window reads the
+    same list)."""
+    cache: dict[str, list[dict[str, Any]]] = {}
+
     def sel(name: str) -> list[dict[str, Any]]:
-        a, b = w[name]
-        return in_window(facts.records, a, b, tl.fault_at)
+        if name not in cache:
+            a, b = w[name]
+            cache[name] = in_window(facts.records, a, b, tl.fault_at)
+        return cache[name]
 
     return sel
 
 
-def _windows(
-    facts: DrillFacts, tl: Timeline
-) -> tuple[dict[str, tuple[float, float]], dict[str, dict[str, Any]]]:
+def _windows(facts: DrillFacts, tl: Timeline) -> dict[str, tuple[float, float]]:
     lo, hi = _span(facts.records)
     if lo is None or hi is None:
-        return {}, {}
+        return {}
     hi += 1e-6
     w: dict[str, tuple[float, float]] = {"drill": (lo, hi)}
     if tl.fault_at is not None and lo < tl.fault_at:
@@ -424,17 +428,21 @@ def _windows(
         w["fault"] = (tl.fault_at, end)
         if end + SETTLE_AFTER_S < hi:
             w["after"] = (end + SETTLE_AFTER_S, hi)
-    info = {
+    return w
+
+
+def _window_info(
+    w: dict[str, tuple[float, float]], sel: Callable[[str], list[dict[str, Any]]]
+) -> dict[str, dict[str, Any]]:
+    """``{window: {"start", "end", "requests" (logical)}}`` for the verdict."""
+    return {
         name: {
             "start": a,
             "end": b,
-            "requests": len(
-                select(logical_outcomes(in_window(facts.records, a, b, tl.fault_at)), None, None)
-            ),
+            "requests": len(select(logical_outcomes(sel(name)), None, None)),
         }
         for name, (a, b) in w.items()
     }
-    return w, info
 
 
 #: Criteria on the client itself: a failure makes the drill inconclusive, not failed.
@@ -508,8 +516,10 @@ def judge_drill(
         crits = [c for c in crits if c.name not in GATEWAY_ONLY]
     mins = {**MIN_REQUESTS, **(min_requests or {})}
     tl = timeline(facts.drill, facts.ground, facts.figures, facts.lab_events)
-    w, info = _windows(facts, tl)
-    values = _values(facts, tl, w) if w else {}
+    w = _windows(facts, tl)
+    sel = _selector(facts, tl, w)
+    info = _window_info(w, sel)
+    values = _values(facts, tl, w, sel) if w else {}
     rows = [_row(c, *values.get(c.name, (None, None))) for c in crits]
     notes: list[str] = [f"fault: {tl.why}"]
     if tl.confirmed is None:
@@ -517,19 +527,19 @@ def judge_drill(
     if w.get("fault"):
         a, b = w["fault"]
         notes.append(f"fault window: {b - a:.1f} s from injection to the return to service")
-    state, reasons = _state(facts, tl, rows, info, w, mins, crits)
+    state, reasons = _state(facts, tl, rows, info, w, mins, crits, sel)
     return Verdict(state, reasons, rows, info, notes)
 
 
 def _baseline_defects(
-    facts: DrillFacts,
     tl: Timeline,
     w: dict[str, tuple[float, float]],
     crits: Sequence[Criterion],
+    sel: Callable[[str], list[dict[str, Any]]],
 ) -> list[str]:
     if "baseline" not in w or tl.fault_at is None:
         return []
-    stats = _stats(in_window(facts.records, *w["baseline"], tl.fault_at), None, None)
+    stats = _stats(sel("baseline"), None, None)
     by = {c.name: c for c in crits}
     out = []
     for name, key in (
@@ -557,6 +567,7 @@ def _state(
     w: dict[str, tuple[float, float]],
     mins: Mapping[str, int],
     crits: Sequence[Criterion],
+    sel: Callable[[str], list[dict[str, Any]]],
 ) -> tuple[str, list[str]]:
     if facts.residue:
         return "failed", [f"fault left behind after the rollbacks: {r}" for r in facts.residue]
@@ -569,7 +580,7 @@ def _state(
         return "error", list(facts.errors)
     if not w:
         return "inconclusive", ["no request was recorded: the drill measured nothing"]
-    base = _baseline_defects(facts, tl, w, crits)
+    base = _baseline_defects(tl, w, crits, sel)
     base += [line for phase, line in facts.hypothesis_failures if phase == "before"]
     if base:
         return "failed", [
