@@ -18,7 +18,7 @@ SLO probes judge the steady state). After the method it judges the criteria of t
 in flight past the judging deadline count as timeouts), the fault log and the lab's ground truth.
 The whole-drill and after-the-drill criteria and the residue check need the end of the run: the
 game day's verdict judges them. Thresholds: the ``infer_criteria`` configuration key
-(``chaos run --var infer_criteria=restart_s=20,warmup_ratio=off``; the game day sets it from the
+(``chaos --no-version-check run --var infer_criteria=restart_s=20,warmup_ratio=off``; the game day sets it from the
 plan and ``--criterion``).
 """
 
