@@ -39,6 +39,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer.activities.lab import _lab, _last_fault, _log_fault, _pick_replica
 from chaoslib_infer.lab import netem as nm
+from chaoslib_infer.lab import procfs
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
 from chaoslib_infer.lab.shim import (
@@ -86,15 +87,6 @@ def _event(lab: Lab, phase: str, record: dict[str, Any], by: str, **extra: Any) 
     return t
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    except OSError:
-        return ""
-
-
 def _pid_alive(pid: int) -> bool:
     """True if ``pid`` runs and is not a zombie (our own zombies are reaped)."""
     if pid <= 0:
@@ -117,7 +109,7 @@ def _is_our_process(pid: int, token: str, marker: str) -> bool:
     """``pid`` runs and its command line carries both ``marker`` and this fault's ``token``."""
     if not pid or not _pid_alive(pid):
         return False
-    cmd = _cmdline(pid)
+    cmd = procfs.cmdline(pid)
     return marker in cmd and bool(token) and token in cmd
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from chaoslib_infer.errors import InferChaosError
 from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.lab import procfs
 from chaoslib_infer.lab.cgroups import (
     CgroupError,
     MemoryCgroup,
@@ -241,15 +242,6 @@ def _http_status(
         return None
     finally:
         conn.close()
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    except OSError:
-        return ""
 
 
 def _alive(pid: int | None) -> bool:
@@ -911,7 +903,7 @@ class Lab:
         pid = self._supervisord_pid()
         # pid_max can be 32768 in containers: a stale pid may now belong to another lab's
         # supervisord, so check it runs *this* lab's config before signalling it
-        cmdline = _cmdline(pid or 0)
+        cmdline = procfs.cmdline(pid or 0)
         return (
             bool(pid)
             and _alive(pid)
@@ -1388,7 +1380,7 @@ class Lab:
             *recorded.get("replicas", {}).values(),
         ]
         for cand in cands:
-            if cand and _alive(int(cand)) and str(self.state_dir) in _cmdline(int(cand)):
+            if cand and _alive(int(cand)) and str(self.state_dir) in procfs.cmdline(int(cand)):
                 _kill(int(cand))
         if self.meta.get("nodes"):  # namespaces, veths, guard route (processes are gone)
             from chaoslib_infer.lab import nodes as lab_nodes
@@ -1430,7 +1422,7 @@ def _fault_module(name: str) -> Any:
 
 
 def _is_hog(pid: int) -> bool:
-    return bool(pid) and _alive(pid) and HOG_MODULE in _cmdline(pid)
+    return bool(pid) and _alive(pid) and HOG_MODULE in procfs.cmdline(pid)
 
 
 def _kill(pid: int) -> None:

@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.lab import procfs
 from chaoslib_infer.lab.cgroups import MemoryCgroup, _join, _read_mounts, _read_self_cgroups
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
@@ -112,13 +113,6 @@ def _same_process(pid: int, starttime: int | None) -> bool:
 def _stopped(pid: int) -> bool:
     """True when ``pid`` is stopped by a signal (state ``T``) or traced (``t``)."""
     return _proc_state(pid) in ("T", "t")
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def _write(path: Path, value: str) -> None:
@@ -490,7 +484,7 @@ def spawn_deadman(rec: dict[str, Any], ttl_s: float, state_dir: Path | None = No
 
 
 def _is_deadman(pid: int) -> bool:
-    cmd = _cmdline(pid)
+    cmd = procfs.cmdline(pid)
     return MODULE in cmd and " deadman " in cmd and _proc_state(pid) not in (None, "Z")
 
 

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.lab import haproxy as hap
-from chaoslib_infer.lab import netns
+from chaoslib_infer.lab import netns, procfs
 from chaoslib_infer.lab.fleet import (
     _PACKAGE_PARENT,
     FAULTS_FILE,
@@ -70,7 +70,6 @@ from chaoslib_infer.lab.fleet import (
     Lab,
     LabError,
     _alive,
-    _cmdline,
     _rpc,
     _wait_dead,
 )
@@ -659,7 +658,7 @@ def lose_node(
 
 
 def _is_controller(pid: int, fault_id: str) -> bool:
-    cmd = _cmdline(pid)
+    cmd = procfs.cmdline(pid)
     return _alive(pid) and MODULE in cmd and fault_id in cmd
 
 

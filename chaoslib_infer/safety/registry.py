@@ -37,6 +37,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chaoslib_infer.lab import procfs
 from chaoslib_infer.lab.fleet import LabError
 
 if TYPE_CHECKING:
@@ -197,15 +198,6 @@ def _own_pid(
     return pid
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    except OSError:
-        return ""
-
-
 def _helper_pid(record: dict[str, Any], key: str) -> int:
     """A helper's pid (timer, shim, controller): the module recognises it by its command line."""
     value = record.get(key)
@@ -354,7 +346,7 @@ def _deadman_pid(record: dict[str, Any], name: str) -> int:
     pid = _helper_pid(record, "deadman_pid")
     if not pid:
         return 0
-    cmd = _cmdline(pid)
+    cmd = procfs.cmdline(pid)
     if "chaoslib_infer.lab.freeze" in cmd and " deadman " in cmd:
         if name not in cmd:
             raise _refuse(record, f"deadman_pid {pid} is another fault's dead-man timer")
@@ -517,7 +509,7 @@ def _hog(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
         # a hog that has not joined its replica's cgroup yet (its first step): its command line
         # names this lab's cgroup
         cg = str(_replicas(lab)[replica].get("cgroup"))
-        if f"{HOG_MODULE} --cgroup {cg} " in _cmdline(pid) + " ":
+        if f"{HOG_MODULE} --cgroup {cg} " in procfs.cmdline(pid) + " ":
             owned = owned | {pid}
     mine = _own_pid(record, lab, "pid", pid, None, owned)
     out.update(replica=replica, pid=mine or 0, hog_pid=mine or 0)
