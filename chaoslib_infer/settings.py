@@ -12,10 +12,13 @@ Keys (all optional, declared in every experiment's ``configuration`` block so ``
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from chaoslib.exceptions import InterruptExecution
 
 DEFAULT_LAB_DIR = ".chaos-infer/lab"
 DEFAULT_RUN_DIR = "chaos-infer-run"
@@ -62,6 +65,26 @@ def base_url(configuration: Mapping[str, Any] | None) -> str | None:
     """Return the explicit target URL, or ``None`` to use the lab's frontend."""
     value = _get(configuration, "infer_base_url") or os.environ.get("CHAOS_INFER_BASE_URL")
     return str(value).rstrip("/") if value else None
+
+
+def target_url(configuration: Mapping[str, Any] | None) -> str:
+    """The URL the drill's load goes to: ``infer_base_url`` when set, else the running lab's
+    gateway (``url`` in ``<lab dir>/lab.json``), without a trailing slash.
+
+    Raises:
+        chaoslib.exceptions.InterruptExecution: neither is known (no URL set and no lab up); the
+            experiment stops before any traffic is sent.
+    """
+    url = base_url(configuration)
+    if url:
+        return url
+    lab_json = lab_dir(configuration) / "lab.json"
+    try:
+        return str(json.loads(lab_json.read_text(encoding="utf-8"))["url"]).rstrip("/")
+    except (OSError, ValueError, KeyError) as exc:
+        raise InterruptExecution(
+            f"no target: set infer_base_url or bring the lab up ({lab_json} unreadable: {exc})"
+        ) from exc
 
 
 def slo_overrides(configuration: Mapping[str, Any] | None) -> dict[str, float]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import math
 import os
 import signal
@@ -57,19 +56,6 @@ OBSERVE_AFTER_S = 6.0
 #: in the run folder: why the load could not start (e.g. no request succeeded in warm-up); read
 #: by ``gameday.run_drill`` to report it on the console and in ``summary.json``
 LOAD_ERROR_FILE = "load_error.txt"
-
-
-def _target_url(configuration: dict[str, Any] | None) -> str:
-    url = settings.base_url(configuration)
-    if url:
-        return url
-    lab_json = settings.lab_dir(configuration) / "lab.json"
-    try:
-        return str(json.loads(lab_json.read_text(encoding="utf-8"))["url"]).rstrip("/")
-    except (OSError, ValueError, KeyError) as exc:
-        raise InterruptExecution(
-            f"no target: set infer_base_url or bring the lab up ({lab_json} unreadable: {exc})"
-        ) from exc
 
 
 def _count_ok(path: Path) -> int:
@@ -160,7 +146,7 @@ def start_load(
         )
     except (ValueError, TypeError) as exc:
         raise InterruptExecution(f"background-load: {exc}") from None
-    url = _target_url(configuration)
+    url = settings.target_url(configuration)
     try:  # `chaos run` reaches here without our CLI: enforce the blast radius here too
         from chaoslib_infer.safety.allowlist import check_target
 

@@ -220,9 +220,8 @@ def start_locust(
     stop_s = max(0, int(_positive("stop_timeout_s", stop_timeout_s)))
     if importlib.util.find_spec("locust") is None:
         raise InterruptExecution("locust load: locust is not installed (pip install '.[locust]')")
-    from chaoslib_infer.controls.load import _target_url
 
-    url = _target_url(configuration)
+    url = settings.target_url(configuration)
     try:
         from chaoslib_infer.safety.allowlist import check_target
 
