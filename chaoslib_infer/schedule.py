@@ -165,14 +165,14 @@ def _rbac(target_ns: str, own_ns: str, with_nodes: bool) -> list[dict[str, Any]]
 
 
 def _config_target(target_path: Path, plan_path: Path) -> tuple[str, Any]:
-    from chaoslib_infer.platforms.kubernetes.target import _resolve_context, load_target
+    from chaoslib_infer.platforms.kubernetes.target import effective_context, load_target
 
     # the operator's allowlist (environment, the plan's allow:): refused here, before anything is
     # written; a target file can only narrow it
     target = load_target(target_path, plan_path=plan_path)
     raw = yaml.safe_load(target_path.expanduser().read_text(encoding="utf-8"))
     raw.pop("kubeconfig", None)  # in the pod: the service account (in-cluster configuration)
-    raw["context"] = target.context or _resolve_context(target.kubeconfig) or "in-cluster"
+    raw["context"] = effective_context(target)
     return yaml.safe_dump(raw, sort_keys=False), target
 
 

@@ -192,14 +192,14 @@ def find_pending(root: Path) -> list[PendingK8sFault]:
 def _check_target(fault: PendingK8sFault, target_file: str) -> str | None:
     """None when ``target_file`` still names what the state recorded, else why not (one line)."""
     from chaoslib_infer.errors import InferChaosError
-    from chaoslib_infer.platforms.kubernetes.target import _resolve_context, load_target
+    from chaoslib_infer.platforms.kubernetes.target import effective_context, load_target
 
     try:
         target = load_target(target_file)  # the allowlist too, before any API call
     except InferChaosError as exc:
         return str(exc)
     rec = (fault.state or {}).get("k8s_target") or {}
-    context = target.context or _resolve_context(target.kubeconfig) or "in-cluster"
+    context = effective_context(target)
     if rec.get("context") and rec["context"] != context:
         return (
             f"target file {target_file} now resolves to context {context!r}, but the fault was "

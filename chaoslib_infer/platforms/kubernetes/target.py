@@ -40,7 +40,7 @@ import yaml
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.safety.allowlist import check_name_glob
 
-__all__ = ["K8sTarget", "check_allowed", "load_target", "main", "preflight"]
+__all__ = ["K8sTarget", "check_allowed", "effective_context", "load_target", "main", "preflight"]
 
 _KEYS = {
     "kubeconfig",
@@ -147,6 +147,13 @@ def _resolve_context(kubeconfig: str | None) -> str | None:
     return str(current) if current else None
 
 
+def effective_context(target: K8sTarget) -> str:
+    """The kubeconfig context ``target`` acts in: its own ``context``, else the kubeconfig's
+    current context, else ``"in-cluster"`` (no kubeconfig: the service account's cluster).
+    This is the name the allowlists are checked against and the evidence records."""
+    return target.context or _resolve_context(target.kubeconfig) or "in-cluster"
+
+
 def check_allowed(
     target: K8sTarget,
     configuration: dict[str, Any] | None = None,
@@ -170,7 +177,7 @@ def check_allowed(
         operator_k8s_allow,
     )
 
-    context = target.context or _resolve_context(target.kubeconfig) or "in-cluster"
+    context = effective_context(target)
     if not any(fnmatch.fnmatchcase(context, pat) for pat in target.allow_contexts):
         raise ConfigError(
             f"{target.source}: context {context!r} is not in the allowlist "
@@ -350,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"chaos-infer: {exc}", file=sys.stderr)
         return 2
-    context = target.context or _resolve_context(target.kubeconfig) or "in-cluster"
+    context = effective_context(target)
     print(
         f"target ok: context {context}, namespace {target.namespace}, pods {target.selector}, "
         f"container {target.container}, url {target.url}"
