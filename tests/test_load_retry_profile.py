@@ -443,7 +443,9 @@ def test_cli_retry_and_profile(server: FakeServer, tmp_path: Path) -> None:
 # --- the control --------------------------------------------------------------------------------
 
 
-def test_control_passes_retry_and_profile(server: FakeServer, tmp_path: Path) -> None:
+def test_control_passes_retry_and_profile(
+    server: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     conf = {
         "infer_base_url": server.url + "/mode=http,status=503,fail=1",
         "infer_run_dir": str(tmp_path),
@@ -453,6 +455,14 @@ def test_control_passes_retry_and_profile(server: FakeServer, tmp_path: Path) ->
     with pytest.raises(InterruptExecution, match="retry_attempts"):
         load_control.start_load(retry_attempts=0, configuration=conf)
     assert not (tmp_path / "load.pid").exists()
+    started: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(cmd: list[str], *a: Any, **kw: Any) -> subprocess.Popen[bytes]:
+        started.append([str(c) for c in cmd])
+        return real_popen(cmd, *a, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", recording_popen)
     load_control.before_experiment_control(
         {},
         configuration=conf,
@@ -463,10 +473,11 @@ def test_control_passes_retry_and_profile(server: FakeServer, tmp_path: Path) ->
         retry_backoff_s=0.05,
         attempt_timeout_s=3.0,
         profile=[[1.0, 10.0], [10.0, 30.0]],
+        baseline_requests=1,  # one success is enough here (the load lasts 1.5 s)
     )
+    monkeypatch.undo()
     pid = int((tmp_path / "load.pid").read_text())
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    args = [a.decode() for a in cmdline]
+    (args,) = started
     for flag, value in (
         ("--retry-attempts", "2"),
         ("--retry-backoff-s", "0.05"),
@@ -486,3 +497,22 @@ def test_control_passes_retry_and_profile(server: FakeServer, tmp_path: Path) ->
     assert st["succeeded_after_retry"] == st["retried_requests"] == st["logical_requests"]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_warmup_waits_for_a_baseline_the_verdict_can_judge(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """A load that starts slowly is given time to put 55 successes on record before the
+    hypothesis (the verdict needs 50 in the baseline), bounded by the patience."""
+    conf = {"infer_base_url": server.url, "infer_run_dir": str(tmp_path)}
+    started = time.monotonic()
+    load_control.start_load(
+        rate_rps=40.0, warmup_s=0.5, max_duration_s=20, seed=3, configuration=conf
+    )
+    waited = time.monotonic() - started
+    try:
+        ok = sum(r.get("ok") is True for r in read_records(tmp_path / "records.jsonl"))
+        assert ok >= load_control.BASELINE_REQUESTS
+        assert 0.5 <= waited < 0.5 + load_control.BASELINE_PATIENCE_S + 2
+    finally:
+        load_control.stop_load(conf)

@@ -47,6 +47,7 @@ from chaoslib.exceptions import InterruptExecution
 
 from chaoslib_infer import settings
 from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.verdict.criteria import MIN_REQUESTS
 
 __all__ = ["after_experiment_control", "before_experiment_control", "start_load", "stop_load"]
 
@@ -56,6 +57,14 @@ OBSERVE_AFTER_S = 6.0
 #: in the run folder: why the load could not start (e.g. no request succeeded in warm-up); read
 #: by ``gameday.run_drill`` to report it on the console and in ``summary.json``
 LOAD_ERROR_FILE = "load_error.txt"
+
+
+#: ok requests the warm-up waits for beyond ``warmup_s`` (up to ``max(warmup_s,
+#: BASELINE_PATIENCE_S)`` more seconds): the verdict's baseline minimum plus a margin, so a drill
+#: whose load started slowly is not inconclusive for a thin baseline (docs/definitions.md,
+#: "Verdicts").
+BASELINE_REQUESTS = MIN_REQUESTS["baseline"] + 5
+BASELINE_PATIENCE_S = 10.0
 
 
 def _count_ok(path: Path) -> int:
@@ -87,6 +96,7 @@ def start_load(
     idle_timeout_s: float | None = 5.0,
     trace: str | None = None,
     trace_speed: float = 1.0,
+    baseline_requests: int = BASELINE_REQUESTS,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Start the background load process and wait for its warm-up.
@@ -115,6 +125,11 @@ def start_load(
         trace: a recorded trace (Mooncake / AIPerf JSONL, :mod:`chaoslib_infer.load.trace`) as
             the arrival schedule and request sizes instead of ``rate_rps``; None: Poisson.
         trace_speed: time scale of the trace (2.0 replays it twice as fast).
+        baseline_requests: when fewer requests than this have succeeded after ``warmup_s``,
+            wait for them up to ``max(warmup_s, 10)`` seconds more, or until the load ends: the
+            verdict needs 50 requests in the baseline (default 55); 0: no wait. With a
+            ``profile`` (its first phase is the baseline, on the load's own clock) it waits
+            for the first success only.
         configuration: Chaos Toolkit configuration (target URL, run directory).
 
     Returns:
@@ -194,11 +209,22 @@ def start_load(
     _RUNNING[str(run_dir)] = proc
     (run_dir / "load.pid").write_text(str(proc.pid), encoding="utf-8")
     deadline = time.monotonic() + float(warmup_s)
-    while time.monotonic() < deadline:
+    # the verdict needs a baseline of MIN_REQUESTS["baseline"] requests ended before the fault: on
+    # a slow start (a loaded machine, a cold engine) the warm-up waits for them, bounded; a rate
+    # profile's phases run on the load's own clock, so there it waits for a first success only
+    patience = deadline + max(float(warmup_s), BASELINE_PATIENCE_S)
+    wanted = min(int(baseline_requests), 1) if phases is not None else int(baseline_requests)
+    while True:
+        now = time.monotonic()
         if proc.poll() is not None:
-            raise InterruptExecution(
-                f"the load generator exited with code {proc.returncode}; see {run_dir / 'load.log'}"
-            )
+            if now < deadline:
+                raise InterruptExecution(
+                    f"the load generator exited with code {proc.returncode}; "
+                    f"see {run_dir / 'load.log'}"
+                )
+            break  # a load shorter than the patience: nothing more to wait for
+        if now >= patience or (now >= deadline and _count_ok(records) >= wanted):
+            break
         time.sleep(0.2)
     if _count_ok(records) == 0:
         stop_load(configuration)
