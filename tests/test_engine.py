@@ -369,7 +369,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             "--ledger",
             str(ledger),
             "--load-delay-s",
-            "0.3",
+            "1.5",  # long enough to see the 503 on a loaded machine
             "--warmup-requests",
             "0",
             "--itl-s",
