@@ -6,8 +6,10 @@ replacement would silently do nothing (Ctrl-C waiting out a pause; SIGTERM not s
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import signal
+import threading
 import time
 import tomllib
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import chaoslib
 import chaoslib.activity
+import chaoslib.exit
 import chaoslib.experiment
 import chaoslib.run
 import pytest
@@ -162,3 +165,61 @@ def test_a_pause_is_skipped_only_while_a_keyboard_interrupt_propagates(
             clock.sleep(4.0)  # chaoslib's pause after: a finally clause
     assert slept == [2.0]
     assert clock.monotonic() > 0  # every other name is time's own
+
+
+#: The SIGTERM handler the action saw (filled by :func:`wait_for_sigterm`, run by chaoslib).
+SEEN: dict[str, object] = {}
+
+
+def wait_for_sigterm() -> str:
+    """A Python action: SIGTERM this process in 0.2 s and wait up to 10 s for it to land."""
+    SEEN["handler"] = signal.getsignal(signal.SIGTERM)
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+    return "no signal"
+
+
+def clock() -> float:
+    """A Python rollback: when it ran (unix s)."""
+    return time.time()
+
+
+def test_sigterm_in_a_real_chaoslib_run_stops_it_and_skips_the_pause(restore: None) -> None:
+    """chaoslib's own run loop, under both replacements: SIGTERM during an action with a 20 s
+    ``pauses.after`` is a Ctrl-C (the run is ``interrupted``), the pause is skipped and the
+    rollbacks play at once."""
+    experiment = {
+        "title": "sigterm",
+        "description": "SIGTERM during an action with a long pause after it",
+        "method": [
+            {
+                "type": "action",
+                "name": "wait-for-sigterm",
+                "provider": {"type": "python", "module": __name__, "func": "wait_for_sigterm"},
+                "pauses": {"after": 20},
+            }
+        ],
+        "rollbacks": [
+            {
+                "type": "action",
+                "name": "clock",
+                "provider": {"type": "python", "module": __name__, "func": "clock"},
+            }
+        ],
+    }
+    before_term = signal.getsignal(signal.SIGTERM)
+    t0 = time.time()
+    with interrupt_on_sigterm(), no_pause_after_interrupt():
+        journal = chaoslib.experiment.run_experiment(
+            experiment, settings={"runtime": {"rollbacks": {"strategy": "always"}}}
+        )
+    took = time.time() - t0
+    assert journal["status"] == "interrupted", journal["status"]
+    assert [r["activity"]["name"] for r in journal["rollbacks"]] == ["clock"]
+    started = float(journal["rollbacks"][0]["output"])
+    assert started - t0 < 5.0 and took < 8.0, (started - t0, took)  # not after the 20 s pause
+    handler = SEEN["handler"]
+    assert callable(handler) and handler is not chaoslib.exit._terminate_now  # ours, not chaoslib's
+    assert signal.getsignal(signal.SIGTERM) is before_term
