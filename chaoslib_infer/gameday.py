@@ -491,6 +491,7 @@ def run_drill(
     config_vars.update(allow_vars or {})  # the operator's allowlists (safety.allowlist)
     settings = {"runtime": experiment.get("runtime") or {"rollbacks": {"strategy": "always"}}}
     ctk_logger = logging.getLogger("chaostoolkit")
+    ctk_level, ctk_propagate = ctk_logger.level, ctk_logger.propagate  # put back after the drill
     log_handler = logging.FileHandler(drill_dir / "chaostoolkit.log", encoding="utf-8")
     log_handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s] %(message)s"))
     log_handler.addFilter(redact.RedactingFilter(secrets))
@@ -518,6 +519,8 @@ def run_drill(
 
         stop_locust({"infer_run_dir": str(drill_dir)})  # a locustfile drove the load
         ctk_logger.removeHandler(log_handler)
+        ctk_logger.setLevel(ctk_level)
+        ctk_logger.propagate = ctk_propagate
         log_handler.close()
         write_residue(drill_dir, residue_check(lab, drill_dir), time.time())
     ended = time.time()
