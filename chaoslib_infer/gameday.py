@@ -738,6 +738,8 @@ def run_gameday(
     Raises:
         ConfigError: ``base_url`` outside the allowlist, a malformed experiment or stop condition,
             or another game day running in ``out_dir`` (nothing is started).
+        ChaoslibIncompatible: the installed chaoslib lacks what the Ctrl-C / SIGTERM path replaces
+            (:func:`chaoslib_infer.chaoslib_hooks.check_chaoslib_hooks`; nothing is started).
     """
     from chaoslib_infer.safety import allowlist as _allow
 
