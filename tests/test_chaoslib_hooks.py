@@ -223,3 +223,16 @@ def test_sigterm_in_a_real_chaoslib_run_stops_it_and_skips_the_pause(restore: No
     handler = SEEN["handler"]
     assert callable(handler) and handler is not chaoslib.exit._terminate_now  # ours, not chaoslib's
     assert signal.getsignal(signal.SIGTERM) is before_term
+
+
+def test_a_game_day_on_an_unfit_chaoslib_starts_nothing(
+    restore: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from chaoslib_infer.gameday import default_plan_path, run_gameday
+    from chaoslib_infer.plan import load_plan
+
+    monkeypatch.delattr(chaoslib.run, "exit_signals")
+    out = tmp_path / "gd"
+    with pytest.raises(ChaoslibIncompatible, match="chaostoolkit-lib"):
+        run_gameday(load_plan(default_plan_path()), out, progress=lambda _msg: None)
+    assert not (out / "summary.json").exists() and not (out / "lab").exists()
