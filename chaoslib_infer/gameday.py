@@ -20,20 +20,22 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import chaoslib.activity
-import chaoslib.run
 import yaml
 from chaoslib.exceptions import ChaosException
 from chaoslib.experiment import ensure_experiment_is_valid, run_experiment
 from chaoslib.loader import load_experiment
 from chaoslib.run import RunEventHandler
 
+from chaoslib_infer.chaoslib_hooks import (
+    check_chaoslib_hooks,
+    interrupt_on_sigterm,
+    no_pause_after_interrupt,
+)
 from chaoslib_infer.controls.guard import STOP_CONDITION_FILE, read_stop_condition
 from chaoslib_infer.controls.load import LOAD_ERROR_FILE, stop_load
 from chaoslib_infer.errors import ConfigError, InferChaosError, TargetUnreachable
@@ -151,62 +153,6 @@ class _ProgressHandler(RunEventHandler):  # type: ignore[misc]
 
     def rollbacks_completed(self, experiment: Any, journal: Any) -> None:
         self._say("rollbacks done")
-
-
-@contextlib.contextmanager
-def _interrupt_on_sigterm() -> Iterator[None]:
-    """Make SIGTERM behave like Ctrl-C (KeyboardInterrupt) for the whole run, rollbacks included.
-
-    Chaos Toolkit's own SIGTERM handler only fails the current activity and lets the experiment go
-    on; a game day that is told to stop must stop, play its rollbacks and take the lab down.
-    """
-
-    def _handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    @contextlib.contextmanager
-    def _same_signals() -> Iterator[None]:
-        yield
-
-    previous = signal.signal(signal.SIGTERM, _handler)
-    original = chaoslib.run.exit_signals
-    chaoslib.run.exit_signals = _same_signals
-    try:
-        yield
-    finally:
-        chaoslib.run.exit_signals = original
-        signal.signal(signal.SIGTERM, previous)
-
-
-class _PauseSkippingTime:
-    """The ``time`` module as Chaos Toolkit's activity runner sees it, minus the pauses that an
-    interruption would otherwise sit through.
-
-    chaoslib 1.44 sleeps an activity's ``pauses.after`` in a ``finally`` clause, also when Ctrl-C
-    (or SIGTERM, or a stop condition) cut the activity off: the interruption then waited up to
-    the whole pause (20 s in network-jitter) before the rollbacks removed the fault. A pause asked
-    for while a ``KeyboardInterrupt`` propagates is skipped; every other call is ``time``'s own.
-    """
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-    def sleep(self, seconds: float) -> None:
-        """``time.sleep(seconds)``, or nothing while a ``KeyboardInterrupt`` propagates."""
-        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
-            return
-        time.sleep(seconds)
-
-
-@contextlib.contextmanager
-def _no_pause_after_interrupt() -> Iterator[None]:
-    """Install :class:`_PauseSkippingTime` in ``chaoslib.activity`` for the length of a run."""
-    original = chaoslib.activity.time
-    chaoslib.activity.time = _PauseSkippingTime()
-    try:
-        yield
-    finally:
-        chaoslib.activity.time = original
 
 
 def _load_experiment(path: Path) -> dict[str, Any]:
@@ -545,6 +491,7 @@ def run_drill(
     config_vars.update(allow_vars or {})  # the operator's allowlists (safety.allowlist)
     settings = {"runtime": experiment.get("runtime") or {"rollbacks": {"strategy": "always"}}}
     ctk_logger = logging.getLogger("chaostoolkit")
+    ctk_level, ctk_propagate = ctk_logger.level, ctk_logger.propagate  # put back after the drill
     log_handler = logging.FileHandler(drill_dir / "chaostoolkit.log", encoding="utf-8")
     log_handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s] %(message)s"))
     log_handler.addFilter(redact.RedactingFilter(secrets))
@@ -555,7 +502,7 @@ def run_drill(
     progress(f"drill {spec.name}: {experiment.get('title', '')}")
     journal: dict[str, Any]
     try:
-        with _interrupt_on_sigterm(), _no_pause_after_interrupt():
+        with interrupt_on_sigterm(), no_pause_after_interrupt():
             journal = dict(
                 run_experiment(
                     experiment,
@@ -572,6 +519,8 @@ def run_drill(
 
         stop_locust({"infer_run_dir": str(drill_dir)})  # a locustfile drove the load
         ctk_logger.removeHandler(log_handler)
+        ctk_logger.setLevel(ctk_level)
+        ctk_logger.propagate = ctk_propagate
         log_handler.close()
         write_residue(drill_dir, residue_check(lab, drill_dir), time.time())
     ended = time.time()
@@ -789,6 +738,8 @@ def run_gameday(
     Raises:
         ConfigError: ``base_url`` outside the allowlist, a malformed experiment or stop condition,
             or another game day running in ``out_dir`` (nothing is started).
+        ChaoslibIncompatible: the installed chaoslib lacks what the Ctrl-C / SIGTERM path replaces
+            (:func:`chaoslib_infer.chaoslib_hooks.check_chaoslib_hooks`; nothing is started).
     """
     from chaoslib_infer.safety import allowlist as _allow
 
@@ -806,6 +757,7 @@ def run_gameday(
         _allow.CONFIG_CONTEXTS: ",".join(contexts),
         _allow.CONFIG_NAMESPACES: ",".join(namespaces),
     }
+    check_chaoslib_hooks()  # the Ctrl-C / SIGTERM path: nothing is started on an unfit chaoslib
     validate_plan(plan)
     drill_criteria = cli_criteria(plan, criteria or [])
     secrets = redact.known_secrets()

@@ -181,7 +181,9 @@ def drill_figures(
         ``figures``: common figures plus the fault kind's own (e.g. ``interruption_s``,
         ``restart_s``); ``ground_truth``: the lab's record of the fault (unix seconds, counts).
         A kind whose ``compute`` raises (e.g. on the partial data of a killed run) is reported
-        in ``figures["figure_errors"]`` (``{kind: "Error: message"}``) instead of failing all.
+        in ``figures["figure_errors"]`` (``{kind: "Error: first line of its message"}``) instead
+        of failing all; the verdict makes such a drill ``error``
+        (:func:`chaoslib_infer.evidence.verdicts.drill_verdict`).
     """
     rpath = run_dir / "records.jsonl"
     records = read_records(rpath) if rpath.exists() else []
@@ -197,7 +199,10 @@ def drill_figures(
         try:
             f_fig, f_ground = module.compute(ctx)
         except Exception as exc:  # partial data (a killed run): keep the other figures
-            figures.setdefault("figure_errors", {})[kind] = f"{type(exc).__name__}: {exc}"
+            line = next(iter(str(exc).strip().splitlines()), "")  # the verdict's reason: one line
+            figures.setdefault("figure_errors", {})[kind] = (
+                f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+            )
             continue
         figures.update(f_fig)
         ground.update(f_ground)

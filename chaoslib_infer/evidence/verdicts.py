@@ -14,7 +14,7 @@ from typing import Any
 
 from chaoslib_infer.evidence.figures import replica_count_series
 from chaoslib_infer.evidence.journal import drill_status, failed_activities
-from chaoslib_infer.verdict import DrillFacts, Verdict, judge_drill, timeline
+from chaoslib_infer.verdict import DrillFacts, Verdict, figure_error_reason, judge_drill, timeline
 
 __all__ = ["RESIDUE_FILE", "drill_verdict", "hypothesis_failures", "read_residue", "write_residue"]
 
@@ -125,7 +125,10 @@ def drill_verdict(
             that never got a response header).
 
     Returns:
-        The :class:`~chaoslib_infer.verdict.Verdict`.
+        The :class:`~chaoslib_infer.verdict.Verdict`: ``error`` (exit code 2) with one reason
+        per figure kind in ``figures["figure_errors"]``, naming the kind and the exception's
+        first line (:func:`~chaoslib_infer.verdict.figure_error_reason`), unless a residue or an
+        abort outranks it (the reasons are then listed after theirs).
 
     Raises:
         ValueError: a criterion override names no criterion of this drill.
@@ -140,8 +143,8 @@ def drill_verdict(
                 errors.append(f"activity {a['name']} {a['status']}: {a['exception']}")
         if not errors:
             errors.append("the experiment did not complete both hypotheses")
-    for kind, err in (figures.get("figure_errors") or {}).items():
-        errors.append(f"figures of {kind} could not be computed: {err}")
+    for kind, err in (figures.get("figure_errors") or {}).items():  # drill_figures' failed kinds
+        errors.append(figure_error_reason(str(kind), str(err)))
     residue = read_residue(drill_dir) or []
     for a in failed_activities(dict(journal)) if journal else []:
         if a["section"] == "rollbacks":

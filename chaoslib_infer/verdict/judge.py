@@ -14,6 +14,9 @@ States (``docs/definitions.md``, "Verdicts"), in order of precedence:
 - ``passed``: none of the above.
 
 Residue wins over ``aborted`` and ``error`` (a fault left behind fails, whatever else happened).
+A figure kind that could not be computed (:func:`figure_error_reason`) makes the drill ``error``;
+under a residue or an abort, which outrank it, it is still listed after their reasons, so a
+failed figure never goes unseen.
 A row reads ``pass``, ``fail``, ``not judged`` (no threshold), ``unmeasured`` (no value) or
 ``n/a`` (the figure does not apply to this run, e.g. no request was shed).
 """
@@ -45,6 +48,7 @@ __all__ = [
     "DrillFacts",
     "Verdict",
     "exit_code",
+    "figure_error_reason",
     "format_value",
     "in_window",
     "judge_drill",
@@ -83,7 +87,8 @@ class DrillFacts:
         journal_status: ``drill_status`` of the journal (``passed``, ``deviated``, ``error``,
             ``aborted``) or None.
         hypothesis_failures: one line per steady-state probe that deviated, with its phase.
-        errors: lines for tool failures (crashed action, failed figure, load error).
+        errors: lines for tool failures (crashed action, failed figure as worded by
+            :func:`figure_error_reason`, load error).
         residue: one line per fault still active after the rollbacks.
         stop_reason: why a stop condition aborted the drill, or None.
         serving: ``(before, after)`` serving replicas (None when unknown).
@@ -449,6 +454,26 @@ def _window_info(
 CLIENT_LAG = frozenset({"send_lag_p99_s", "client_lag_p99_s"})
 #: How :mod:`chaoslib_infer.evidence.verdicts` words a load that could not start or run.
 LOAD_ERROR_PREFIX = "the load could not run: "
+#: How :func:`figure_error_reason` words a figure kind that could not be computed.
+FIGURE_ERROR_PREFIX = "figures of "
+
+
+def figure_error_reason(kind: str, error: str) -> str:
+    """The reason line of a figure kind whose computation raised.
+
+    Args:
+        kind: the fault kind whose figures failed (``"oom-kill"``, ``"k8s-actions"``, ...).
+        error: the exception as ``"Type: first line of its message"``
+            (:func:`chaoslib_infer.evidence.figures.drill_figures`' ``figure_errors``).
+
+    Returns:
+        ``"figures of KIND could not be computed: ERROR"`` on one line (only the first line of a
+        multi-line ``error`` is kept).
+    """
+    line = next(iter(str(error).strip().splitlines()), "") or "unknown error"
+    return f"{FIGURE_ERROR_PREFIX}{kind} could not be computed: {line}"
+
+
 #: Kubernetes drills: the actions' own figure standing for a drill figure the lab computes.
 K8S_ALIASES = {
     "all_serving_s": "k8s_recovery_total_s_max",
@@ -569,13 +594,16 @@ def _state(
     crits: Sequence[Criterion],
     sel: Callable[[str], list[dict[str, Any]]],
 ) -> tuple[str, list[str]]:
+    # a figure that could not be computed is listed under the states that outrank "error" too
+    figure = [e for e in facts.errors if e.startswith(FIGURE_ERROR_PREFIX)]
     if facts.residue:
-        return "failed", [f"fault left behind after the rollbacks: {r}" for r in facts.residue]
+        residue = [f"fault left behind after the rollbacks: {r}" for r in facts.residue]
+        return "failed", [*residue, *figure]
     load = [e for e in facts.errors if e.startswith(LOAD_ERROR_PREFIX)]
     if load:  # the load control interrupts the run when it cannot start: the tool failed
         return "error", list(facts.errors)
     if facts.stop_reason or facts.journal_status == "aborted":
-        return "aborted", [f"stopped: {facts.stop_reason or 'the run was interrupted'}"]
+        return "aborted", [f"stopped: {facts.stop_reason or 'the run was interrupted'}", *figure]
     if facts.errors:
         return "error", list(facts.errors)
     if not w:
