@@ -16,7 +16,6 @@ from __future__ import annotations
 from chaoslib_infer.load.commands import load_group
 
 from .certify import certify
-from .common import prepare_out_dir
 from .drill import drill
 from .gameday import gameday
 from .lab import describe_engine_fault, lab, lab_up, lab_up_kwargs
@@ -26,7 +25,7 @@ from .root import main
 from .schedule import schedule
 from .sizing import alerts, capacity
 
-__all__ = ["describe_engine_fault", "lab_up", "lab_up_kwargs", "main", "prepare_out_dir"]
+__all__ = ["describe_engine_fault", "lab_up", "lab_up_kwargs", "main"]
 
 for _command in (gameday, drill, lab, rollback, report, capacity, alerts, schedule, certify):
     main.add_command(_command)

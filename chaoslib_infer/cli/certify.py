@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.evidence.outdir import prepare_out_dir
 
-from .common import fail, prepare_out_dir
+from .common import fail
 
 __all__ = ["certify"]
 

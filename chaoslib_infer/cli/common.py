@@ -9,8 +9,6 @@ from typing import Any
 
 import click
 
-from chaoslib_infer.errors import ConfigError
-
 __all__ = [
     "DEFAULT_LAB_DIR",
     "GATEWAY_CHOICE",
@@ -19,7 +17,6 @@ __all__ = [
     "fail",
     "gateway_options",
     "k8s_target_file",
-    "prepare_out_dir",
 ]
 
 DEFAULT_LAB_DIR = Path(".chaos-infer/lab")
@@ -33,25 +30,6 @@ def fail(msg: str, code: int = 2) -> None:
     """
     click.echo(f"chaos-infer: error: {msg}", err=True)
     sys.exit(code)
-
-
-def prepare_out_dir(path: Path, create: bool = True) -> None:
-    """Check (and with ``create``, make) an evidence folder before anything runs.
-
-    Args:
-        path: the ``--out`` folder.
-        create: make it (and its parents); False only checks it is not an existing file.
-
-    Raises:
-        ConfigError: the path is an existing non-folder, or the folder cannot be made.
-    """
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out {path}: exists and is not a folder")
-    if create:
-        try:
-            path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            raise ConfigError(f"--out {path}: cannot create it: {exc.strerror or exc}") from None
 
 
 def experiments_dir() -> Path:

@@ -14,8 +14,9 @@ from typing import Any
 import click
 
 from chaoslib_infer.errors import ConfigError, InferChaosError
+from chaoslib_infer.evidence.outdir import prepare_out_dir
 
-from .common import fail, prepare_out_dir
+from .common import fail
 
 __all__ = ["check_k8s", "run_plan", "target_options"]
 
