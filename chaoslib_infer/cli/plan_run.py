@@ -7,7 +7,10 @@ The ``--target``/``--replicas``/``--engine``/``--slo``/``--criterion``/``--dry-r
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from chaoslib_infer.evidence.outdir import prepare_out_dir
 
 from .common import fail
 
-__all__ = ["check_k8s", "run_plan", "target_options"]
+__all__ = ["api_key_in_env", "check_k8s", "run_plan", "target_options"]
 
 
 def _parse_criteria(
@@ -168,13 +171,11 @@ def run_plan(
     node-level drill whose node runs pods of other namespaces
     (:func:`chaoslib_infer.safety.k8s_preflight.check_plan`).
     """
-    import os
-
-    from chaoslib_infer.gameday import run_gameday, validate_plan
     from chaoslib_infer.safety import redact
     from chaoslib_infer.safety.allowlist import allow_patterns, check_target
 
     k8s = None
+    key: str | None = None
     try:
         k8s = check_k8s(the_plan, k8s_file, target_url, bool(replicas or engine))
         if k8s is not None:
@@ -191,16 +192,71 @@ def run_plan(
                 key = redact.read_key_file(api_key_file)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-            # the load generator inherits it; never on a command line
-            os.environ[redact.API_KEY_ENV] = key
+    except InferChaosError as exc:
+        fail(str(exc))
+        return
+    # the load generator inherits the key (never on a command line), the redactor reads it there
+    # too: set for this run only, as it was before afterwards (also on an exit or an interrupt)
+    with api_key_in_env(key):
+        code = _validate_and_run(
+            the_plan, out_dir, target_url, replicas, engine, overrides, dry_run, allow, k8s, criteria
+        )  # fmt: skip
+    if code is not None:
+        sys.exit(code)
+
+
+@contextlib.contextmanager
+def api_key_in_env(key: str | None) -> Iterator[None]:
+    """``$CHAOS_INFER_API_KEY`` (:data:`chaoslib_infer.safety.redact.API_KEY_ENV`) set to ``key``
+    inside the block, and afterwards as it was before (unset if it was); None: left alone.
+
+    The key reaches the load generator (a child process that inherits the environment) and the
+    experiments' ``type: env`` configuration this way, and the redactor
+    (:func:`chaoslib_infer.safety.redact.known_secrets`) scrubs it from every file and line the
+    run writes; :func:`~chaoslib_infer.safety.redact.child_env` keeps it from the lab's processes.
+    """
+    from chaoslib_infer.safety.redact import API_KEY_ENV
+
+    if key is None:
+        yield
+        return
+    before = os.environ.get(API_KEY_ENV)
+    os.environ[API_KEY_ENV] = key
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(API_KEY_ENV, None)
+        else:
+            os.environ[API_KEY_ENV] = before
+
+
+def _validate_and_run(
+    the_plan: Any,
+    out_dir: Path,
+    target_url: str | None,
+    replicas: int | None,
+    engine: str | None,
+    overrides: dict[str, float],
+    dry_run: bool,
+    allow: tuple[str, ...],
+    k8s: Any,
+    criteria: list[tuple[str | None, str, float | None]],
+) -> int | None:
+    """The part of :func:`run_plan` that runs with the API key in the environment: the plan's
+    experiments validated, then the dry-run print-out (None) or the preflight and the game day
+    (its exit code). Exits 2 with one line on an error of the library."""
+    from chaoslib_infer.gameday import run_gameday, validate_plan
+
+    try:
         validate_plan(the_plan)  # after the key: experiments may reference $CHAOS_INFER_API_KEY
         prepare_out_dir(out_dir, create=False)
     except InferChaosError as exc:
         fail(str(exc))
-        return
+        return None
     if dry_run:
         _print_dry_run(the_plan, target_url, replicas, engine, overrides, k8s)
-        return
+        return None
     try:
         if k8s is not None:  # one cheap API call: unreachable/forbidden refuses before any load
             from chaoslib_infer.platforms.kubernetes.target import preflight
@@ -214,7 +270,7 @@ def run_plan(
 
             preflight_url(target_url)
         prepare_out_dir(out_dir)
-        code = run_gameday(
+        return run_gameday(
             the_plan,
             out_dir,
             base_url=target_url,
@@ -228,8 +284,7 @@ def run_plan(
         )
     except InferChaosError as exc:
         fail(str(exc))
-        return
-    sys.exit(code)
+        return None
 
 
 _TARGET_OPTIONS = [
