@@ -1,4 +1,4 @@
-"""The client's lazily re-armed attempt deadline (``client._Deadline``)."""
+"""The client's lazily re-armed attempt deadline (``attempts.Deadline``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from chaoslib_infer.load.client import _Deadline
+from chaoslib_infer.load.attempts import Deadline as _Deadline
 
 
 async def _sleep_under(

@@ -60,8 +60,19 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from chaoslib_infer.safety.redact import clip
-
+from .attempts import (
+    AFTER_DONE_GRACE_S,
+    CUT_OFF,
+    ERROR_CLASSES,
+    MAX_ERROR_BODY,
+    TIMEOUT_CLASSES,
+    Deadline,
+    chunk_deadline,
+    exc_msg,
+    finish_attempt,
+    first_deadline,
+    http_error,
+)
 from .kerneltime import session_summary
 from .mix import PromptClass, parse_prompt_mix
 from .mix import draw as draw_prompt_class
@@ -99,31 +110,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Every error class an attempt record may carry (contracts.md section 3).
-ERROR_CLASSES: tuple[str, ...] = (
-    "connect",
-    "timeout_connect",
-    "timeout_ttft",
-    "timeout_idle",
-    "timeout_total",
-    "http_429",
-    "http_4xx",
-    "http_5xx",
-    "reset",
-    "stream_error",
-    "empty",
-    "garbled",
-    "truncated",
-    "cut_off",
-)
-#: An attempt still in flight when the load stopped: recorded with its send time and how long it
-#: had been in flight, outcome unknown (``docs/definitions.md``, "Windows"). Never a timeout by
-#: itself; :mod:`chaoslib_infer.measure.metrics` leaves it out of the rates and counts it.
-CUT_OFF = "cut_off"
 #: Name of the in-flight snapshot written beside the records (``run_load(inflight_path=...)``).
 INFLIGHT_FILE = "inflight.json"
-#: Classes that count in ``timeout_rate``.
-TIMEOUT_CLASSES: frozenset[str] = frozenset(c for c in ERROR_CLASSES if c.startswith("timeout_"))
 #: Error classes retried by default (transport failures, timeouts, 5xx and 429; never 4xx or a
 #: malformed reply, which a retry would most likely only repeat).
 DEFAULT_RETRY_ON: tuple[str, ...] = (
@@ -144,8 +132,6 @@ _WORDS = (
     "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu river stone "
     "cloud paper engine garden window silver orange market planet signal bridge candle forest"
 ).split()
-_MAX_ERROR_BODY = 64 * 1024
-_AFTER_DONE_GRACE_S = 0.5
 
 
 @dataclass
@@ -305,7 +291,7 @@ class LoadSpec:
             self.retry_backoff_s * 2 ** (n - 1) * (1 + RETRY_JITTER)
             for n in range(1, self.retry_attempts)
         )
-        return self.retry_attempts * (self.attempt_timeout + _AFTER_DONE_GRACE_S) + backoffs
+        return self.retry_attempts * (self.attempt_timeout + AFTER_DONE_GRACE_S) + backoffs
 
     def phases(self) -> list[dict[str, float]]:
         """Rate phases as ``schedule.profile_phases`` rows (one phase without a profile)."""
@@ -441,11 +427,6 @@ def retry_backoff_delay(spec: LoadSpec, retry: int, rng: random.Random) -> float
     return spec.retry_backoff_s * 2 ** (retry - 1) * rng.uniform(1 - RETRY_JITTER, 1 + RETRY_JITTER)
 
 
-def _exc_msg(exc: BaseException) -> str:
-    text = str(exc)
-    return clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 300)
-
-
 def logical_request_id(run_id: str, index: int) -> str:
     """Return the logical request id of the ``index``-th request of run ``run_id`` (8 hex digits).
 
@@ -454,59 +435,6 @@ def logical_request_id(run_id: str, index: int) -> str:
     ``664c9a81-0000-4000-8000-00000000004d`` is request 77 of run ``664c9a81``.
     """
     return str(uuid.UUID(int=(int(run_id, 16) << 96) | index, version=4))
-
-
-class _Deadline:
-    """Cancel the current task at a deadline (``time.perf_counter`` seconds), like
-    ``asyncio.timeout``, but cheap to move later: ``move`` only stores the new time, and the armed
-    timer re-arms itself at the stored time when it fires before it (one loop timer per deadline
-    period instead of a cancel and a new timer on every chunk). Moving it earlier re-arms at once.
-    """
-
-    __slots__ = ("_loop", "_task", "_cancelling", "_handle", "_armed", "when", "expired", "_result")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - send_attempt always runs in a task
-            raise RuntimeError("_Deadline needs a running task")
-        self._loop = loop
-        self._task = task
-        self._cancelling = task.cancelling()
-        self.when = when
-        self.expired = False
-        self._result: bool | None = None
-        self._armed = when
-        self._handle: asyncio.TimerHandle | None = self._arm(when)
-
-    def _arm(self, when: float) -> asyncio.TimerHandle:
-        return self._loop.call_at(self._loop.time() + (when - time.perf_counter()), self._fire)
-
-    def move(self, when: float) -> None:
-        """Set the deadline to ``when`` (perf_counter seconds)."""
-        self.when = when
-        if when < self._armed and self._handle is not None:
-            self._handle.cancel()
-            self._armed = when
-            self._handle = self._arm(when)
-
-    def _fire(self) -> None:
-        if self.when > self._armed:  # moved later since armed: wait for the new time
-            self._armed = self.when
-            self._handle = self._arm(self.when)
-            return
-        self._handle = None
-        self.expired = True
-        self._task.cancel()
-
-    def close(self) -> bool:
-        """Disarm (idempotent). Returns True when the deadline expired and the task's pending
-        cancellation is ours alone (then a ``CancelledError`` seen by the caller is a timeout)."""
-        if self._result is None:
-            if self._handle is not None:
-                self._handle.cancel()
-                self._handle = None
-            self._result = self.expired and self._task.uncancel() <= self._cancelling
-        return self._result
 
 
 async def send_attempt(
@@ -537,7 +465,9 @@ async def send_attempt(
     if not isinstance(session, aiohttp.ClientSession):
         from .rawhttp import send_attempt_raw
 
-        return await send_attempt_raw(session, spec, body, request_id, attempt, intended_at, url)
+        return await send_attempt_raw(
+            session, spec, body, request_id, attempt, intended_at, url or endpoint_url(spec)
+        )
     loop = asyncio.get_running_loop()
     pc = time.perf_counter
     headers = {"X-Request-Id": request_id}
@@ -556,16 +486,10 @@ async def send_attempt(
     after_done = False
 
     sent = pc()
-    attempt_timeout = spec.attempt_timeout
-    total_dl = sent + attempt_timeout
-    ttft_dl = sent + spec.ttft_timeout_s if spec.ttft_timeout_s is not None else math.inf
+    total_dl, kind, dl = first_deadline(spec, sent)
     idle = spec.idle_timeout_s
-    if ttft_dl < total_dl:
-        kind, dl = "ttft", ttft_dl
-    else:
-        kind, dl = "total", total_dl
 
-    deadline = _Deadline(loop, dl)
+    deadline = Deadline(loop, dl)
     timed_out = False
     try:
         try:
@@ -577,15 +501,8 @@ async def send_attempt(
                     status = resp.status
                     replica = resp.headers.get("X-Replica-Id") or resp.headers.get("X-Lab-Server")
                     if not 200 <= status < 300:
-                        raw = await resp.content.read(_MAX_ERROR_BODY)
-                        snippet = clip(raw.decode("utf-8", "replace"), 200).strip()
-                        err = f"HTTP {status}: {snippet}" if snippet else f"HTTP {status}"
-                        if status == 429:
-                            err_class = "http_429"
-                        elif status >= 500:
-                            err_class = "http_5xx"
-                        else:
-                            err_class = "http_4xx"
+                        raw = await resp.content.read(MAX_ERROR_BODY)
+                        err_class, err = http_error(status, raw.decode("utf-8", "replace"))
                     else:
                         async for data in resp.content.iter_any():
                             n = parser.feed(data)
@@ -594,30 +511,24 @@ async def send_attempt(
                                 if first_token is None:
                                     first_token = now
                                 chunk_times.extend([now] * n)
-                                if idle is not None:
-                                    new_dl = now + idle
-                                    if new_dl < total_dl:
-                                        kind, dl = "idle", new_dl
-                                    else:
-                                        kind, dl = "total", total_dl
-                                    deadline.move(dl)
-                                elif kind == "ttft":
-                                    kind, dl = "total", total_dl
+                                moved = chunk_deadline(kind, now, idle, total_dl)
+                                if moved is not None:
+                                    kind, dl = moved
                                     deadline.move(dl)
                             if parser.done and done_at is None:
                                 done_at = pc()
-                                kind, dl = "done", min(done_at + _AFTER_DONE_GRACE_S, total_dl)
+                                kind, dl = "done", min(done_at + AFTER_DONE_GRACE_S, total_dl)
                                 deadline.move(dl)
                         parser.close()
                         err_class, err = parser.classify()
             except aiohttp.ConnectionTimeoutError as exc:
-                err_class, err = "timeout_connect", _exc_msg(exc)
+                err_class, err = "timeout_connect", exc_msg(exc)
             except aiohttp.ClientConnectorError as exc:
-                err_class, err = "connect", _exc_msg(exc)
+                err_class, err = "connect", exc_msg(exc)
             except aiohttp.ClientResponseError as exc:
-                err_class, err = "garbled", "invalid HTTP response: " + _exc_msg(exc)
+                err_class, err = "garbled", "invalid HTTP response: " + exc_msg(exc)
             except (aiohttp.ClientError, OSError) as exc:
-                err_class, err = "reset", _exc_msg(exc)
+                err_class, err = "reset", exc_msg(exc)
                 after_done = done_at is not None
         finally:
             expired = deadline.close()
@@ -625,7 +536,7 @@ async def send_attempt(
         if not expired:
             raise  # cancelled by the caller, not by our deadline: no record
         timed_out = True
-    return _finish_attempt(
+    return finish_attempt(
         spec,
         parser,
         request_id=request_id,
@@ -645,85 +556,6 @@ async def send_attempt(
         first_token=first_token,
         chunk_times=chunk_times,
     )
-
-
-def _finish_attempt(
-    spec: LoadSpec,
-    parser: StreamParser,
-    *,
-    request_id: str,
-    attempt: int,
-    intended_at: float | None,
-    sent: float,
-    end: float,
-    status: int | None,
-    replica: str | None,
-    err_class: str | None,
-    err: str | None,
-    timed_out: bool,
-    kind: str,
-    after_done: bool,
-    done_at: float | None,
-    first_byte: float | None,
-    first_token: float | None,
-    chunk_times: list[float],
-) -> dict[str, Any]:
-    """The attempt's record, shared by both transports (aiohttp and ``rawhttp``).
-
-    Args:
-        spec: the load spec (timeouts for the messages). parser: the attempt's SSE parser.
-        sent, end, done_at, first_byte, first_token, chunk_times: ``time.perf_counter`` seconds
-            (``end``: when the transport finished; ``done_at``: ``[DONE]`` seen).
-        kind: the deadline that was armed when the attempt ended (``ttft``, ``idle``, ``total``,
-            ``done``); with ``timed_out`` it names the timeout class.
-        after_done: the transport failed or timed out after ``[DONE]``: the reply is judged by the
-            parser alone.
-        The other arguments go to the record as they are.
-
-    Returns:
-        One record (``docs/definitions.md``, "Metrics" and "Denominators"): unix-second times,
-        ``ok``/``error_class``/``error``, ``output_tokens`` from usage else the chunk count.
-    """
-    if timed_out:
-        if kind == "done":
-            after_done = True  # reply was complete; the server just kept the socket open
-        elif kind == "ttft":
-            err_class, err = "timeout_ttft", f"no output within {spec.ttft_timeout_s} s"
-        elif kind == "idle":
-            err_class, err = "timeout_idle", f"no output for {spec.idle_timeout_s} s"
-        else:
-            err_class, err = "timeout_total", f"attempt exceeded {spec.attempt_timeout} s"
-    if after_done:
-        # [DONE] arrived before the transport failed or the grace timer fired: judge the reply
-        parser.close()
-        err_class, err = parser.classify()
-    if done_at is not None and err_class is None:
-        end = done_at
-    if parser.usage_tokens is not None:
-        output_tokens, source = parser.usage_tokens, "usage"
-    else:
-        output_tokens, source = len(chunk_times), "chunks"
-    sent_unix = perf_to_unix(sent)
-    return {
-        "request_id": request_id,
-        "attempt": attempt,
-        "final": True,
-        "intended_at": sent_unix if intended_at is None else intended_at,
-        "sent_at": sent_unix,
-        "status": status,
-        "ok": err_class is None,
-        "error_class": err_class,
-        "error": err,
-        "first_byte_at": None if first_byte is None else perf_to_unix(first_byte),
-        "first_token_at": None if first_token is None else perf_to_unix(first_token),
-        "chunk_times": [perf_to_unix(t) for t in chunk_times],
-        "end_at": perf_to_unix(end),
-        "output_tokens": output_tokens,
-        "tokens_source": source,
-        "replica": replica,
-        "text_len": parser.text_len,
-        "time_source": "loop",  # the raw transport says "kernel" where the kernel stamped it
-    }
 
 
 async def run_load(

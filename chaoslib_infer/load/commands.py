@@ -77,8 +77,8 @@ def _resolve(target: str | None, lab_dir: Path | None) -> tuple[str, list[str]]:
 
 def _out_ok(out: Path) -> None:
     """Refuse (one line, exit 2) an ``--out`` that is a file or cannot be made, before any load."""
-    from chaoslib_infer.cli import prepare_out_dir
     from chaoslib_infer.errors import ConfigError
+    from chaoslib_infer.evidence.outdir import prepare_out_dir
 
     try:
         prepare_out_dir(out)

@@ -32,7 +32,7 @@ path does for an OpenAI-compatible streaming endpoint, with less work per reques
 
 Error classes are those of the aiohttp path (``client`` module docstring, contracts.md section 3):
 ``connect`` (refused, unreachable, DNS, TLS handshake), ``timeout_connect`` (TCP + TLS connect over
-``connect_timeout_s``), the three timeouts from the same ``client._Deadline`` bookkeeping,
+``connect_timeout_s``), the three timeouts from the same ``attempts`` bookkeeping (``attempts.Deadline``),
 ``http_*`` from the status, ``reset`` (closed or reset after the connection was made, before the
 reply was complete, including a pooled keep-alive connection the server closed as the request went
 out: like the aiohttp path with its resend switched off, nothing is resent), ``garbled`` for a
@@ -50,7 +50,7 @@ import re
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -58,11 +58,18 @@ import httptools
 from chaoslib_infer.safety.redact import clip
 
 from . import kerneltime
+from .attempts import (
+    AFTER_DONE_GRACE_S,
+    AttemptSpec,
+    Deadline,
+    chunk_deadline,
+    exc_msg,
+    finish_attempt,
+    first_deadline,
+    http_error,
+)
 from .records import perf_to_unix
 from .sse import StreamParser
-
-if TYPE_CHECKING:
-    from .client import LoadSpec, _Deadline
 
 _UNSAFE_URL = re.compile(r"[\x00-\x20\x7f]")  # controls and spaces: never in a request line
 
@@ -95,7 +102,7 @@ class RawSession:
             name is empty or holds ``:``; ``CHAOS_INFER_KERNEL_TIMESTAMPS`` is not on/rx/off.
     """
 
-    def __init__(self, spec: LoadSpec, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, spec: AttemptSpec, ssl_context: ssl.SSLContext | None = None) -> None:
         self.spec = spec
         #: ``"on"`` (receive and transmit stamps), ``"rx"`` or ``"off"``
         self.kernel_mode = kerneltime.mode()
@@ -260,7 +267,7 @@ class _Conn(asyncio.Protocol):
         """Clear the per-attempt state (the connection is idle)."""
         self.waiter = None
         self.sp: StreamParser | None = None
-        self.deadline: _Deadline | None = None
+        self.deadline: Deadline | None = None
         self.status: int | None = None
         self.replica: str | None = None
         self.lab_server: str | None = None
@@ -500,18 +507,10 @@ class _Conn(asyncio.Protocol):
                 if self.kernel_ok:
                     self.session.lag.add(self.now_loop - now)
             if self.deadline is not None:
-                idle = self.idle
-                if idle is not None:
-                    new_dl = now + idle
-                    if new_dl < self.total_dl:
-                        self.kind = "idle"
-                        self.deadline.move(new_dl)
-                    else:
-                        self.kind = "total"
-                        self.deadline.move(self.total_dl)
-                elif self.kind == "ttft":
-                    self.kind = "total"
-                    self.deadline.move(self.total_dl)
+                moved = chunk_deadline(self.kind, now, self.idle, self.total_dl)
+                if moved is not None:
+                    self.kind, dl = moved
+                    self.deadline.move(dl)
         if sp.done and self.done_at is None:
             self.done_at = self.now
             self.done_at_loop = self.now_loop
@@ -544,14 +543,15 @@ class _Conn(asyncio.Protocol):
 
 async def send_attempt_raw(
     session: RawSession,
-    spec: LoadSpec,
+    spec: AttemptSpec,
     body: bytes,
     request_id: str,
-    attempt: int = 1,
-    intended_at: float | None = None,
-    url: str | None = None,
+    attempt: int,
+    intended_at: float | None,
+    url: str,
 ) -> dict[str, Any]:
-    """``client.send_attempt`` over a ``RawSession``: same arguments, same record, same error
+    """``client.send_attempt`` over a ``RawSession``: same arguments, all given (``url``: the
+    endpoint URL, ``endpoint_url(spec)`` unless the caller names one), same record, same error
     classes (module docstring); ``asyncio.CancelledError`` propagates and produces no record.
 
     On a kernel-stamped connection the record's times are the kernel's (``time_source``
@@ -562,11 +562,9 @@ async def send_attempt_raw(
     kernel time is <= its loop time and the kernel times are non-decreasing. Otherwise
     ``time_source`` is ``"loop"``.
     """
-    from . import client as _c  # import cycle: client imports this module lazily
-
     loop = asyncio.get_running_loop()
     pc = time.perf_counter
-    key, prefix = session.head(url or _c.endpoint_url(spec))
+    key, prefix = session.head(url)
     status: int | None = None
     replica: str | None = None
     err_class: str | None = None
@@ -585,15 +583,9 @@ async def send_attempt_raw(
 
     sent = pc()  # the attempt starts: deadlines run from here, and a new connection's send time
     sent_loop = sent
-    attempt_timeout = spec.attempt_timeout
-    total_dl = sent + attempt_timeout
-    ttft_dl = sent + spec.ttft_timeout_s if spec.ttft_timeout_s is not None else math.inf
-    if ttft_dl < total_dl:
-        kind, dl = "ttft", ttft_dl
-    else:
-        kind, dl = "total", total_dl
+    total_dl, kind, dl = first_deadline(spec, sent)
 
-    deadline = _c._Deadline(loop, dl)
+    deadline = Deadline(loop, dl)
     timed_out = False
     expired = False
     try:
@@ -606,14 +598,14 @@ async def send_attempt_raw(
                     f"connect not done within {spec.connect_timeout_s} s{_why(exc)}",
                 )
             except OSError as exc:
-                err_class, err = "connect", _c._exc_msg(exc)
+                err_class, err = "connect", exc_msg(exc)
             if conn is not None:
                 conn.sp = sp
                 conn.deadline = deadline
                 conn.kind = kind
                 conn.total_dl = total_dl
                 conn.idle = spec.idle_timeout_s
-                conn.grace = _c._AFTER_DONE_GRACE_S
+                conn.grace = AFTER_DONE_GRACE_S
                 waiter = conn.waiter = loop.create_future()
                 fresh = conn.requests == 0
                 conn.requests += 1
@@ -644,16 +636,8 @@ async def send_attempt_raw(
                             err = "invalid HTTP response: " + err
                     after_done = conn.done_at is not None
                 elif conn.err_body is not None:
-                    st = conn.status or 0
                     text = bytes(conn.err_body).decode("utf-8", "replace")
-                    snippet = clip(text, 200).strip()  # scrub first: a key across the cut
-                    err = f"HTTP {st}: {snippet}" if snippet else f"HTTP {st}"
-                    if st == 429:
-                        err_class = "http_429"
-                    elif st >= 500:
-                        err_class = "http_5xx"
-                    else:
-                        err_class = "http_4xx"
+                    err_class, err = http_error(conn.status or 0, text)  # scrubbed, then cut
                     clean = conn.msg_done
                 else:
                     clean = conn.msg_done
@@ -684,7 +668,7 @@ async def send_attempt_raw(
             raise  # cancelled by the caller, not by our deadline: no record
         timed_out = True
     end = pc()
-    rec = _c._finish_attempt(
+    rec = finish_attempt(
         spec,
         sp,
         request_id=request_id,

@@ -25,7 +25,8 @@ retry policy (``retry_attempts``, ``retry_backoff_s``, ``retry_on``; same semant
   ``http_4xx``, ``http_5xx``, ``reset``, ``stream_error``, ``empty``, ``garbled``,
   ``truncated``), the logical request id sent as ``X-Request-Id`` (a UUID4, the same for every
   attempt of a logical request), ``attempt`` 1, 2, ... and ``final``. The record is built by the
-  built-in client's own ``_finish_attempt``, so both clients' records mean the same.
+  same bookkeeping as the built-in client's (``chaoslib_infer.load.attempts``: deadlines, error
+  classes, ``finish_attempt``), so both clients' records mean the same.
 
 The records file: ``--chaos-records PATH`` on Locust's command line (added by this module), else
 ``$CHAOS_INFER_RECORDS``, else ``records.jsonl`` in the working directory. Every process
@@ -52,7 +53,6 @@ import errno
 import itertools
 import json
 import logging
-import math
 import os
 import random
 import socket
@@ -67,11 +67,17 @@ from geventhttpclient.response import HTTPConnectionClosed
 from locust import FastHttpUser, events, task
 from locust.exception import CatchResponseError
 
+from chaoslib_infer.load.attempts import (
+    AFTER_DONE_GRACE_S,
+    chunk_deadline,
+    exc_msg,
+    finish_attempt,
+    first_deadline,
+    http_error_class,
+)
 from chaoslib_infer.load.client import (
     DEFAULT_RETRY_ON,
     LoadSpec,
-    _exc_msg,
-    _finish_attempt,
     build_body,
     cut_off_record,
     endpoint_url,
@@ -95,7 +101,6 @@ log = logging.getLogger(__name__)
 #: Environment variable naming the records file (``--chaos-records`` takes precedence).
 RECORDS_ENV = "CHAOS_INFER_RECORDS"
 _DEFAULT_RECORDS = "records.jsonl"
-_AFTER_DONE_GRACE_S = 0.5
 _BLOCK = 65536
 _CONNECT_ERRNOS = frozenset(
     {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL}
@@ -246,7 +251,7 @@ def _classify_exc(exc: BaseException) -> tuple[str, str]:
     e = exc
     while isinstance(getattr(e, "original", None), BaseException):  # RetriesExceeded wraps
         e = e.original  # type: ignore[attr-defined]
-    msg = _exc_msg(e)
+    msg = exc_msg(e)
     if isinstance(e, socket.timeout | TimeoutError):
         return "timeout_connect", msg
     if isinstance(e, HTTPParseError) and not isinstance(e, HTTPConnectionClosed):
@@ -445,10 +450,8 @@ class StreamingUser(FastHttpUser):
         timed_out = False
         start_unix = time.time()
         sent = pc()
-        total_dl = sent + spec.attempt_timeout
-        ttft_dl = sent + spec.ttft_timeout_s if spec.ttft_timeout_s is not None else math.inf
+        total_dl, kind, dl = first_deadline(spec, sent)
         idle = spec.idle_timeout_s
-        kind, dl = ("ttft", ttft_dl) if ttft_dl < total_dl else ("total", total_dl)
         deadline = _GDeadline(dl)
         resp: Any = None
         try:
@@ -478,9 +481,7 @@ class StreamingUser(FastHttpUser):
                     parts.append(snippet)
                     text = snippet[:200].decode("utf-8", "replace").strip()
                     err = f"HTTP {code}: {text}" if text else f"HTTP {code}"
-                    err_class = (
-                        "http_429" if code == 429 else "http_5xx" if code >= 500 else "http_4xx"
-                    )
+                    err_class = http_error_class(code)
                 elif error is not None or not code:
                     if error is not None and _unwrap(error) is deadline.exc:
                         timed_out = True
@@ -503,21 +504,14 @@ class StreamingUser(FastHttpUser):
                                     if first_token is None:
                                         first_token = now
                                     chunk_times.extend([now] * n)
-                                    if idle is not None:
-                                        new_dl = now + idle
-                                        kind, dl = (
-                                            ("idle", new_dl)
-                                            if new_dl < total_dl
-                                            else ("total", total_dl)
-                                        )
-                                        deadline.move(dl)
-                                    elif kind == "ttft":
-                                        kind, dl = "total", total_dl
+                                    moved = chunk_deadline(kind, now, idle, total_dl)
+                                    if moved is not None:
+                                        kind, dl = moved
                                         deadline.move(dl)
                                 if parser.done and done_at is None:
                                     done_at = pc()
                                     kind = "done"
-                                    deadline.move(min(done_at + _AFTER_DONE_GRACE_S, total_dl))
+                                    deadline.move(min(done_at + AFTER_DONE_GRACE_S, total_dl))
                             if r.message_complete:
                                 break
                             sock = r._sock
@@ -541,11 +535,11 @@ class StreamingUser(FastHttpUser):
                         r.release()
                     except (HTTPParseError, HTTPConnectionClosed, OSError) as exc:
                         r.release()
-                        err_class, err = "reset", _exc_msg(exc)
+                        err_class, err = "reset", exc_msg(exc)
                         after_done = done_at is not None
         finally:
             deadline.close()
-        rec = _finish_attempt(
+        rec = finish_attempt(
             spec, parser, request_id=request_id, attempt=attempt, intended_at=intended_at,
             sent=sent, end=pc(), status=status, replica=replica, err_class=err_class, err=err,
             timed_out=timed_out, kind=kind, after_done=after_done, done_at=done_at,

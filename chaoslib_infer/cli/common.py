@@ -1,0 +1,99 @@
+"""What the command groups share: the error exit, the lab state folder, the drills' experiments
+folder, the ``--gateway``/``--gateway-config`` options."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = [
+    "DEFAULT_LAB_DIR",
+    "GATEWAY_CHOICE",
+    "apply_gateway",
+    "experiments_dir",
+    "fail",
+    "gateway_options",
+    "k8s_target_file",
+]
+
+DEFAULT_LAB_DIR = Path(".chaos-infer/lab")
+
+
+def fail(msg: str, code: int = 2) -> None:
+    """Print ``chaos-infer: error: MSG`` on stderr and exit with ``code`` (2: bad input).
+
+    Raises:
+        SystemExit: always.
+    """
+    click.echo(f"chaos-infer: error: {msg}", err=True)
+    sys.exit(code)
+
+
+def experiments_dir() -> Path:
+    """The drills' experiments: ``$CHAOS_INFER_EXPERIMENTS`` or the checkout's ``experiments/``."""
+    import os
+
+    env = os.environ.get("CHAOS_INFER_EXPERIMENTS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "experiments"
+
+
+def k8s_target_file(value: str | None) -> Path | None:
+    """``--target`` naming a ``*.yaml``/``*.yml`` file (not a URL): a Kubernetes target file."""
+    if value and "://" not in value and value.lower().endswith((".yaml", ".yml")):
+        return Path(value)
+    return None
+
+
+GATEWAY_CHOICE = click.Choice(["haproxy", "nginx", "litellm"])
+GATEWAY_HELP = (
+    "The lab's gateway on its URL: haproxy (the lab's settings), nginx (Debian's, with "
+    "--gateway-config or the project's default); docs/gateways.md."
+)
+GATEWAY_CONFIG_HELP = (
+    "The gateway's config: a full nginx.conf, server blocks or a location snippet (a Jinja2 "
+    "template over the lab's replicas: {{ upstream }}, {{ servers }}, {{ listen }}, "
+    "{{ lab_http }}); docs/gateways.md."
+)
+
+
+def gateway_options(default: str | None = None, show_default: bool = False) -> Any:
+    """The ``--gateway`` / ``--gateway-config`` options, one decorator for every command.
+
+    Args:
+        default: ``--gateway``'s default: None for gameday and drill run (the plan's lab:
+            decides), ``"haproxy"`` for lab up.
+        show_default: show the default in ``--help``.
+
+    Returns:
+        A decorator adding ``--gateway`` then ``--gateway-config`` (the order of ``--help``).
+    """
+
+    def decorate(func: Any) -> Any:
+        func = click.option(
+            "--gateway-config",
+            type=click.Path(path_type=Path, dir_okay=False, exists=True),
+            default=None,
+            help=GATEWAY_CONFIG_HELP,
+        )(func)
+        return click.option(
+            "--gateway",
+            type=GATEWAY_CHOICE,
+            default=default,
+            show_default=show_default,
+            help=GATEWAY_HELP,
+        )(func)
+
+    return decorate
+
+
+def apply_gateway(the_plan: Any, gateway: str | None, gateway_config: Path | None) -> None:
+    """Put ``--gateway`` / ``--gateway-config`` into the plan's ``lab:`` options."""
+    if gateway is not None:
+        the_plan.lab.options["gateway"] = gateway
+        if gateway == "haproxy":
+            the_plan.lab.options.pop("gateway_config", None)
+    if gateway_config is not None:
+        the_plan.lab.options["gateway_config"] = str(gateway_config.resolve())

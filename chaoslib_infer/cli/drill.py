@@ -1,0 +1,102 @@
+"""``chaos-infer drill list|run``: the drills, one at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from chaoslib_infer.errors import InferChaosError
+
+from .common import apply_gateway, experiments_dir, fail, gateway_options, k8s_target_file
+from .plan_run import run_plan, target_options
+
+__all__ = ["drill"]
+
+
+@click.group()
+def drill() -> None:
+    """List the drills, or run one of them on its own (with the default plan's lab)."""
+
+
+@drill.command("list")
+def drill_list() -> None:
+    """One line per drill: name and what it checks."""
+    import yaml
+
+    for path in sorted(experiments_dir().glob("*.yaml")):
+        try:
+            title = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("title", "")
+        except yaml.YAMLError:
+            title = "(unreadable experiment)"
+        click.echo(f"{path.stem:24} {title}")
+
+
+@drill.command("run")
+@click.argument("name")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Folder for the evidence bundle (default: drill-out/NAME).",
+)
+@target_options
+@gateway_options()
+def drill_run(
+    name: str,
+    out_dir: Path | None,
+    target_url: str | None,
+    replicas: int | None,
+    engine: str | None,
+    slo: tuple[str, ...],
+    criterion: tuple[str, ...],
+    dry_run: bool,
+    allow: tuple[str, ...],
+    api_key_file: Path | None,
+    gateway: str | None = None,
+    gateway_config: Path | None = None,
+) -> None:
+    """Run the drill NAME (see `chaos-infer drill list`) alone, with evidence, like a game day.
+
+    With --target TARGET.yaml (a Kubernetes target file) it runs experiments/k8s/NAME.yaml.
+    """
+    from chaoslib_infer.gameday import default_k8s_plan_path, default_plan_path
+    from chaoslib_infer.plan import DrillSpec, Plan, load_plan
+
+    k8s_file = k8s_target_file(target_url)
+    folder = experiments_dir() / "k8s" if k8s_file else experiments_dir()
+    experiment = folder / f"{name}.yaml"
+    if not experiment.is_file():
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+        fail(f"unknown drill {name!r}; known: {known}")
+        return
+    try:
+        base = load_plan(default_k8s_plan_path() if k8s_file else default_plan_path())
+    except InferChaosError as exc:
+        fail(str(exc))
+        return
+    spec = next(
+        (d for d in base.drills if d.name == name), DrillSpec(name=name, experiment=experiment)
+    )
+    the_plan = Plan(
+        name=f"drill-{name}",
+        path=experiment,
+        lab=base.lab,
+        drills=[spec],
+        platform=base.platform,
+    )
+    apply_gateway(the_plan, gateway, gateway_config)
+    run_plan(
+        the_plan,
+        out_dir or Path("drill-out") / name,
+        target_url,
+        replicas,
+        engine,
+        slo,
+        dry_run,
+        allow,
+        api_key_file,
+        k8s_file,
+        criterion,
+    )

@@ -1,0 +1,356 @@
+"""Running a plan from the command line, shared by ``gameday`` and ``drill run``.
+
+The ``--target``/``--replicas``/``--engine``/``--slo``/``--criterion``/``--dry-run``/``--allow``/
+``--api-key-file`` options (:func:`target_options`), their checks, the dry-run print-out and
+:func:`run_plan`, which refuses bad input with one line and exit 2 before anything starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from chaoslib_infer.errors import ConfigError, InferChaosError
+from chaoslib_infer.evidence.outdir import prepare_out_dir
+
+from .common import fail
+
+__all__ = ["api_key_in_env", "check_k8s", "run_plan", "target_options"]
+
+
+def _parse_criteria(
+    plan: Any, items: tuple[str, ...]
+) -> list[tuple[str | None, str, float | None]]:
+    """``--criterion [DRILL:]NAME=VALUE`` items, checked against the plan's drills.
+
+    Raises:
+        ConfigError: malformed item, unknown drill or criterion.
+    """
+    from chaoslib_infer.gameday import cli_criteria
+    from chaoslib_infer.verdict import parse_override
+
+    out = []
+    for item in items:
+        try:
+            out.append(parse_override(item))
+        except ValueError as exc:
+            raise ConfigError(f"--criterion: {exc}") from None
+    cli_criteria(plan, out)  # refuses unknown drills and criteria now, before anything starts
+    return out
+
+
+def _parse_slo(values: tuple[str, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in values:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--slo {item!r}: expected METRIC=VALUE, e.g. p99_e2e_s=0.5")
+        try:
+            out[key.strip()] = float(val)
+        except ValueError as exc:
+            raise ConfigError(f"--slo {item!r}: {val!r} is not a number") from exc
+    from chaoslib_infer.activities.slo import thresholds_from
+
+    try:
+        thresholds_from(out)
+    except ValueError as exc:
+        raise ConfigError(f"--slo: {exc}") from exc
+    return out
+
+
+def check_k8s(the_plan: Any, k8s_file: Path | None, target_url: str | None, lab_opts: bool) -> Any:
+    """The Kubernetes target of a run (allowlist checked, no API call), or None for a lab/URL run.
+
+    Raises:
+        ConfigError: a lab plan with a target file, a Kubernetes plan without one (or with a
+            URL), lab options, or a target file that is malformed or outside its allowlist.
+    """
+    from chaoslib_infer.platforms.kubernetes.target import load_target
+
+    if the_plan.platform != "kubernetes":
+        if k8s_file is not None:
+            raise ConfigError(
+                f"{the_plan.path}: this plan runs against the local lab; a Kubernetes target "
+                "needs a plan with platform: kubernetes (default drills/gameday-k8s.yaml)"
+            )
+        return None
+    if k8s_file is None and target_url:
+        raise ConfigError(
+            f"{the_plan.path}: a Kubernetes plan needs --target TARGET.yaml (a target file), "
+            f"not a URL ({target_url})"
+        )
+    k8s_file = k8s_file or the_plan.target
+    if k8s_file is None:
+        raise ConfigError(
+            f"{the_plan.path}: a Kubernetes plan: give --target TARGET.yaml (docs/kubernetes.md)"
+        )
+    if lab_opts:
+        raise ConfigError("--replicas and --engine apply to the local lab, not to a cluster")
+    try:
+        return load_target(k8s_file, plan_path=the_plan.path)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{k8s_file}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _print_dry_run(
+    the_plan: Any,
+    target_url: str | None,
+    replicas: int | None,
+    engine: str | None,
+    overrides: dict[str, float] | None = None,
+    k8s: Any = None,
+) -> None:
+    import yaml
+
+    click.echo(f"plan {the_plan.name} ({the_plan.path})")
+    if k8s is not None:
+        from chaoslib_infer.platforms.kubernetes.target import _resolve_context
+
+        context = k8s.context or _resolve_context(k8s.kubeconfig) or "in-cluster"
+        click.echo(
+            f"target: kubernetes ({k8s.source}): context {context}, namespace {k8s.namespace}, "
+            f"pods {k8s.selector}, container {k8s.container}; traffic to {k8s.url}"
+        )
+    elif target_url:
+        click.echo(f"target: {target_url}")
+    else:
+        lab = the_plan.lab
+        extra = "".join(f", {k}={v}" for k, v in lab.options.items())
+        click.echo(
+            f"target: local lab, {replicas or lab.replicas} x {engine or lab.engine} replicas, "
+            f"{lab.memory_limit_mb} MiB memory cgroup each, behind "
+            f"{lab.options.get('gateway') or 'haproxy'}{extra}"
+        )
+    import dataclasses
+
+    from chaoslib_infer.activities.slo import thresholds_from
+
+    slo = thresholds_from(overrides or {})
+    click.echo(
+        "SLOs (steady-state hypothesis): "
+        + ", ".join(f"{f.name}={getattr(slo, f.name)}" for f in dataclasses.fields(slo))
+    )
+    for d in the_plan.drills:
+        exp = yaml.safe_load(d.experiment.read_text(encoding="utf-8"))
+        click.echo(f"- drill {d.name}: {exp.get('title', '')}")
+        for act in exp.get("method", []):
+            pauses = act.get("pauses") or {}
+            extra = f" (then wait {pauses['after']} s)" if pauses.get("after") else ""
+            args = (act.get("provider") or {}).get("arguments") or {}
+            click.echo(f"    {act.get('type')}: {act.get('name')} {args}{extra}")
+        for rb in exp.get("rollbacks", []):
+            click.echo(f"    rollback: {rb.get('name')}")
+    click.echo("dry run: nothing was started or changed")
+
+
+def run_plan(
+    the_plan: Any,
+    out_dir: Path,
+    target_url: str | None,
+    replicas: int | None,
+    engine: str | None,
+    slo: tuple[str, ...],
+    dry_run: bool,
+    allow: tuple[str, ...] = (),
+    api_key_file: Path | None = None,
+    k8s_file: Path | None = None,
+    criterion: tuple[str, ...] = (),
+) -> None:
+    """Check everything that can be checked without touching anything, then run (or dry-run).
+
+    Refused with one line and exit 2, before anything starts: a target outside the allowlist
+    (a URL, or a Kubernetes target file's context/namespace: no API call is made), a
+    malformed --allow/--slo/stop condition, an experiment that does not load (named), an
+    unreadable API key file; on a real run also an unreachable target and, on Kubernetes, a
+    node-level drill whose node runs pods of other namespaces
+    (:func:`chaoslib_infer.safety.k8s_preflight.check_plan`).
+    """
+    from chaoslib_infer.safety import redact
+    from chaoslib_infer.safety.allowlist import allow_patterns, check_target
+
+    k8s = None
+    key: str | None = None
+    try:
+        k8s = check_k8s(the_plan, k8s_file, target_url, bool(replicas or engine))
+        if k8s is not None:
+            target_url = None
+        overrides = _parse_slo(slo)
+        criteria = _parse_criteria(the_plan, criterion)
+        allow_patterns(allow, the_plan.path)
+        if target_url:
+            check_target(target_url, allow, the_plan.path)
+        if k8s is not None:  # the file's url: allowed by the operator's patterns, not by itself
+            check_target(k8s.url, allow, the_plan.path, what=f"{k8s.source}: url")
+        if api_key_file is not None:
+            try:
+                key = redact.read_key_file(api_key_file)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+    except InferChaosError as exc:
+        fail(str(exc))
+        return
+    # the load generator inherits the key (never on a command line), the redactor reads it there
+    # too: set for this run only, as it was before afterwards (also on an exit or an interrupt)
+    with api_key_in_env(key):
+        code = _validate_and_run(
+            the_plan, out_dir, target_url, replicas, engine, overrides, dry_run, allow, k8s, criteria
+        )  # fmt: skip
+    if code is not None:
+        sys.exit(code)
+
+
+@contextlib.contextmanager
+def api_key_in_env(key: str | None) -> Iterator[None]:
+    """``$CHAOS_INFER_API_KEY`` (:data:`chaoslib_infer.safety.redact.API_KEY_ENV`) set to ``key``
+    inside the block, and afterwards as it was before (unset if it was); None: left alone.
+
+    The key reaches the load generator (a child process that inherits the environment) and the
+    experiments' ``type: env`` configuration this way, and the redactor
+    (:func:`chaoslib_infer.safety.redact.known_secrets`) scrubs it from every file and line the
+    run writes; :func:`~chaoslib_infer.safety.redact.child_env` keeps it from the lab's processes.
+    """
+    from chaoslib_infer.safety.redact import API_KEY_ENV
+
+    if key is None:
+        yield
+        return
+    before = os.environ.get(API_KEY_ENV)
+    os.environ[API_KEY_ENV] = key
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(API_KEY_ENV, None)
+        else:
+            os.environ[API_KEY_ENV] = before
+
+
+def _validate_and_run(
+    the_plan: Any,
+    out_dir: Path,
+    target_url: str | None,
+    replicas: int | None,
+    engine: str | None,
+    overrides: dict[str, float],
+    dry_run: bool,
+    allow: tuple[str, ...],
+    k8s: Any,
+    criteria: list[tuple[str | None, str, float | None]],
+) -> int | None:
+    """The part of :func:`run_plan` that runs with the API key in the environment: the plan's
+    experiments validated, then the dry-run print-out (None) or the preflight and the game day
+    (its exit code). Exits 2 with one line on an error of the library."""
+    from chaoslib_infer.gameday import run_gameday, validate_plan
+
+    try:
+        validate_plan(the_plan)  # after the key: experiments may reference $CHAOS_INFER_API_KEY
+        prepare_out_dir(out_dir, create=False)
+    except InferChaosError as exc:
+        fail(str(exc))
+        return None
+    if dry_run:
+        _print_dry_run(the_plan, target_url, replicas, engine, overrides, k8s)
+        return None
+    try:
+        if k8s is not None:  # one cheap API call: unreachable/forbidden refuses before any load
+            from chaoslib_infer.platforms.kubernetes.target import preflight
+
+            preflight(k8s)
+            from chaoslib_infer.safety.k8s_preflight import check_plan
+
+            check_plan(the_plan, k8s)  # a shared node: refused here, before any load (exit 2)
+        elif target_url:  # TCP connect + one GET: an unreachable URL refuses before any load
+            from chaoslib_infer.gameday import preflight_url
+
+            preflight_url(target_url)
+        prepare_out_dir(out_dir)
+        return run_gameday(
+            the_plan,
+            out_dir,
+            base_url=target_url,
+            replicas=replicas,
+            engine=engine,
+            slo_overrides=overrides,
+            progress=lambda m: click.echo(m),
+            allow=allow,
+            k8s_target=k8s,
+            criteria=criteria,
+        )
+    except InferChaosError as exc:
+        fail(str(exc))
+        return None
+
+
+_TARGET_OPTIONS = [
+    click.option(
+        "--target",
+        "target_url",
+        default=None,
+        metavar="URL|FILE",
+        help="Run against this OpenAI-compatible URL instead of bringing up the lab "
+        "(drills that need lab access then fail), or against a Kubernetes cluster named by a "
+        "target FILE (*.yaml: context, namespace, pods, url, allowlist; docs/kubernetes.md): "
+        "then the Kubernetes drills (experiments/k8s/, plan drills/gameday-k8s.yaml) run.",
+    ),
+    click.option(
+        "--replicas",
+        type=click.IntRange(1, 16),
+        default=None,
+        help="Lab replicas (default: from the plan).",
+    ),
+    click.option(
+        "--engine",
+        type=click.Choice(["sim", "llama-cpp"]),
+        default=None,
+        help="Lab engine: simulated vLLM-shaped server, or a real llama.cpp server on a tiny model.",
+    ),
+    click.option(
+        "--slo",
+        multiple=True,
+        metavar="METRIC=VALUE",
+        help="Override an acceptance threshold, e.g. --slo p99_e2e_s=0.5 (repeatable). Metrics: "
+        "availability, error_rate, timeout_rate, p50_e2e_s, p95_over_p50, p99_e2e_s.",
+    ),
+    click.option(
+        "--criterion",
+        multiple=True,
+        metavar="[DRILL:]NAME=VALUE",
+        help="Override a drill criterion's threshold, e.g. --criterion restart_s=20 or "
+        "--criterion network-jitter:duplicate_generations=2 (repeatable); VALUE 'off' shows "
+        "the row as 'not judged'. Names and defaults: docs/definitions.md, 'Drill criteria'.",
+    ),
+    click.option(
+        "--dry-run",
+        is_flag=True,
+        help="Print the plan (drills, faults, rollbacks) and touch nothing.",
+    ),
+    click.option(
+        "--allow",
+        multiple=True,
+        metavar="PATTERN",
+        help="Allow --target URLs matching SCHEME://HOST[:PORT] (host may be a glob or a CIDR, "
+        "port '*'); repeatable. Default allowlist: loopback only. Also $CHAOS_INFER_ALLOW and "
+        "the plan's allow: list.",
+    ),
+    click.option(
+        "--api-key-file",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        help="File holding the target's API key (sent as Authorization: Bearer). Default: "
+        "$CHAOS_INFER_API_KEY. The key is passed through the environment, never on a command "
+        "line, and scrubbed from every file the run writes.",
+    ),
+]
+
+
+def target_options(func: Any) -> Any:
+    """Add the options of a plan run (``--target`` ... ``--api-key-file``, in ``--help`` order)."""
+    for option in reversed(_TARGET_OPTIONS):
+        func = option(func)
+    return func
