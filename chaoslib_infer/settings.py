@@ -24,6 +24,12 @@ DEFAULT_LAB_DIR = ".chaos-infer/lab"
 DEFAULT_RUN_DIR = "chaos-infer-run"
 
 
+#: in the run folder: why the load could not start (e.g. no request succeeded in warm-up);
+#: written by the load controls, read by ``gameday.run_drill`` to report it on the console and in
+#: ``summary.json``
+LOAD_ERROR_FILE = "load_error.txt"
+
+
 def _get(configuration: Mapping[str, Any] | None, key: str) -> Any:
     if not configuration:
         return None

@@ -100,7 +100,7 @@ def run_certification(
     """
     from chaoslib_infer.evidence.bundle import tool_versions, write_manifest
     from chaoslib_infer.evidence.scorecard import MODEL_QUALITY_NOTE
-    from chaoslib_infer.load.client import _new_loop
+    from chaoslib_infer.load.client import new_loop
     from chaoslib_infer.platforms.endpoint import probe_target
     from chaoslib_infer.safety.redact import known_secrets, scrub_tree
 
@@ -147,7 +147,7 @@ def run_certification(
             }
             result["phases"] = []
             summary["targets"].append(result)
-            with asyncio.Runner(loop_factory=_new_loop) as runner:
+            with asyncio.Runner(loop_factory=new_loop) as runner:
                 runner.run(
                     run_phases(
                         t, plan, tdir, bool(probes[t.name]["include_usage"]), log, result["phases"]

@@ -47,6 +47,7 @@ from chaoslib.exceptions import InterruptExecution
 
 from chaoslib_infer import settings
 from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.settings import LOAD_ERROR_FILE
 from chaoslib_infer.verdict.criteria import MIN_REQUESTS
 
 __all__ = ["after_experiment_control", "before_experiment_control", "start_load", "stop_load"]
@@ -54,9 +55,6 @@ __all__ = ["after_experiment_control", "before_experiment_control", "start_load"
 _RUNNING: dict[str, subprocess.Popen[bytes]] = {}
 #: seconds the load goes on after the rollbacks (the "after" window of the verdict)
 OBSERVE_AFTER_S = 6.0
-#: in the run folder: why the load could not start (e.g. no request succeeded in warm-up); read
-#: by ``gameday.run_drill`` to report it on the console and in ``summary.json``
-LOAD_ERROR_FILE = "load_error.txt"
 
 
 #: ok requests the warm-up waits for beyond ``warmup_s`` (up to ``max(warmup_s,

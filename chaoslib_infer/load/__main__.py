@@ -137,7 +137,7 @@ async def _watch_parent(parent: int, stop: asyncio.Event, period_s: float = 0.2)
 
 def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
     # imported here so that the signal handlers above are in place during the slow aiohttp import
-    from .client import DEFAULT_RETRY_ON, INFLIGHT_FILE, LoadSpec, _new_loop, run_load
+    from .client import DEFAULT_RETRY_ON, INFLIGHT_FILE, LoadSpec, new_loop, run_load
     from .mix import parse_prompt_mix
     from .records import RecordWriter
     from .schedule import parse_profile, truncate_profile
@@ -245,7 +245,7 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
 
-    with writer, asyncio.Runner(loop_factory=_new_loop) as runner:
+    with writer, asyncio.Runner(loop_factory=new_loop) as runner:
         summary = runner.run(run())
     summary["out"] = str(out)
     summary["records"] = writer.count

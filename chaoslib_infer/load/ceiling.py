@@ -32,7 +32,7 @@ from typing import Any
 
 from chaoslib_infer.errors import TargetUnreachable
 
-from .client import LoadSpec, _new_loop, build_body, endpoint_url, make_session, send_attempt
+from .client import LoadSpec, build_body, endpoint_url, make_session, new_loop, send_attempt
 
 __all__ = [
     "CEILING_FILE",
@@ -195,7 +195,7 @@ def measure_ceiling(
         "max_tokens", "measured_at"}``; ``ceiling_rps`` counts successful streams only.
     """
     spec = LoadSpec(url=url, model=model, max_tokens=max_tokens, timeout_s=30.0)
-    with asyncio.Runner(loop_factory=_new_loop) as runner:
+    with asyncio.Runner(loop_factory=new_loop) as runner:
         res = runner.run(_closed_loop(spec, concurrency, duration_s))
     return {
         "ceiling_rps": round(res["ok_rps"], 1),

@@ -74,7 +74,7 @@ from .attempts import (
     http_error,
 )
 from .kerneltime import session_summary
-from .mix import PromptClass, parse_prompt_mix
+from .mix import PROMPT_WORDS, PromptClass, parse_prompt_mix
 from .mix import draw as draw_prompt_class
 from .records import RecordWriter, perf_to_unix
 from .schedule import (
@@ -104,6 +104,7 @@ __all__ = [
     "make_session",
     "retry_backoff_delay",
     "run_load",
+    "new_loop",
     "run_load_blocking",
     "send_attempt",
 ]
@@ -126,12 +127,6 @@ DEFAULT_RETRY_ON: tuple[str, ...] = (
 )
 #: Relative jitter of a retry backoff: the delay is multiplied by a factor in [1 - J, 1 + J].
 RETRY_JITTER = 0.2
-
-_WORDS = (
-    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
-    "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu river stone "
-    "cloud paper engine garden window silver orange market planet signal bridge candle forest"
-).split()
 
 
 @dataclass
@@ -380,7 +375,7 @@ def build_body(spec: LoadSpec, rng: random.Random, nonce: str | None = None) -> 
     if spec.prompt_mix:
         cls = draw_prompt_class(spec.prompt_mix, rng)
         n_words, max_tokens = cls.prompt_words, cls.max_tokens or spec.max_tokens
-    words = " ".join(rng.choice(_WORDS) for _ in range(n_words))
+    words = " ".join(rng.choice(PROMPT_WORDS) for _ in range(n_words))
     prompt = f"[{nonce}] {words}".rstrip()
     body: dict[str, Any] = {"model": spec.model, "max_tokens": max_tokens, "stream": True}
     if spec.api == "chat":
@@ -892,7 +887,9 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A fresh event loop for a load run: uvloop's when it is installed (a dependency on POSIX;
+    it roughly halves the client's CPU per request), else asyncio's default."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
@@ -920,7 +917,7 @@ def run_load_blocking(spec: LoadSpec, out_path: str | os.PathLike[str]) -> dict[
         with RecordWriter(out_path) as writer:
             return await run_load(spec, writer)
 
-    with asyncio.Runner(loop_factory=_new_loop) as runner:
+    with asyncio.Runner(loop_factory=new_loop) as runner:
         summary = runner.run(main())
     summary["out"] = str(out_path)
     return summary

@@ -327,7 +327,7 @@ def soak(
     if trace is not None:
         _check_trace(trace, trace_speed, workers)
         from .ceiling import CeilingRefused as _Refused
-        from .trace import run_trace_soak
+        from .soak import run_trace_soak
 
         url = _resolve(target, lab_dir)[0]
         _out_ok(out)

@@ -24,6 +24,7 @@ from typing import Any
 
 __all__ = [
     "MAX_PROMPT_WORDS",
+    "PROMPT_WORDS",
     "MIX_CLASSES",
     "PromptClass",
     "draw",
@@ -38,6 +39,14 @@ MIX_CLASSES: dict[str, tuple[int, int]] = {
     "long": (2048, 256),
 }
 #: Largest word count a numeric class may ask for (a prompt of ~100k tokens).
+#: The words synthetic prompts are drawn from (the built-in client's and the trace replay's).
+PROMPT_WORDS: tuple[str, ...] = tuple(
+    (
+        "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+        "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu river stone "
+        "cloud paper engine garden window silver orange market planet signal bridge candle forest"
+    ).split()
+)
 MAX_PROMPT_WORDS = 65536
 
 

@@ -39,10 +39,10 @@ from chaoslib_infer.measure.slo import Thresholds, evaluate
 from .ceiling import check_rate
 from .client import (
     LoadSpec,
-    _new_loop,
     build_body,
     endpoint_url,
     make_session,
+    new_loop,
     run_load,
     send_attempt,
 )
@@ -272,7 +272,7 @@ def run_three_phase(
         OSError: the output directory is not writable.
     """
     out.mkdir(parents=True, exist_ok=True)
-    with asyncio.Runner(loop_factory=_new_loop) as runner:
+    with asyncio.Runner(loop_factory=new_loop) as runner:
         report = runner.run(_run(spec, out, log))
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     return report

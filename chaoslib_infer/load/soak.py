@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -35,14 +36,16 @@ from .ceiling import check_rate
 from .client import (
     TIMEOUT_CLASSES,
     LoadSpec,
-    _new_loop,
     build_body,
     endpoint_url,
     make_session,
+    new_loop,
+    run_load_blocking,
     send_attempt,
 )
 from .mix import MIX_CLASSES  # the prompt-length classes (shared with LoadSpec.prompt_mix)
 from .records import RecordWriter, iter_records, perf_to_unix
+from .trace import trace_summary
 
 __all__ = [
     "MIX_CLASSES",
@@ -52,6 +55,7 @@ __all__ = [
     "parse_burstiness",
     "parse_mix",
     "run_soak",
+    "run_trace_soak",
     "stream_report",
 ]
 
@@ -394,7 +398,7 @@ def run_soak(
     out.mkdir(parents=True, exist_ok=True)
     stats = StreamStats()
     with RecordWriter(out / "records.jsonl") as w:
-        with asyncio.Runner(loop_factory=_new_loop) as runner:
+        with asyncio.Runner(loop_factory=new_loop) as runner:
             res = runner.run(_soak(spec, w, stats, log))
     summ = stats.summary()
     lag99 = summ.get("p99_send_lag_s")
@@ -429,3 +433,74 @@ def stream_report(records: Iterable[Mapping[str, Any]] | Path) -> dict[str, Any]
     for r in it:
         st.add(r)
     return st.summary()
+
+
+def run_trace_soak(
+    url: str,
+    trace: str | os.PathLike[str],
+    out: Path,
+    speed: float = 1.0,
+    lag_p99_max_s: float = 0.05,
+    max_concurrency: int = 1024,
+    model: str = "sim",
+    timeout_s: float = 60.0,
+    ceiling_rps: float | None = None,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """``load soak --trace``: replay a trace open loop and write ``<out>/records.jsonl`` and
+    ``<out>/report.json``, judged as ``soak.run_soak`` judges a soak (invalid when the schedule
+    lag P99 exceeds ``lag_p99_max_s``: the client could not keep the trace's schedule).
+
+    Args:
+        url: target base URL. trace: the trace file. out: output directory (created).
+        speed: trace time scale. lag_p99_max_s: validity bound, seconds.
+        max_concurrency: in-flight cap (arrivals wait at it; the wait is schedule lag).
+        model, timeout_s, headers: request shape and per-attempt timeout (TTFT and idle limits
+            equal to it, as the soak's).
+        ceiling_rps: client ceiling for the refusal rule (``ceiling.check_rate``, mean rate).
+
+    Returns:
+        ``run_soak``'s report keys (``valid, invalid_reason, rate_rps, sent, unsent, elapsed_s,
+        lag_p99_s, lag_p99_max_s, stats, records``) plus ``trace`` (``trace_summary``).
+
+    Raises:
+        ValueError: unreadable or invalid trace, invalid speed.
+        ceiling.CeilingRefused: the trace's mean rate needs more than half the client ceiling.
+        OSError: the output directory is not writable.
+    """
+    spec = LoadSpec(
+        url=url, model=model, timeout_s=timeout_s, ttft_timeout_s=timeout_s,
+        idle_timeout_s=timeout_s, max_concurrency=max_concurrency, headers=dict(headers or {}),
+        trace=str(trace), trace_speed=speed,
+    )  # fmt: skip
+    summary_t = trace_summary(spec._trace, speed)
+    check_rate(spec.rate_rps, ceiling_rps, 1, "soak")
+    out.mkdir(parents=True, exist_ok=True)
+    res = run_load_blocking(spec, out / "records.jsonl")
+    stats = stream_report(out / "records.jsonl")
+    lag99 = stats.get("p99_send_lag_s")
+    valid = lag99 is not None and lag99 <= lag_p99_max_s
+    reason = None
+    if not valid:
+        reason = (
+            "no request sent"
+            if lag99 is None
+            else f"schedule lag P99 {lag99 * 1000:.1f} ms > {lag_p99_max_s * 1000:.1f} ms: "
+            "the client could not keep the trace's schedule"
+        )
+    report = {
+        "valid": valid,
+        "invalid_reason": reason,
+        "rate_rps": spec.rate_rps,
+        "burstiness": "trace",
+        "sent": res["sent"],
+        "unsent": res["unsent"],
+        "elapsed_s": res["elapsed_s"],
+        "lag_p99_s": lag99,
+        "lag_p99_max_s": lag_p99_max_s,
+        "stats": stats if valid else None,
+        "records": str(out / "records.jsonl"),
+        "trace": {"path": str(trace), **summary_t},
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    return report

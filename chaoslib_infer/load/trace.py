@@ -35,6 +35,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .mix import PROMPT_WORDS
+
 if TYPE_CHECKING:
     from .client import LoadSpec
 
@@ -176,17 +178,13 @@ def trace_summary(trace: list[TraceRequest], speed: float = 1.0) -> dict[str, An
 
 @lru_cache(maxsize=4096)
 def _block(hash_id: int, block_size: int) -> tuple[str, ...]:
-    from .client import _WORDS
-
     rng = random.Random(f"trace-block:{hash_id}")
-    return tuple(rng.choice(_WORDS) for _ in range(block_size))
+    return tuple(rng.choice(PROMPT_WORDS) for _ in range(block_size))
 
 
 def trace_prompt(req: TraceRequest, rng: random.Random, block_size: int = BLOCK_SIZE) -> str:
     """The prompt of one trace request: ``input_length`` words, hash-id blocks first, then the
     random nonce, then random words (module docstring)."""
-    from .client import _WORDS
-
     n = req.input_length
     words: list[str] = []
     for h in req.hash_ids:
@@ -195,7 +193,7 @@ def trace_prompt(req: TraceRequest, rng: random.Random, block_size: int = BLOCK_
         words.extend(_block(h, block_size))
     del words[max(n - 1, 0) :]
     words.append(f"[{secrets.token_hex(8)}]")
-    words.extend(rng.choice(_WORDS) for _ in range(n - len(words)))
+    words.extend(rng.choice(PROMPT_WORDS) for _ in range(n - len(words)))
     return " ".join(words)
 
 
@@ -213,78 +211,3 @@ def trace_body(spec: LoadSpec, req: TraceRequest, rng: random.Random) -> dict[st
         body["stream_options"] = {"include_usage": True}
     body.update(spec.extra_body)
     return body
-
-
-def run_trace_soak(
-    url: str,
-    trace: str | os.PathLike[str],
-    out: Path,
-    speed: float = 1.0,
-    lag_p99_max_s: float = 0.05,
-    max_concurrency: int = 1024,
-    model: str = "sim",
-    timeout_s: float = 60.0,
-    ceiling_rps: float | None = None,
-    headers: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """``load soak --trace``: replay a trace open loop and write ``<out>/records.jsonl`` and
-    ``<out>/report.json``, judged as ``soak.run_soak`` judges a soak (invalid when the schedule
-    lag P99 exceeds ``lag_p99_max_s``: the client could not keep the trace's schedule).
-
-    Args:
-        url: target base URL. trace: the trace file. out: output directory (created).
-        speed: trace time scale. lag_p99_max_s: validity bound, seconds.
-        max_concurrency: in-flight cap (arrivals wait at it; the wait is schedule lag).
-        model, timeout_s, headers: request shape and per-attempt timeout (TTFT and idle limits
-            equal to it, as the soak's).
-        ceiling_rps: client ceiling for the refusal rule (``ceiling.check_rate``, mean rate).
-
-    Returns:
-        ``run_soak``'s report keys (``valid, invalid_reason, rate_rps, sent, unsent, elapsed_s,
-        lag_p99_s, lag_p99_max_s, stats, records``) plus ``trace`` (``trace_summary``).
-
-    Raises:
-        ValueError: unreadable or invalid trace, invalid speed.
-        ceiling.CeilingRefused: the trace's mean rate needs more than half the client ceiling.
-        OSError: the output directory is not writable.
-    """
-    from .ceiling import check_rate
-    from .client import LoadSpec, run_load_blocking
-    from .soak import stream_report
-
-    spec = LoadSpec(
-        url=url, model=model, timeout_s=timeout_s, ttft_timeout_s=timeout_s,
-        idle_timeout_s=timeout_s, max_concurrency=max_concurrency, headers=dict(headers or {}),
-        trace=str(trace), trace_speed=speed,
-    )  # fmt: skip
-    summary_t = trace_summary(spec._trace, speed)
-    check_rate(spec.rate_rps, ceiling_rps, 1, "soak")
-    out.mkdir(parents=True, exist_ok=True)
-    res = run_load_blocking(spec, out / "records.jsonl")
-    stats = stream_report(out / "records.jsonl")
-    lag99 = stats.get("p99_send_lag_s")
-    valid = lag99 is not None and lag99 <= lag_p99_max_s
-    reason = None
-    if not valid:
-        reason = (
-            "no request sent"
-            if lag99 is None
-            else f"schedule lag P99 {lag99 * 1000:.1f} ms > {lag_p99_max_s * 1000:.1f} ms: "
-            "the client could not keep the trace's schedule"
-        )
-    report = {
-        "valid": valid,
-        "invalid_reason": reason,
-        "rate_rps": spec.rate_rps,
-        "burstiness": "trace",
-        "sent": res["sent"],
-        "unsent": res["unsent"],
-        "elapsed_s": res["elapsed_s"],
-        "lag_p99_s": lag99,
-        "lag_p99_max_s": lag_p99_max_s,
-        "stats": stats if valid else None,
-        "records": str(out / "records.jsonl"),
-        "trace": {"path": str(trace), **summary_t},
-    }
-    (out / "report.json").write_text(json.dumps(report, indent=1))
-    return report

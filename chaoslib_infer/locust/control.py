@@ -345,10 +345,8 @@ def before_experiment_control(
     try:
         start_locust(configuration=configuration, **kwargs)
     except InterruptExecution as exc:
-        from chaoslib_infer.controls.load import LOAD_ERROR_FILE
-
         with contextlib.suppress(OSError):
-            (settings.run_dir(configuration) / LOAD_ERROR_FILE).write_text(
+            (settings.run_dir(configuration) / settings.LOAD_ERROR_FILE).write_text(
                 str(exc), encoding="utf-8"
             )
         raise

@@ -640,9 +640,9 @@ def probe_target(target: EndpointTarget, timeout_s: float = 30.0) -> dict[str, A
         ``"unreachable"`` (no connection) or ``"refused"`` (401/403/404 on the chat route) with a
         one-line reason, when the target cannot be certified at all.
     """
-    from chaoslib_infer.load.client import _new_loop
+    from chaoslib_infer.load.client import new_loop
 
-    with asyncio.Runner(loop_factory=_new_loop) as runner:
+    with asyncio.Runner(loop_factory=new_loop) as runner:
         out = runner.run(_probe(target, timeout_s))
     rows = out["rows"]
     out["conformant"] = all(r["passed"] is not False for r in rows) and bool(rows)
