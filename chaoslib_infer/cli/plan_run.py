@@ -110,9 +110,9 @@ def _print_dry_run(
 
     click.echo(f"plan {the_plan.name} ({the_plan.path})")
     if k8s is not None:
-        from chaoslib_infer.platforms.kubernetes.target import _resolve_context
+        from chaoslib_infer.platforms.kubernetes.target import effective_context
 
-        context = k8s.context or _resolve_context(k8s.kubeconfig) or "in-cluster"
+        context = effective_context(k8s)
         click.echo(
             f"target: kubernetes ({k8s.source}): context {context}, namespace {k8s.namespace}, "
             f"pods {k8s.selector}, container {k8s.container}; traffic to {k8s.url}"
