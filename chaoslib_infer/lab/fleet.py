@@ -28,9 +28,12 @@ the game day use. Its work is done in modules of their own, each importable alon
 - :mod:`~chaoslib_infer.lab.faults`: the fault ledger (``faults.json``);
   :mod:`~chaoslib_infer.lab.oom`: the oom-kill fault;
   :mod:`~chaoslib_infer.lab.groundtruth`: ``events.jsonl`` and the first request served;
-- leaves shared with the rest of the lab: :mod:`~chaoslib_infer.lab.statedir` (file names, limits,
-  :class:`LabError`), :mod:`~chaoslib_infer.lab.processes` (pids), :mod:`~chaoslib_infer.lab.
-  supervisor_rpc` (supervisord XML-RPC), :mod:`~chaoslib_infer.lab.ports`.
+- leaves shared with the rest of the lab: :mod:`~chaoslib_infer.lab.statedir` (file names,
+  limits, :class:`LabError`), :mod:`~chaoslib_infer.lab.processes` (pids),
+  :mod:`~chaoslib_infer.lab.supervisor_rpc` (supervisord XML-RPC), :mod:`~chaoslib_infer.lab.ports`.
+- nodes and scaling act on a lab through this class: :mod:`~chaoslib_infer.lab.topology` (bring-up
+  and teardown of nodes), :mod:`~chaoslib_infer.lab.nodeloss` (``lose_node``); the scaling modules
+  are never imported here.
 
 Every name this module exported before the split is still importable from here.
 """
