@@ -649,7 +649,7 @@ def _recover_previous_lab(lab_dir: Path, progress: Progress) -> None:
             f"could not undo {len(result.failed)} fault(s) left in {lab_dir}: {result.failed[0]}"
         )
     old = Lab.attach(lab_dir)
-    if old._supervisord_alive():
+    if old.supervisord_alive():
         progress(f"lab: a lab left running by a previous run in {lab_dir}: taking it down")
         old.down()
 
@@ -972,7 +972,7 @@ def report_run(run_dir: Path, progress: Progress = print) -> int:
     if (run_dir / "lab" / "lab.json").exists():
         with contextlib.suppress(LabError):
             lab = Lab.attach(run_dir / "lab")
-            lab_running = lab._supervisord_alive()
+            lab_running = lab.supervisord_alive()
     target = summary.get("target") or {}
     secrets = redact.known_secrets()
     rendered: list[dict[str, Any]] = []

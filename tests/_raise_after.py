@@ -5,7 +5,7 @@ action once its fault is in place)::
 
     python tests/_raise_after.py MODULE:QUALNAME drill run NAME --out DIR
 
-``MODULE:QUALNAME`` names a function or method (``chaoslib_infer.lab.fleet:Lab._fault_event``).
+``MODULE:QUALNAME`` names a function or method (``chaoslib_infer.lab.fleet:Lab.fault_event``).
 Its first call runs the real function, then raises ``RuntimeError("injected failure")``; later
 calls pass through (the rollback may call it again). Before raising it prints one line on stderr,
 ``raise_after: <target> raised; ledger kinds: [...]``, listing the kinds of the records in the

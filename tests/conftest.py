@@ -37,5 +37,5 @@ def _take_down_leftover_labs(tmp_path: Path) -> Iterator[None]:
     for lab_json in tmp_path.rglob("lab.json"):
         with contextlib.suppress(Exception):
             lab = Lab.attach(lab_json.parent)
-            if lab._supervisord_alive():
+            if lab.supervisord_alive():
                 lab.down()

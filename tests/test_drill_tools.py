@@ -619,7 +619,7 @@ def test_rollback_command_and_deadman_undo_an_engine_fault(node_lab: Lab, tmp_pa
         record = json.loads((node_lab.state_dir / "faults.json").read_text())[0]
         assert record["ttl_s"] == 60.5 and record["host"] == node_lab.replica_host("r0")
         # make the record overdue, as if its time had passed: the watchdog undoes it
-        with node_lab._faults() as faults:
+        with node_lab.edit_faults() as faults:
             faults[0]["injected_at"] = time.time() - 120
         deadline = time.monotonic() + 15
         while (

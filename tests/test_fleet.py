@@ -39,7 +39,7 @@ def _standin(replica: str, port: int, ledger: Path, args: dict[str, object]) -> 
         replica,
         "--ledger",
         str(ledger),
-        *fleet._cli_args(args),
+        *fleet.cli_args(args),
     ]
 
 

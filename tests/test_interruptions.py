@@ -78,7 +78,7 @@ class DrillCase:
 DRILLS: dict[str, DrillCase] = {
     "node-loss": DrillCase("node-loss", 1.5, "chaoslib_infer.activities.node_loss:lose_node"),
     # the hog is in the ledger from its start until the kernel killed the engine (~1 s)
-    "oom-kill": DrillCase("oom-kill", 0.3, "chaoslib_infer.lab.fleet:Lab._fault_event", False),
+    "oom-kill": DrillCase("oom-kill", 0.3, "chaoslib_infer.lab.fleet:Lab.fault_event", False),
     "network-jitter": DrillCase(
         "network-jitter", 1.5, "chaoslib_infer.activities.network:inject_network_jitter"
     ),

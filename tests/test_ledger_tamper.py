@@ -344,7 +344,7 @@ def test_a_tampered_record_is_refused_with_one_line_and_nothing_runs(
     (note,) = lab.clear_faults()
     assert note.startswith("undo REFUSED: ledger record") and why in note, note
     assert len(json.loads(world.ledger_text())) == 1
-    (shown,) = lab._active_faults()
+    (shown,) = lab.active_faults()
     assert why in shown["refused"]
     world.nothing_ran()
 

@@ -466,7 +466,7 @@ def test_add_fault_records_ttl_and_deadman_expires_it(tmp_path: Path) -> None:
     assert "undo REFUSED" in line and "is not a regular file" in line
     (kept,) = ledger.pending_faults(tmp_path)
     assert kept["id"] == fid and kept["deadman_retry_at"] > time.time()
-    with lab._faults() as faults:
+    with lab.edit_faults() as faults:
         faults.clear()
     # a kind its module does not own is refused before the module is even asked
     fid = lab.add_fault({"kind": "test-bogus", "module": "chaoslib_infer.safety.testfault"})

@@ -23,9 +23,13 @@ from pathlib import Path
 __all__ = [
     "CgroupError",
     "CgroupHierarchy",
+    "CgroupMount",
     "MemoryCgroup",
     "detect_hierarchy",
+    "join",
     "kill_tree",
+    "read_mounts",
+    "read_self_cgroups",
     "remove_tree",
 ]
 
@@ -50,15 +54,22 @@ class CgroupHierarchy:
 
 
 @dataclass(frozen=True)
-class _Mount:
+class CgroupMount:
+    """One cgroup file system mount, from a ``mountinfo`` line (proc(5))."""
+
     root: str  # root of the mount inside the hierarchy (mountinfo field 4)
     point: Path  # mount point
     fstype: str  # "cgroup" | "cgroup2"
     options: frozenset[str]  # super options (v1 controllers)
 
 
-def _read_mounts(mountinfo: Path) -> list[_Mount]:
-    mounts: list[_Mount] = []
+def read_mounts(mountinfo: Path) -> list[CgroupMount]:
+    """The ``cgroup`` and ``cgroup2`` mounts listed in ``mountinfo`` (``/proc/<pid>/mountinfo``).
+
+    Raises:
+        OSError: ``mountinfo`` cannot be read.
+    """
+    mounts: list[CgroupMount] = []
     for line in mountinfo.read_text().splitlines():
         left, sep, right = line.partition(" - ")
         if not sep:
@@ -72,7 +83,7 @@ def _read_mounts(mountinfo: Path) -> list[_Mount]:
             continue
         point = fields[4].replace("\\040", " ")
         mounts.append(
-            _Mount(
+            CgroupMount(
                 root=fields[3],
                 point=Path(point),
                 fstype=fstype,
@@ -82,8 +93,12 @@ def _read_mounts(mountinfo: Path) -> list[_Mount]:
     return mounts
 
 
-def _read_self_cgroups(proc_cgroup: Path) -> tuple[dict[str, str], str | None]:
-    """Return ({v1 controller: path}, v2 path or None) from /proc/self/cgroup."""
+def read_self_cgroups(proc_cgroup: Path) -> tuple[dict[str, str], str | None]:
+    """Return ({v1 controller: path}, v2 path or None) from ``/proc/<pid>/cgroup``.
+
+    Raises:
+        OSError: ``proc_cgroup`` cannot be read.
+    """
     v1: dict[str, str] = {}
     v2: str | None = None
     for line in proc_cgroup.read_text().splitlines():
@@ -100,7 +115,7 @@ def _read_self_cgroups(proc_cgroup: Path) -> tuple[dict[str, str], str | None]:
     return v1, v2
 
 
-def _join(mount: _Mount, path: str) -> Path:
+def join(mount: CgroupMount, path: str) -> Path:
     """Map a cgroup path from /proc/self/cgroup onto a mount (handles container mount roots)."""
     rel = path
     if mount.root not in ("/", "") and (rel == mount.root or rel.startswith(mount.root + "/")):
@@ -121,15 +136,15 @@ def detect_hierarchy(
         CgroupError: neither hierarchy offers a writable memory controller.
     """
     try:
-        v1, v2 = _read_self_cgroups(proc_cgroup)
-        mounts = _read_mounts(mountinfo)
+        v1, v2 = read_self_cgroups(proc_cgroup)
+        mounts = read_mounts(mountinfo)
     except OSError as exc:
         raise CgroupError(f"cannot read cgroup information: {exc}") from exc
     reasons: list[str] = []
     if "memory" in v1:
         for m in mounts:
             if m.fstype == "cgroup" and "memory" in m.options:
-                base = _join(m, v1["memory"])
+                base = join(m, v1["memory"])
                 if (base / "memory.limit_in_bytes").exists() and os.access(base, os.W_OK):
                     return CgroupHierarchy(version=1, base=base)
                 reasons.append(f"v1 memory cgroup {base} is not writable")
@@ -141,7 +156,7 @@ def detect_hierarchy(
     if v2 is not None:
         for m in mounts:
             if m.fstype == "cgroup2":
-                base = _join(m, v2)
+                base = join(m, v2)
                 try:
                     controllers = (base / "cgroup.controllers").read_text().split()
                 except OSError:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import http.client
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.lab.engine import ADMIN_TOKEN_HEADER
-from chaoslib_infer.lab.fleet import Lab, LabError
+from chaoslib_infer.lab.statedir import LabError
 from chaoslib_infer.safety.redact import clip
+
+if TYPE_CHECKING:
+    from chaoslib_infer.lab.fleet import Lab
 
 __all__ = ["ADMIN_PATH", "ReplicaNotRunning", "armed", "call", "lab_engine_faults"]
 

@@ -47,13 +47,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.lab import procfs
-from chaoslib_infer.lab.cgroups import MemoryCgroup, _join, _read_mounts, _read_self_cgroups
-from chaoslib_infer.lab.fleet import Lab, LabError
+from chaoslib_infer.lab.cgroups import MemoryCgroup, join, read_mounts, read_self_cgroups
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
+from chaoslib_infer.lab.statedir import LabError
 from chaoslib_infer.safety.redact import child_env
+
+if TYPE_CHECKING:
+    from chaoslib_infer.lab.fleet import Lab
 
 __all__ = [
     "KIND",
@@ -136,15 +139,15 @@ def _read(path: Path) -> str | None:
 def _pid_cgroup(pid: int | str, version: int) -> Path | None:
     """Directory of ``pid``'s freezer cgroup (v1 ``freezer`` controller or v2 unified)."""
     try:
-        v1, v2 = _read_self_cgroups(Path(f"/proc/{pid}/cgroup"))
-        mounts = _read_mounts(Path(f"/proc/{pid}/mountinfo"))
+        v1, v2 = read_self_cgroups(Path(f"/proc/{pid}/cgroup"))
+        mounts = read_mounts(Path(f"/proc/{pid}/mountinfo"))
     except OSError:
         return None
     for m in mounts:
         if version == 1 and m.fstype == "cgroup" and "freezer" in m.options and "freezer" in v1:
-            return _join(m, v1["freezer"])
+            return join(m, v1["freezer"])
         if version == 2 and m.fstype == "cgroup2" and v2 is not None:
-            return _join(m, v2)
+            return join(m, v2)
     return None
 
 

@@ -27,7 +27,8 @@ import time
 import xmlrpc.client
 from typing import Any
 
-from chaoslib_infer.lab.fleet import Lab, LabError, _rpc
+from chaoslib_infer.lab.fleet import Lab, LabError
+from chaoslib_infer.lab.supervisor_rpc import rpc
 
 __all__ = [
     "KIND",
@@ -77,7 +78,7 @@ def pick_targets(names: list[str], k: int | str) -> tuple[list[str], list[str]]:
 
 def _infos(lab: Lab) -> dict[str, dict[str, Any]]:
     try:
-        return {p["name"]: p for p in _rpc(lab.state_dir, 2.0).supervisor.getAllProcessInfo()}
+        return {p["name"]: p for p in rpc(lab.state_dir, 2.0).supervisor.getAllProcessInfo()}
     except _RPC_ERRORS as exc:
         raise LabError(f"supervisord of the lab in {lab.state_dir} not answering: {exc}") from exc
 
@@ -132,7 +133,7 @@ def restart(lab: Lab, replicas: list[str], method: str = "kill") -> dict[str, An
     calls: dict[str, dict[str, Any]] = {}
 
     def _one(name: str) -> None:
-        proxy = _rpc(lab.state_dir, 10.0)
+        proxy = rpc(lab.state_dir, 10.0)
         entry: dict[str, Any] = {"start": None, "end": None, "error": None}
         calls[name] = entry
         try:
@@ -267,7 +268,7 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
         state = infos.get(name, {}).get("statename")
         if state in ("STOPPED", "EXITED", "FATAL", "BACKOFF"):
             try:
-                _rpc(lab.state_dir, 10.0).supervisor.startProcess(name, False)
+                rpc(lab.state_dir, 10.0).supervisor.startProcess(name, False)
                 started.append(name)
             except _RPC_ERRORS as exc:
                 raise LabError(f"cannot start {name}: {exc}") from exc

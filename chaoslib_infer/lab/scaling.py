@@ -30,28 +30,52 @@ Each scale-out is put in the lab's fault ledger (``kind: scale-out``, this modul
 starts, so any drill's ``clear-lab-faults`` rollback (and ``Lab.down``) returns the lab to its initial
 size. The ``quota-cut`` fault (a replica cap) and the ``traffic-spike`` fault are undone here too:
 see :func:`undo_fault` / :func:`fault_active`.
+
+Layout: this module holds the quota-cut cap, the undo of every scaling fault (fault records name
+it) and the autoscaler program; :mod:`chaoslib_infer.lab.standby` holds ``Lab.up``'s scaling
+options and configuration pieces and :mod:`chaoslib_infer.lab.replicas` the start / stop /
+serving primitives; their public names are re-exported here.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
-import math
 import sys
 import threading
 import time
-import xmlrpc.client
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.lab import haproxy as hap
-from chaoslib_infer.lab.fleet import HAPROXY_SOCK, Lab, LabError, _rpc
+from chaoslib_infer.lab.fleet import Lab
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
+from chaoslib_infer.lab.replicas import (
+    BACKEND,
+    all_names,
+    back_in_standby,
+    backend_rows,
+    haproxy_command,
+    in_maintenance,
+    max_concurrency_per_instance,
+    process_infos,
+    queue_depth,
+    serving_replicas,
+    standby_names,
+    start_replica,
+    stop_replica,
+)
+from chaoslib_infer.lab.standby import (
+    QUEUE_SAMPLES,
+    SAMPLE_S,
+    mark_standby_servers,
+    scaling_options,
+    supervisor_program,
+)
+from chaoslib_infer.lab.statedir import LabError
 
 __all__ = [
     "HOLD_FILE",
@@ -79,202 +103,15 @@ __all__ = [
 
 #: ``module`` of every fault record this file owns (the lab imports it for undo).
 MODULE = "chaoslib_infer.lab.scaling"
-#: Queue-depth samples of the autoscaler, in the lab's state directory.
-QUEUE_SAMPLES = "queue-depth.jsonl"
 #: While this file names a future ``until`` (unix s), the autoscaler starts nothing: written by
 #: :func:`undo_fault` while it restores or stops replicas, whose fault record the lab has already
 #: taken out of the ledger (so a cap being lifted cannot be mistaken for spare room).
 HOLD_FILE = "scaling-hold.json"
-SAMPLE_S = 0.25
-_BACKEND = "engines"
 
 
 # --------------------------------------------------------------------------------------------
-# Lab.up options
+# Replica cap (quota cut)
 # --------------------------------------------------------------------------------------------
-def scaling_options(
-    replicas: int,
-    standby: int = 0,
-    autoscale: bool = False,
-    scale_out_queue: float = 4.0,
-    scale_out_after_s: float = 1.0,
-    scale_out_cooldown_s: float = 10.0,
-    max_replicas: int = 32,
-) -> dict[str, Any]:
-    """Validate the scaling options of ``Lab.up`` and return them for ``lab.json["scaling"]``.
-
-    Args:
-        replicas: serving replicas at start (the lab's initial size).
-        standby: replicas configured but not started (0..).
-        autoscale: run the ``autoscaler`` program (needs ``standby >= 1``).
-        scale_out_queue: queue depth (requests: HAProxy backend queue + engines' waiting requests)
-            above which the policy counts the service as overloaded.
-        scale_out_after_s: seconds the depth must stay above ``scale_out_queue``.
-        scale_out_cooldown_s: seconds between two scale-outs.
-        max_replicas: the lab's limit on replicas + standby.
-
-    Returns:
-        ``{"standby", "autoscale", "scale_out_queue", "scale_out_after_s", "scale_out_cooldown_s",
-        "sample_s"}``.
-
-    Raises:
-        LabError: a value out of range, a non-number, or ``autoscale`` without a standby replica.
-    """
-    if isinstance(standby, bool) or not isinstance(standby, int) or standby < 0:
-        raise LabError(f"standby must be an integer >= 0, got {standby!r}")
-    if replicas + standby > max_replicas:
-        raise LabError(
-            f"replicas + standby must be at most {max_replicas}, got {replicas + standby}"
-        )
-    if not isinstance(autoscale, bool):
-        raise LabError(f"autoscale must be true or false, got {autoscale!r}")
-    if autoscale and standby < 1:
-        raise LabError("autoscale needs at least one standby replica (standby: 1)")
-    for name, value in (
-        ("scale_out_queue", scale_out_queue),
-        ("scale_out_after_s", scale_out_after_s),
-        ("scale_out_cooldown_s", scale_out_cooldown_s),
-    ):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            raise LabError(f"{name} must be a number, got {value!r}")
-        if value < 0:
-            raise LabError(f"{name} must be >= 0, got {value!r}")
-    return {
-        "standby": standby,
-        "autoscale": autoscale,
-        "scale_out_queue": float(scale_out_queue),
-        "scale_out_after_s": float(scale_out_after_s),
-        "scale_out_cooldown_s": float(scale_out_cooldown_s),
-        "sample_s": SAMPLE_S,
-    }
-
-
-def mark_standby_servers(config: str, names: Iterable[str]) -> str:
-    """Return haproxy.cfg text with each standby ``server`` line declared ``disabled`` (MAINT).
-
-    Args:
-        config: the rendered configuration (``haproxy.render_config``).
-        names: standby server names.
-
-    Raises:
-        LabError: a name has no ``server`` line in the configuration.
-    """
-    lines = config.splitlines(keepends=True)
-    for name in names:
-        hits = [i for i, ln in enumerate(lines) if ln.split()[:2] == ["server", name]]
-        if len(hits) != 1:
-            raise LabError(f"haproxy.cfg has {len(hits)} 'server {name}' lines, expected 1")
-        i = hits[0]
-        body = lines[i].rstrip("\n")
-        lines[i] = body + " disabled" + lines[i][len(body) :]
-    return "".join(lines)
-
-
-_AUTOSCALER_PROGRAM = """
-[program:autoscaler]
-command={command}
-priority=20
-autostart={autostart}
-autorestart=true
-startsecs=0
-stopwaitsecs=2
-redirect_stderr=true
-stdout_logfile={logs}/autoscaler.log
-stdout_logfile_maxbytes=0
-"""
-
-
-def supervisor_program(meta: dict[str, Any], state_dir: Path, command: list[str]) -> str:
-    """supervisord ``[program:autoscaler]`` block for ``meta["scaling"]`` ('' without standby).
-
-    Args:
-        meta: the lab's ``lab.json`` mapping.
-        state_dir: the lab's state directory (logs go to ``state_dir/logs``).
-        command: the autoscaler's argv (quoted for supervisord here).
-
-    Returns:
-        The block, with ``autostart`` true only when ``autoscale`` is on (so
-        ``supervisorctl start autoscaler`` can still turn it on later).
-    """
-    scaling = meta.get("scaling") or {}
-    if not scaling.get("standby"):
-        return ""
-    import shlex
-
-    return _AUTOSCALER_PROGRAM.format(
-        command=shlex.join(command).replace("%", "%%"),
-        autostart="true" if scaling.get("autoscale") else "false",
-        logs=state_dir / "logs",
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Runtime state: supervisord, HAProxy, engines
-# --------------------------------------------------------------------------------------------
-def standby_names(lab: Lab) -> list[str]:
-    """Names of the lab's standby replicas (configured, not started at lab start)."""
-    return [r["name"] for r in lab.meta["replicas"] if r.get("standby")]
-
-
-def _all_names(lab: Lab) -> list[str]:
-    return [r["name"] for r in lab.meta["replicas"]]
-
-
-def _infos(lab: Lab) -> dict[str, dict[str, Any]]:
-    try:
-        return {p["name"]: p for p in _rpc(lab.state_dir, 2.0).supervisor.getAllProcessInfo()}
-    except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
-        raise LabError(f"supervisord of the lab in {lab.state_dir} not answering: {exc}") from exc
-
-
-def _stat_rows(lab: Lab) -> dict[str, dict[str, str]]:
-    """``show stat`` rows of the ``engines`` backend, servers and ``BACKEND``, by svname."""
-    text = hap.stats_command(lab.state_dir / HAPROXY_SOCK, "show stat")
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines or not lines[0].startswith("# "):
-        return {}
-    header = lines[0][2:].split(",")
-    out: dict[str, dict[str, str]] = {}
-    for ln in lines[1:]:
-        row = dict(zip(header, ln.split(","), strict=False))
-        if row.get("pxname") == _BACKEND:
-            out[row.get("svname", "")] = row
-    return out
-
-
-def _hap(lab: Lab, command: str) -> None:
-    answer = hap.stats_command(lab.state_dir / HAPROXY_SOCK, command).strip()
-    if answer:
-        raise LabError(f"haproxy refused {command!r}: {answer.splitlines()[0]}")
-
-
-def _in_maint(row: dict[str, str] | None) -> bool:
-    return bool(row) and str((row or {}).get("status", "")).startswith("MAINT")
-
-
-def serving_replicas(lab: Lab) -> list[str]:
-    """Replicas that take traffic now: RUNNING under supervisord and not in HAProxy maintenance
-    (lab order: initial replicas first, then standby).
-
-    Raises:
-        LabError: supervisord or HAProxy not answering.
-    """
-    infos = _infos(lab)
-    try:
-        rows = _stat_rows(lab)
-    except OSError as exc:
-        raise LabError(f"haproxy stats socket not answering: {exc}") from exc
-    return [
-        n
-        for n in _all_names(lab)
-        if infos.get(n, {}).get("statename") == "RUNNING" and not _in_maint(rows.get(n))
-    ]
-
-
 def replica_cap(lab: Lab) -> int | None:
     """The active replica cap: the lowest ``quota`` of the ``quota-cut`` faults in the lab's fault
     ledger, or None when there is none."""
@@ -286,205 +123,6 @@ def replica_cap(lab: Lab) -> int | None:
     return min(quotas) if quotas else None
 
 
-def _engine_waiting(host: str, port: int, timeout_s: float = 0.2) -> float | None:
-    """Sum of ``vllm:num_requests_waiting`` on one engine's /metrics (None: no such metric)."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
-    try:
-        conn.request("GET", "/metrics")
-        resp = conn.getresponse()
-        body = resp.read().decode(errors="replace")
-        if resp.status != 200:
-            return None
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
-    total: float | None = None
-    for line in body.splitlines():
-        if line.startswith("vllm:num_requests_waiting"):
-            with contextlib.suppress(ValueError, IndexError):
-                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def queue_depth(lab: Lab) -> dict[str, Any]:
-    """One queue-depth sample: HAProxy backend ``qcur`` + every running engine's waiting requests.
-
-    Returns:
-        ``{"t" (unix s), "depth" (requests), "haproxy_qcur", "engines_waiting": {replica: n}}``.
-
-    Raises:
-        LabError: supervisord or HAProxy not answering.
-    """
-    t = time.time()
-    infos = _infos(lab)
-    try:
-        rows = _stat_rows(lab)
-    except OSError as exc:
-        raise LabError(f"haproxy stats socket not answering: {exc}") from exc
-    try:
-        qcur = int(rows.get("BACKEND", {}).get("qcur") or 0)
-    except ValueError:
-        qcur = 0
-    waiting: dict[str, float] = {}
-    for rep in lab.meta["replicas"]:
-        if infos.get(rep["name"], {}).get("statename") != "RUNNING":
-            continue
-        w = _engine_waiting(lab.replica_host(rep["name"]), int(rep["port"]))
-        if w is not None:
-            waiting[rep["name"]] = w
-    return {
-        "t": t,
-        "depth": qcur + sum(waiting.values()),
-        "haproxy_qcur": qcur,
-        "engines_waiting": waiting,
-    }
-
-
-def max_concurrency_per_instance(lab: Lab) -> int:
-    """Concurrent requests one replica serves (``max_concurrency_per_instance`` of the capacity
-    formula): the engine's ``max_num_seqs`` (sim engine default 16); 1 for the llama.cpp server,
-    which serves one request at a time, unless ``max_num_seqs`` is given in the engine args."""
-    args = lab.meta.get("engine_args") or {}
-    if "max_num_seqs" in args:
-        return int(args["max_num_seqs"])
-    if lab.engine_name() == "sim":
-        from chaoslib_infer.lab.engine import EngineConfig
-
-        return EngineConfig().max_num_seqs
-    return 1
-
-
-# --------------------------------------------------------------------------------------------
-# Starting and stopping replicas
-# --------------------------------------------------------------------------------------------
-def _healthy(lab: Lab, name: str) -> bool:
-    port = int(lab._replica(name)["port"])
-    conn = http.client.HTTPConnection(lab.replica_host(name), port, timeout=0.25)
-    try:
-        conn.request("GET", str(lab.meta.get("health_path") or "/health"))
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
-def _rpc_start(lab: Lab, name: str) -> None:
-    try:
-        _rpc(lab.state_dir, 5.0).supervisor.startProcess(name, False)
-    except xmlrpc.client.Fault as exc:
-        if "ALREADY_STARTED" not in exc.faultString:
-            raise LabError(f"supervisord could not start {name}: {exc.faultString}") from exc
-    except (OSError, http.client.HTTPException) as exc:
-        raise LabError(f"supervisord not answering while starting {name}: {exc}") from exc
-
-
-def start_replica(
-    lab: Lab, name: str, timeout_s: float = 30.0, keep_going: Callable[[], bool] | None = None
-) -> dict[str, Any]:
-    """Start a stopped replica through supervisord, wait until it is healthy, enable it in HAProxy.
-
-    Args:
-        lab: the lab.
-        name: replica name (initial or standby).
-        timeout_s: seconds to wait for the health endpoint.
-        keep_going: optional callable checked while waiting; when it returns False the start is
-            abandoned (the replica is stopped again) and ``enabled_at`` is None.
-
-    Returns:
-        ``{"replica", "started_at", "ready_at", "enabled_at"}`` (unix s).
-
-    Raises:
-        LabError: unknown replica, supervisord/HAProxy error, or not healthy within ``timeout_s``.
-    """
-    lab._replica(name)
-    started_at = time.time()
-    _rpc_start(lab, name)
-    deadline = time.monotonic() + timeout_s
-    while not _healthy(lab, name):
-        if keep_going is not None and not keep_going():
-            stop_replica(lab, name, drain_timeout_s=0.0)
-            return {"replica": name, "started_at": started_at, "ready_at": None, "enabled_at": None}
-        state = _infos(lab).get(name, {}).get("statename")
-        if state in ("FATAL", "BACKOFF"):
-            raise LabError(f"{name} failed to start ({state}); see {lab.state_dir}/logs/{name}.log")
-        if time.monotonic() > deadline:
-            raise LabError(f"{name} not healthy within {timeout_s:g} s of its start")
-        time.sleep(0.02)
-    ready_at = time.time()
-    if keep_going is not None and not keep_going():
-        stop_replica(lab, name, drain_timeout_s=0.0)
-        return {"replica": name, "started_at": started_at, "ready_at": ready_at, "enabled_at": None}
-    _hap(lab, f"set server {_BACKEND}/{name} state ready")
-    return {
-        "replica": name,
-        "started_at": started_at,
-        "ready_at": ready_at,
-        "enabled_at": time.time(),
-    }
-
-
-def stop_replica(lab: Lab, name: str, drain_timeout_s: float = 5.0) -> dict[str, Any]:
-    """Take a replica out of service: HAProxy maintenance, drain, then stop it through supervisord.
-
-    Args:
-        lab: the lab.
-        name: replica name.
-        drain_timeout_s: seconds to wait for its in-flight requests (HAProxy ``scur``) to end
-            before stopping it anyway.
-
-    Returns:
-        ``{"replica", "maint_at", "drained" (bool), "stopped_at", "pid"}`` (unix s; pid of the
-        stopped process, None when it was not running).
-
-    Raises:
-        LabError: unknown replica, or supervisord/HAProxy not answering.
-    """
-    lab._replica(name)
-    try:
-        _hap(lab, f"set server {_BACKEND}/{name} state maint")
-    except OSError as exc:
-        raise LabError(f"haproxy stats socket not answering: {exc}") from exc
-    maint_at = time.time()
-    deadline = time.monotonic() + drain_timeout_s
-    drained = False
-    while True:
-        try:
-            scur = int(_stat_rows(lab).get(name, {}).get("scur") or 0)
-        except (OSError, ValueError):
-            scur = 0
-        if scur == 0:
-            drained = True
-            break
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    pid = _infos(lab).get(name, {}).get("pid") or None
-    try:
-        _rpc(lab.state_dir, 10.0).supervisor.stopProcess(name, True)
-    except xmlrpc.client.Fault as exc:
-        if "NOT_RUNNING" not in exc.faultString:
-            raise LabError(f"supervisord could not stop {name}: {exc.faultString}") from exc
-        pid = None
-    except (OSError, http.client.HTTPException) as exc:
-        raise LabError(f"supervisord not answering while stopping {name}: {exc}") from exc
-    return {
-        "replica": name,
-        "maint_at": maint_at,
-        "drained": drained,
-        "stopped_at": time.time(),
-        "pid": pid,
-    }
-
-
-def _back_in_standby(lab: Lab, name: str, infos: dict[str, Any], rows: dict[str, Any]) -> bool:
-    return infos.get(name, {}).get("statename") != "RUNNING" and _in_maint(rows.get(name))
-
-
-# --------------------------------------------------------------------------------------------
-# Replica cap (quota cut)
-# --------------------------------------------------------------------------------------------
 def cap_replicas(lab: Lab, quota: int, drain_timeout_s: float = 5.0, **info: Any) -> dict[str, Any]:
     """Lower the number of serving replicas to ``quota``: the replicas beyond it are put in HAProxy
     maintenance, drained and stopped through supervisord. The cap is recorded in the lab's fault
@@ -524,7 +162,7 @@ def cap_replicas(lab: Lab, quota: int, drain_timeout_s: float = 5.0, **info: Any
         }
     )
     for name in stopped:  # no new requests to any of them first, then drain and stop each
-        _hap(lab, f"set server {_BACKEND}/{name} state maint")
+        haproxy_command(lab, f"set server {BACKEND}/{name} state maint")
     stops = [stop_replica(lab, name, drain_timeout_s) for name in stopped]
     return {
         "fault_id": fault_id,
@@ -547,10 +185,12 @@ def restore_replicas(lab: Lab, names: list[str], timeout_s: float = 30.0) -> lis
     Raises:
         LabError: a replica did not come back within ``timeout_s``.
     """
-    infos = _infos(lab)
-    rows = _stat_rows(lab)
+    infos = process_infos(lab)
+    rows = backend_rows(lab)
     todo = [
-        n for n in names if infos.get(n, {}).get("statename") != "RUNNING" or _in_maint(rows.get(n))
+        n
+        for n in names
+        if infos.get(n, {}).get("statename") != "RUNNING" or in_maintenance(rows.get(n))
     ]
     if not todo:
         return []
@@ -594,7 +234,7 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     Raises:
         LabError: a replica could not be restored or stopped.
     """
-    if not lab._supervisord_alive():
+    if not lab.supervisord_alive():
         return None
     with _hold(lab, f"undo {record.get('kind')} {record.get('id')}"):
         return _undo(lab, record)
@@ -611,9 +251,9 @@ def _undo(lab: Lab, record: dict[str, Any]) -> str | None:
             f"quota-cut to {record.get('quota')}: restored {restored} (started, healthy, enabled)"
         )
     names = [str(record["replica"])] if kind == "scale-out" else standby_names(lab)
-    infos = _infos(lab)
-    rows = _stat_rows(lab)
-    todo = [n for n in names if not _back_in_standby(lab, n, infos, rows)]
+    infos = process_infos(lab)
+    rows = backend_rows(lab)
+    todo = [n for n in names if not back_in_standby(lab, n, infos, rows)]
     for name in todo:
         stop_replica(lab, name, drain_timeout_s=5.0)
     if not todo:
@@ -623,21 +263,21 @@ def _undo(lab: Lab, record: dict[str, Any]) -> str | None:
 
 def fault_active(lab: Lab, record: dict[str, Any]) -> bool:
     """True while the recorded fault still changes the lab (see :func:`undo_fault`)."""
-    if not lab._supervisord_alive():
+    if not lab.supervisord_alive():
         return False
-    infos = _infos(lab)
-    rows = _stat_rows(lab)
+    infos = process_infos(lab)
+    rows = backend_rows(lab)
     kind = record.get("kind")
     if kind == "quota-cut":
         return any(
-            infos.get(n, {}).get("statename") != "RUNNING" or _in_maint(rows.get(n))
+            infos.get(n, {}).get("statename") != "RUNNING" or in_maintenance(rows.get(n))
             for n in record.get("stopped") or []
         )
     if kind == "scale-out":
-        return not _back_in_standby(lab, str(record["replica"]), infos, rows)
+        return not back_in_standby(lab, str(record["replica"]), infos, rows)
     if kind == "traffic-spike" and time.time() < float(record.get("spike_end_at") or 0.0):
         return True
-    return any(not _back_in_standby(lab, n, infos, rows) for n in standby_names(lab))
+    return any(not back_in_standby(lab, n, infos, rows) for n in standby_names(lab))
 
 
 # --------------------------------------------------------------------------------------------
@@ -702,18 +342,18 @@ class Autoscaler:
         forbids growing."""
         if scaling_held(self.lab):
             return None
-        infos = _infos(self.lab)
-        rows = _stat_rows(self.lab)
+        infos = process_infos(self.lab)
+        rows = backend_rows(self.lab)
         serving = [
             n
-            for n in _all_names(self.lab)
-            if infos.get(n, {}).get("statename") == "RUNNING" and not _in_maint(rows.get(n))
+            for n in all_names(self.lab)
+            if infos.get(n, {}).get("statename") == "RUNNING" and not in_maintenance(rows.get(n))
         ]
         cap = replica_cap(self.lab)
         if cap is not None and len(serving) >= cap:
             return None
         for name in standby_names(self.lab):
-            if _back_in_standby(self.lab, name, infos, rows):
+            if back_in_standby(self.lab, name, infos, rows):
                 return name
         return None
 

@@ -85,7 +85,7 @@ def expire_once(lab: Lab, now: float | None = None) -> list[str]:
         ``"expired <kind> <id> (ttl N s): <what was undone>"`` lines (``undo FAILED`` on failure).
     """
     now = time.time() if now is None else now
-    with lab._faults() as faults:
+    with lab.edit_faults() as faults:
         due = [f for f in faults if deadline(f) <= now]
         if due:
             ids = {id(f) for f in due}
@@ -107,7 +107,7 @@ def expire_once(lab: Lab, now: float | None = None) -> list[str]:
                 "deadman_error": note,
                 "deadman_retry_at": time.time() + RETRY_S,
             }
-            with lab._faults() as faults:
+            with lab.edit_faults() as faults:
                 faults.append(retry)
         lines.append(f"expired {record.get('kind')} {fid} (ttl {record.get('ttl_s')} s): {note}")
         if ok:

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.lab import procfs
-from chaoslib_infer.lab.fleet import LabError
+from chaoslib_infer.lab.processes import is_hog, kill
+from chaoslib_infer.lab.statedir import LabError
 
 if TYPE_CHECKING:
     from chaoslib_infer.lab.fleet import Lab
@@ -236,7 +237,7 @@ def _base(record: dict[str, Any], module: str | None) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 def _freeze(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
     from chaoslib_infer.lab import freeze
-    from chaoslib_infer.lab.cgroups import _read_mounts
+    from chaoslib_infer.lab.cgroups import read_mounts
 
     replica = _replica(record, lab)
     name = f"chaos-infer-{lab.meta.get('lab_id')}-freeze-{replica}"
@@ -305,7 +306,7 @@ def _freeze(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
     if path.name != name:
         raise _refuse(record, f"cgroup {_short(cgroup)} is not named {name}")
     try:
-        mounts = _read_mounts(Path("/proc/self/mountinfo"))
+        mounts = read_mounts(Path("/proc/self/mountinfo"))
     except OSError as exc:
         raise _refuse(record, f"cannot read the cgroup mounts: {exc}") from None
     fstype = "cgroup" if freezer == 1 else "cgroup2"
@@ -594,11 +595,9 @@ def undo(lab: Lab, record: dict[str, Any]) -> str | None:
     if "module" in clean:
         note = fault_module(clean["module"]).undo_fault(lab, clean)
         return None if note is None else str(note)
-    from chaoslib_infer.lab import fleet
-
     pid = int(clean.get("pid") or 0)
-    if fleet._is_hog(pid):
-        fleet._kill(pid)
+    if is_hog(pid):
+        kill(pid)
         return f"{clean['kind']} on {clean.get('replica')}: killed memory hog pid {pid}"
     return None
 
@@ -612,9 +611,7 @@ def fault_active(lab: Lab, record: dict[str, Any]) -> bool:
     clean = validate(lab, record)
     if "module" in clean:
         return bool(fault_module(clean["module"]).fault_active(lab, clean))
-    from chaoslib_infer.lab import fleet
-
-    return fleet._is_hog(int(clean.get("pid") or 0))
+    return is_hog(int(clean.get("pid") or 0))
 
 
 def check_ledger(lab: Lab, records: list[Any]) -> list[str]:

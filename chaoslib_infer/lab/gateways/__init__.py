@@ -105,7 +105,7 @@ def redact_config(text: str) -> str:
 
 
 def _lab_meta(state_dir: Path) -> dict[str, Any]:
-    from chaoslib_infer.lab.fleet import LAB_FILE
+    from chaoslib_infer.lab.statedir import LAB_FILE
 
     meta: dict[str, Any] = json.loads((Path(state_dir) / LAB_FILE).read_text())
     return meta
