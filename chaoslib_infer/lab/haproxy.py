@@ -9,16 +9,17 @@ line per request to stdout (``log stdout format raw``); supervisord writes that 
 
 from __future__ import annotations
 
-import re
 import shutil
 import socket
-from dataclasses import dataclass
 from pathlib import Path
+
+from chaoslib_infer.lab.requestlog import RequestLogEntry, parse_request_log
 
 __all__ = [
     "HAPROXY_CANDIDATES",
     "LOG_FORMAT",
     "RequestLogEntry",
+    "servers_state",
     "find_haproxy",
     "parse_request_log",
     "render_config",
@@ -146,89 +147,21 @@ def show_stat(sock_path: Path, backend: str = "engines") -> dict[str, dict[str, 
     return out
 
 
-@dataclass(frozen=True)
-class RequestLogEntry:
-    """One HAProxy request log line."""
+def servers_state(sock_path: Path, backend: str) -> dict[str, dict[str, str]]:
+    """``show servers state <backend>``: ``{server: {column: value}}`` (``srv_addr``,
+    ``srv_port``, ``srv_op_state``, ``srv_admin_state``...); dynamic servers included.
 
-    accept_t: float  # unix seconds when HAProxy accepted the connection (keep-alive: end of previous request)
-    server: str  # server name, "<NOSRV>" when none was chosen
-    status: int  # HTTP status sent to the client (-1 if none)
-    tw_ms: int  # time waiting in queues (-1 if never)
-    tc_ms: int  # time to connect to the server (-1 if never)
-    tr_ms: int  # server response-header time (-1 if never)
-    ta_ms: int  # total active time
-    bytes_read: int
-    term_state: str
-    retries: str
-    request_id: str | None
-    request: str
-    th_ms: int = 0  # handshake time
-    ti_ms: int = 0  # idle time before the request's first byte (keep-alive)
-    trq_ms: int = 0  # %TR: time to receive the full request headers
-
-    @property
-    def request_t(self) -> float:
-        """Unix time the request's first byte arrived (accept + handshake + keep-alive idle)."""
-        return self.accept_t + (max(self.th_ms, 0) + max(self.ti_ms, 0)) / 1000.0
-
-    @property
-    def forwarded_t(self) -> float | None:
-        """Unix time the request reached the server (request + receive + queue + connect), None if
-        never. On a keep-alive connection ``%Ts`` is the end of the previous request, so the idle
-        time must be added (HAProxy's timing events)."""
-        if self.tw_ms < 0 or self.tc_ms < 0:
-            return None
-        return self.request_t + (max(self.trq_ms, 0) + self.tw_ms + self.tc_ms) / 1000.0
-
-
-_LINE = re.compile(
-    r"^(?P<t>\d+\.\d+) (?P<srv>\S+) (?P<st>-?\d+) (?P<tw>-?\d+) (?P<tc>-?\d+) (?P<tr>-?\d+) "
-    r"(?P<ta>-?\d+) (?P<b>\d+) (?P<tsc>\S+) (?P<rc>\S+) \{(?P<rid>[^}]*)\} \"(?P<req>.*)\"(?: (?P<th>-?\d+) (?P<ti>-?\d+) (?P<trq>-?\d+))?$"
-)
-
-
-def parse_request_log(path: Path) -> list[RequestLogEntry]:
-    """Parse ``haproxy-requests.log``; malformed lines are skipped.
-
-    A lab whose gateway is nginx links this file to nginx's log (``G1`` lines, see
-    :mod:`chaoslib_infer.lab.gateways.nginx`): those lines are read into the same entries.
+    Raises:
+        OSError: the socket does not answer.
     """
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
-    out: list[RequestLogEntry] = []
-    names: dict[str, str] | None = None
-    for line in text.splitlines():
-        if line.startswith("G1 "):
-            from chaoslib_infer.lab.gateways import nginx
-
-            if names is None:
-                names = nginx.read_servers(path.parent)
-            entry = nginx.parse_line(line, names)
-            if entry is not None:
-                out.append(entry)
-            continue
-        m = _LINE.match(line.strip())
-        if not m:
-            continue
-        out.append(
-            RequestLogEntry(
-                accept_t=float(m["t"]),
-                server=m["srv"],
-                status=int(m["st"]),
-                tw_ms=int(m["tw"]),
-                tc_ms=int(m["tc"]),
-                tr_ms=int(m["tr"]),
-                ta_ms=int(m["ta"]),
-                bytes_read=int(m["b"]),
-                term_state=m["tsc"],
-                retries=m["rc"],
-                request_id=m["rid"] or None,
-                request=m["req"],
-                th_ms=int(m["th"]) if m["th"] else 0,
-                ti_ms=int(m["ti"]) if m["ti"] else 0,
-                trq_ms=int(m["trq"]) if m["trq"] else 0,
-            )
-        )
+    text = stats_command(sock_path, f"show servers state {backend}")
+    header: list[str] = []
+    out: dict[str, dict[str, str]] = {}
+    for ln in text.splitlines():
+        if ln.startswith("# "):
+            header = ln[2:].split()
+        elif header and ln.strip():
+            row = dict(zip(header, ln.split(), strict=False))
+            if row.get("be_name") == backend and row.get("srv_name"):
+                out[row["srv_name"]] = row
     return out

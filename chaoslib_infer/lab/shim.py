@@ -100,24 +100,9 @@ ADMIN_FMAINT = 0x01
 ADMIN_FDRAIN = 0x08
 
 
-def haproxy_servers_state(sock_path: Path, backend: str) -> dict[str, dict[str, str]]:
-    """``show servers state <backend>``: ``{server: {column: value}}`` (``srv_addr``,
-    ``srv_port``, ``srv_op_state``, ``srv_admin_state``...); dynamic servers included.
-
-    Raises:
-        OSError: the socket does not answer.
-    """
-    text = hap.stats_command(sock_path, f"show servers state {backend}")
-    header: list[str] = []
-    out: dict[str, dict[str, str]] = {}
-    for ln in text.splitlines():
-        if ln.startswith("# "):
-            header = ln[2:].split()
-        elif header and ln.strip():
-            row = dict(zip(header, ln.split(), strict=False))
-            if row.get("be_name") == backend and row.get("srv_name"):
-                out[row["srv_name"]] = row
-    return out
+#: HAProxy's runtime ``show servers state`` (:func:`chaoslib_infer.lab.haproxy.servers_state`),
+#: under the name this module has always exported.
+haproxy_servers_state = hap.servers_state
 
 
 def haproxy_server_addr(sock_path: Path, backend: str, server: str) -> tuple[str, int]:

@@ -31,14 +31,13 @@ Request log (``gateway-requests.log``, one line per request, see :data:`LOG_FORM
        "<upstream_connect_time>" "<upstream_header_time>" "<upstream_response_time>"
        <bytes_sent> {<X-Request-Id>} "<request line>"
 
-:func:`parse_line` turns one into a :class:`chaoslib_infer.lab.haproxy.RequestLogEntry` (the
+:func:`parse_line` turns one into a :class:`chaoslib_infer.lab.requestlog.RequestLogEntry` (the
 server named from ``gateway-servers.json``: address -> replica), so every reader of the lab's
 request log reads nginx's too.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -48,6 +47,7 @@ from typing import Any
 import jinja2
 
 from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.lab.requestlog import SERVERS_FILE, parse_line, read_servers, upstream_tries
 
 __all__ = [
     "ACCESS_LOG",
@@ -60,13 +60,13 @@ __all__ = [
     "find_nginx",
     "parse_line",
     "program_command",
+    "read_servers",
     "render_config",
+    "upstream_tries",
 ]
 
 CONFIG_FILE = "nginx.conf"
 ACCESS_LOG = "gateway-requests.log"
-#: address -> replica name, every address the upstream ever had (the log's server names)
-SERVERS_FILE = "gateway-servers.json"
 UPSTREAM = "lab_engines"
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
 LOG_FORMAT = (
@@ -223,80 +223,3 @@ def check_config(nginx_bin: str, state_dir: Path, config: Path, source: str) -> 
         msg = re.sub(r"^nginx: \[emerg\] ", "", emerg[0])
         msg = re.sub(r" in /\S*?([^/\s]+\.conf(?:\.new)?):(\d+)$", r" (rendered \1 line \2)", msg)
         raise NginxError(f"{source}: nginx rejected it: {msg}")
-
-
-_G1 = re.compile(
-    r'^G1 (?P<end>\d+\.\d+) (?P<rt>\d+\.\d+) (?P<st>\d+) "(?P<ua>[^"]*)" "(?P<us>[^"]*)" '
-    r'"(?P<uc>[^"]*)" "(?P<uh>[^"]*)" "(?P<ur>[^"]*)" (?P<b>\d+) \{(?P<rid>[^}]*)\} "(?P<req>.*)"$'
-)
-
-
-def _last(field: str) -> str:
-    """Last value of an nginx upstream list (``"a, b : c"``: retries and internal redirects)."""
-    parts = [p.strip() for p in re.split(r"[,:]\s", field) if p.strip()]
-    return parts[-1] if parts else "-"
-
-
-def _ms(value: str) -> int:
-    try:
-        return int(round(float(value) * 1000))
-    except ValueError:
-        return -1
-
-
-def read_servers(state_dir: Path) -> dict[str, str]:
-    """``gateway-servers.json``: every upstream address the lab gave nginx -> replica name."""
-    try:
-        data = json.loads((Path(state_dir) / SERVERS_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
-def parse_line(line: str, names: dict[str, str]) -> Any:
-    """One ``G1`` line -> :class:`~chaoslib_infer.lab.haproxy.RequestLogEntry`, or None.
-
-    ``server`` is the replica that answered last (``names`` maps addresses to replicas; an
-    unknown address stays as it is, ``<NOSRV>`` when nginx reached none); ``retries`` is the
-    number of upstream tries after the first; times in ms (``tw_ms`` 0: nginx has no queue).
-    """
-    from chaoslib_infer.lab.haproxy import RequestLogEntry
-
-    m = _G1.match(line.strip())
-    if not m:
-        return None
-    rt = float(m["rt"])
-    addrs = [a.strip() for a in re.split(r"[,:]\s", m["ua"]) if a.strip() and a.strip() != "-"]
-    last = addrs[-1] if addrs else None
-    status = int(m["st"])
-    term = "----"
-    if status == 499:
-        term = "CD--"
-    elif status in (502, 504):
-        term = "SH--" if status == 504 else "SC--"
-    uc, uh = _ms(_last(m["uc"])), _ms(_last(m["uh"]))
-    return RequestLogEntry(
-        accept_t=float(m["end"]) - rt,
-        server=names.get(last, last) if last else "<NOSRV>",
-        status=status,
-        tw_ms=0 if last else -1,
-        tc_ms=uc if last else -1,
-        tr_ms=uh,
-        ta_ms=int(round(rt * 1000)),
-        bytes_read=int(m["b"]),
-        term_state=term,
-        retries=str(max(0, len(addrs) - 1)),
-        request_id=(m["rid"] if m["rid"] not in ("", "-") else None),
-        request=m["req"],
-    )
-
-
-def upstream_tries(line: str) -> tuple[str | None, list[str], list[str]]:
-    """``(request id, upstream addresses tried, their statuses)`` of one ``G1`` line."""
-    m = _G1.match(line.strip())
-    if not m:
-        return None, [], []
-    addrs = [a.strip() for a in re.split(r"[,:]\s", m["ua"]) if a.strip()]
-    sts = [a.strip() for a in re.split(r"[,:]\s", m["us"]) if a.strip()]
-    rid = m["rid"] if m["rid"] not in ("", "-") else None
-    return rid, addrs, sts

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", type=Path, required=True)
     p.add_argument("--interval-s", type=float, default=0.1)
     a = p.parse_args(argv)
-    from chaoslib_infer.lab.shim import haproxy_servers_state
+    from chaoslib_infer.lab.haproxy import servers_state
 
     sd = a.state_dir.resolve()
     log = sd / SYNC_LOG
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     while not stop["now"]:
         try:
-            servers = in_service(haproxy_servers_state(sd / "haproxy.sock", "engines"))
+            servers = in_service(servers_state(sd / "haproxy.sock", "engines"))
         except OSError:
             time.sleep(a.interval_s)
             continue
