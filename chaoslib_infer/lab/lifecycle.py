@@ -212,7 +212,9 @@ def up(
         wait_ready(lab, ready_timeout_s)
         if gateway != "haproxy":  # the first-token gap without the gateway (figures)
             first = meta["replicas"][0]
-            lab_gateways.calibrate(state_dir, lab.replica_host(first["name"]), first["port"])
+            from chaoslib_infer.lab.gateways.figures import calibrate
+
+            calibrate(state_dir, lab.replica_host(first["name"]), first["port"])
     except BaseException as exc:
         with contextlib.suppress(Exception):
             lab.down()

@@ -233,58 +233,6 @@ def start_programs(state_dir: Path, servers: list[dict[str, str]], python: str) 
     )
 
 
-def calibrate(state_dir: Path, host: str, port: int, n: int = 5) -> float | None:
-    """The first-token gap without the gateway: ``n`` short streams sent straight to one
-    replica (``host:port``), each gap = the client's first content chunk - the engine's
-    first-token send (its TTFT log); the median is stored in ``gateway.json`` as
-    ``direct_first_token_gap_s`` (seconds) and returned. None when nothing was measured
-    (no TTFT log, a replica that did not answer); never raises for those.
-    """
-    import http.client
-    import time
-
-    from chaoslib_infer.lab.gateways.figures import TTFT_LOG, _jsonl, stream_gaps
-
-    sd = Path(state_dir)
-    records: list[dict[str, Any]] = []
-    body = json.dumps(
-        {
-            "model": "m",
-            "stream": True,
-            "max_tokens": 4,
-            "messages": [{"role": "user", "content": "x"}],
-        }
-    )
-    for i in range(n):
-        rid = f"gateway-calibration-{i}-{time.time_ns()}"
-        try:
-            conn = http.client.HTTPConnection(host, port, timeout=5)
-            conn.request(
-                "POST",
-                "/v1/chat/completions",
-                body,
-                {"Content-Type": "application/json", "X-Request-Id": rid},
-            )
-            resp = conn.getresponse()
-            while True:
-                line = resp.fp.readline()
-                if not line:
-                    break
-                if b'"content"' in line:
-                    records.append({"request_id": rid, "first_token_at": time.time()})
-                    break
-            conn.close()
-        except (OSError, http.client.HTTPException):
-            continue
-    time.sleep(0.05)
-    gaps = stream_gaps(records, _jsonl(sd / TTFT_LOG))
-    value = round(sorted(gaps)[len(gaps) // 2], 4) if gaps else None
-    info = describe(sd)
-    info["direct_first_token_gap_s"] = value
-    (sd / GATEWAY_FILE).write_text(json.dumps(info, indent=1))
-    return value
-
-
 def precheck(gateway: str, gateway_config: str | Path | None, servers: list[str]) -> None:
     """Render the gateway's config for placeholder replicas ``servers`` and run its own check
     (``nginx -t``) in a scratch directory, before the lab starts anything.

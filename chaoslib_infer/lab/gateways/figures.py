@@ -30,7 +30,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CUT_CLASSES", "TTFT_LOG", "gateway_figures", "stream_gaps"]
+from chaoslib_infer.lab.gateways import GATEWAY_FILE, describe
+from chaoslib_infer.lab.gateways import nginx as lab_nginx
+
+__all__ = ["CUT_CLASSES", "TTFT_LOG", "calibrate", "gateway_figures", "stream_gaps"]
 
 TTFT_LOG = "ttft.jsonl"
 #: error classes of a 200 stream the gateway (or the replica behind it) cut
@@ -104,9 +107,6 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
     if lab_dir is None:
         return {}
     sd = Path(lab_dir)
-    from chaoslib_infer.lab.gateways import describe
-    from chaoslib_infer.lab.gateways import nginx as lab_nginx
-
     info = describe(sd)
     if info.get("gateway", "haproxy") == "haproxy":
         return {}
@@ -191,3 +191,53 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
         "routed_to_down": routed_down,
         "streams_cut_200": cut,
     }
+
+
+def calibrate(state_dir: Path, host: str, port: int, n: int = 5) -> float | None:
+    """The first-token gap without the gateway: ``n`` short streams sent straight to one
+    replica (``host:port``), each gap = the client's first content chunk - the engine's
+    first-token send (its TTFT log); the median is stored in ``gateway.json`` as
+    ``direct_first_token_gap_s`` (seconds) and returned. None when nothing was measured
+    (no TTFT log, a replica that did not answer); never raises for those.
+    """
+    import http.client
+    import time
+
+    sd = Path(state_dir)
+    records: list[dict[str, Any]] = []
+    body = json.dumps(
+        {
+            "model": "m",
+            "stream": True,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+    )
+    for i in range(n):
+        rid = f"gateway-calibration-{i}-{time.time_ns()}"
+        try:
+            conn = http.client.HTTPConnection(host, port, timeout=5)
+            conn.request(
+                "POST",
+                "/v1/chat/completions",
+                body,
+                {"Content-Type": "application/json", "X-Request-Id": rid},
+            )
+            resp = conn.getresponse()
+            while True:
+                line = resp.fp.readline()
+                if not line:
+                    break
+                if b'"content"' in line:
+                    records.append({"request_id": rid, "first_token_at": time.time()})
+                    break
+            conn.close()
+        except (OSError, http.client.HTTPException):
+            continue
+    time.sleep(0.05)
+    gaps = stream_gaps(records, _jsonl(sd / TTFT_LOG))
+    value = round(sorted(gaps)[len(gaps) // 2], 4) if gaps else None
+    info = describe(sd)
+    info["direct_first_token_gap_s"] = value
+    (sd / GATEWAY_FILE).write_text(json.dumps(info, indent=1))
+    return value
