@@ -12,6 +12,7 @@ What lives where:
 - ``k8s.py``: actions and rollbacks on Kubernetes (k8s_simultaneous_restarts);
 - ``figures.py``: its figures, ground truth and timeline markers (``compute(ctx)``).
 
-Experiments: ``experiments/simultaneous-restarts.yaml``, ``experiments/k8s/simultaneous-restarts.yaml``;
+Experiments: ``experiments/simultaneous-restarts.yaml``,
+``experiments/k8s/simultaneous-restarts.yaml``;
 runbook: ``runbooks/simultaneous-restarts.md``.
 """
