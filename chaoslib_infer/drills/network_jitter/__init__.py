@@ -10,8 +10,7 @@ What lives where:
   (netem or the userspace shim; mechanisms :mod:`chaoslib_infer.lab.netem`,
   :mod:`chaoslib_infer.lab.shim`), and the fault ledger's fault_active / undo_fault;
 - ``probes.py``: its probes (duplicates_check);
-- ``k8s.py``: actions and rollbacks on Kubernetes (k8s_network_jitter / k8s_remove_network_jitter,
-  k8s_block_pod_ingress / k8s_restore_pod_ingress);
+- ``k8s.py``: actions and rollbacks on Kubernetes (k8s_network_jitter / k8s_remove_network_jitter);
 - ``figures.py``: its figures, ground truth and timeline markers (``compute(ctx)``).
 
 Experiments: ``experiments/network-jitter.yaml``, ``experiments/k8s/network-jitter.yaml``; runbook:

@@ -14,8 +14,8 @@ Two mechanisms, chosen by ``mechanism="auto"``:
   address, the replica's own server in maintenance so none of its keep-alive connections is
   reused) and back on undo (server ready, detour drained and deleted).
 
-Every fault is recorded with ``lab.add_fault`` *before* injection (``kind: network-jitter``, this
-module as ``module``; :func:`undo_fault` and :func:`fault_active` are its undo contract), appended
+Every fault is recorded with ``lab.add_fault`` *before* injection (``kind: network-jitter``,
+:data:`FAULT_MODULE` as ``module``; :func:`undo_fault` and :func:`fault_active` are its undo contract), appended
 to the drill's fault log, and marked in the lab's ``events.jsonl`` (``{"event": "network-jitter",
 "phase": "applied"|"removed", "token", "by"}``) at the moment new requests start and stop
 crossing the jittery link: the ground truth of the fault window.
@@ -56,6 +56,9 @@ from chaoslib_infer.safety.redact import child_env
 __all__ = ["inject_network_jitter", "remove_network_jitter"]
 
 FAULT_KIND = "network-jitter"
+#: The module the lab's fault ledger records (``module`` of a record): the historical name, a key
+#: of :data:`chaoslib_infer.safety.registry.FAULT_MODULES`, re-exporting :func:`fault_active` and
+#: :func:`undo_fault` from here, so records written before the move are still undone.
 FAULT_MODULE = "chaoslib_infer.activities.network"
 BACKEND = "engines"
 HAPROXY_SOCK = "haproxy.sock"
