@@ -56,13 +56,14 @@ class DrillSpec:
 
 def drill_kind(name: str, experiment: Path | str | None = None) -> str:
     """The drill (criteria table key) a plan entry runs: ``name`` when it is one of the seven,
-    else the experiment file's stem, else ``name``."""
-    from chaoslib_infer.verdict import DRILL_CRITERIA
+    else the experiment file's stem, else ``name`` (the seven:
+    :data:`chaoslib_infer.drills.registry.DRILLS`)."""
+    from chaoslib_infer.drills.registry import DRILLS
 
-    if name in DRILL_CRITERIA:
+    if name in DRILLS:
         return name
     stem = Path(str(experiment)).stem if experiment else ""
-    return stem if stem in DRILL_CRITERIA else name
+    return stem if stem in DRILLS else name
 
 
 @dataclass
@@ -99,10 +100,11 @@ def _check_criteria(
 ) -> None:
     """Validate and narrow ``spec.criteria``: a plan-wide key must be a criterion of some drill
     (it applies to the drills that have it); a drill's own key must be one of that drill's."""
-    from chaoslib_infer.verdict import DRILL_CRITERIA, criteria_for
+    from chaoslib_infer.drills.registry import DRILLS
+    from chaoslib_infer.verdict import criteria_for
 
     mine = {c.name for c in criteria_for(spec.kind)}
-    anywhere = {c.name for k in DRILL_CRITERIA for c in criteria_for(k)}
+    anywhere = {c.name for k in DRILLS for c in criteria_for(k)}
     for key in plan_criteria:
         if key not in anywhere:
             raise _fail(path, f"criteria.{key}", "names no criterion of any drill")

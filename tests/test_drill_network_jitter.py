@@ -223,7 +223,7 @@ def test_sigint_during_jitter_rolls_back(tmp_path: Path) -> None:
 
 
 def test_shim_dead_man_points_haproxy_back_by_itself(tmp_path: Path) -> None:
-    from chaoslib_infer.activities import network
+    from chaoslib_infer.drills.network_jitter import actions as network
     from chaoslib_infer.lab.fleet import HAPROXY_SOCK, Lab
     from chaoslib_infer.lab.shim import haproxy_servers_state
 

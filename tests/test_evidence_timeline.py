@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from chaoslib_infer.drills.upstream_timeout import figures as upstream_timeout
 from chaoslib_infer.evidence.figures import (
     FAULT,
     MILESTONE,
@@ -29,7 +30,6 @@ from chaoslib_infer.evidence.figures import (
     timeline_markers,
     unix_time,
 )
-from chaoslib_infer.evidence.kinds import upstream_timeout
 from chaoslib_infer.evidence.plots import drill_plots, replica_count_plot
 from chaoslib_infer.evidence.render import fmt_cell, render_drill
 from chaoslib_infer.gameday import _headline

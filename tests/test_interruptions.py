@@ -76,14 +76,14 @@ class DrillCase:
 
 
 DRILLS: dict[str, DrillCase] = {
-    "node-loss": DrillCase("node-loss", 1.5, "chaoslib_infer.activities.node_loss:lose_node"),
+    "node-loss": DrillCase("node-loss", 1.5, "chaoslib_infer.drills.node_loss.actions:lose_node"),
     # the hog is in the ledger from its start until the kernel killed the engine (~1 s)
     "oom-kill": DrillCase("oom-kill", 0.3, "chaoslib_infer.lab.fleet:Lab.fault_event", False),
     "network-jitter": DrillCase(
-        "network-jitter", 1.5, "chaoslib_infer.activities.network:inject_network_jitter"
+        "network-jitter", 1.5, "chaoslib_infer.drills.network_jitter.actions:inject_network_jitter"
     ),
     "traffic-spike": DrillCase(
-        "traffic-spike", 1.5, "chaoslib_infer.activities.capacity:inject_traffic_spike"
+        "traffic-spike", 1.5, "chaoslib_infer.drills.traffic_spike.actions:inject_traffic_spike"
     ),
     "upstream-timeout": DrillCase(
         "upstream-timeout", 1.5, "chaoslib_infer.lab.freeze:freeze_replica"
@@ -93,7 +93,7 @@ DRILLS: dict[str, DrillCase] = {
         "simultaneous-restarts", 0.3, "chaoslib_infer.lab.restarts:restart", False
     ),
     "quota-cut": DrillCase(
-        "quota-cut", 1.5, "chaoslib_infer.activities.capacity:cut_replica_quota"
+        "quota-cut", 1.5, "chaoslib_infer.drills.quota_cut.actions:cut_replica_quota"
     ),
 }
 INTERRUPTIONS = ["sigint", "sigterm", "exception", "sigkill"]

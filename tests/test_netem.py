@@ -173,7 +173,7 @@ def _fake_lab(tmp_path: Path) -> Path:
 def test_netem_path_with_nodes_adds_and_removes_qdiscs_on_both_veth_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from chaoslib_infer.activities import network
+    from chaoslib_infer.drills.network_jitter import actions as network
     from chaoslib_infer.lab.fleet import Lab
 
     bindir = tmp_path / "bin"
@@ -229,7 +229,7 @@ def test_netem_path_with_nodes_adds_and_removes_qdiscs_on_both_veth_ends(
 
 
 def test_netem_requested_on_this_kernel_fails_with_one_clear_line(tmp_path: Path) -> None:
-    from chaoslib_infer.activities import network
+    from chaoslib_infer.drills.network_jitter import actions as network
 
     if nm.netem_available():
         pytest.skip("this kernel has netem")

@@ -46,7 +46,7 @@ from urllib.parse import quote
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.lab import _lab, _log_fault
+from chaoslib_infer.activities.lab_common import attach_lab, log_fault
 from chaoslib_infer.lab import engine_admin
 from chaoslib_infer.lab.engine import FAULT_MODES
 from chaoslib_infer.lab.engine_admin import ReplicaNotRunning
@@ -275,7 +275,7 @@ def set_engine_fault(
     ttl = _number("ttl_s", ttl_s, allow_none=True)
     if ttl is not None and ttl <= 0:
         raise ActivityFailed(f"engine fault ttl_s must be > 0 seconds, got {ttl_s!r}")
-    lab = _lab(configuration)
+    lab = attach_lab(configuration)
     if lab.engine_name() != "sim":
         raise ActivityFailed(f"engine faults need the sim engine; the lab runs {lab.engine_name()}")
     body: dict[str, Any] = {"mode": mode_n, **_params(params), "probability": prob}
@@ -305,7 +305,7 @@ def set_engine_fault(
         fault = dict(answer.get("fault") or {})
         fault_at = float(fault.get("set_at") or time.time())
         described.append({"replica": name, **fault})
-        _log_fault(
+        log_fault(
             configuration,
             {
                 "kind": KIND,
@@ -345,7 +345,7 @@ def clear_engine_faults(
             stays recorded, for ``chaos-infer rollback`` and the dead-man).
     """
     try:
-        lab = _lab(configuration)
+        lab = attach_lab(configuration)
     except ActivityFailed:
         return {"cleared": [], "replicas": []}
     names = _replicas(lab, replica, default_all=True)
@@ -364,7 +364,7 @@ def clear_engine_faults(
             notes.append(note)
         for fault_id in _recorded_ids(lab, name):
             lab.remove_fault(fault_id, undo=False)  # already disarmed above
-        _log_fault(
+        log_fault(
             configuration,
             {
                 "kind": KIND,

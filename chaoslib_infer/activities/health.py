@@ -22,7 +22,7 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer import settings
-from chaoslib_infer.activities.lab import _lab, _last_fault
+from chaoslib_infer.activities.lab_common import attach_lab, last_fault
 from chaoslib_infer.evidence.figures import read_jsonl
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.lab.fleet import LEDGER_FILE, REQUEST_LOG, Lab
@@ -59,7 +59,7 @@ def _pick(lab: Lab, replica: str, configuration: dict[str, Any] | None) -> str:
     if not names:
         raise ActivityFailed("the lab has no replica")
     if replica in ("auto", "", None):
-        fault = _last_fault(configuration, "engine-fault")
+        fault = last_fault(configuration, "engine-fault")
         if fault and fault.get("replica") in names:
             return str(fault["replica"])
         return names[0]
@@ -123,7 +123,7 @@ def health_disagreement_check(
             attempts to judge (no evidence is not agreement).
     """
     duration = min(max(float(duration_s), SAMPLE_PERIOD_S), _MAX_DURATION_S)
-    lab = _lab(configuration)
+    lab = attach_lab(configuration)
     name = _pick(lab, replica, configuration)
     port = next(int(r["port"]) for r in lab.meta["replicas"] if r["name"] == name)
     host = lab.replica_host(name)

@@ -22,7 +22,7 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer import settings
-from chaoslib_infer.activities.k8s import _ctx, _log_fault
+from chaoslib_infer.activities.k8s_common import k8s_context, log_fault
 from chaoslib_infer.platforms.kubernetes import K8sError, clients
 from chaoslib_infer.platforms.kubernetes import observe as obs
 from chaoslib_infer.platforms.kubernetes.pods import list_pods
@@ -96,7 +96,7 @@ def k8s_start_observation(
             "samples": running.samples,
             "already_running": True,
         }
-    ctx = _ctx(target_file, configuration)
+    ctx = k8s_context(target_file, configuration)
     t = ctx.target
     sampler = obs.Sampler(clients(t.kubeconfig, t.context), t, path, interval, max_s)
     try:
@@ -104,7 +104,7 @@ def k8s_start_observation(
     except K8sError as exc:
         sampler.apis.api_client.close()
         raise ActivityFailed(str(exc)) from None
-    _log_fault(
+    log_fault(
         configuration,
         {
             "kind": "k8s-observation",
@@ -159,7 +159,7 @@ def k8s_stop_observation(configuration: dict[str, Any] | None = None) -> dict[st
 
 
 def _service_ctx(target_file: str | None, configuration: dict[str, Any] | None) -> Any:
-    ctx = _ctx(target_file, configuration)
+    ctx = k8s_context(target_file, configuration)
     if not ctx.target.service:
         raise ActivityFailed(
             f"{ctx.target.source}: no 'service:' (the Service in front of the model pods, whose "
@@ -203,7 +203,7 @@ def k8s_ready_endpoints(
 def _pod_states(
     target_file: str | None, configuration: dict[str, Any] | None
 ) -> dict[str, dict[str, Any]]:
-    ctx = _ctx(target_file, configuration)
+    ctx = k8s_context(target_file, configuration)
     t = ctx.target
     try:
         pods = list_pods(ctx.core, t.namespace, t.selector)
@@ -277,7 +277,8 @@ def _spike_start(configuration: dict[str, Any] | None, now: float) -> tuple[floa
     cfg = configuration or {}
     profile = cfg.get("load_profile")
     if isinstance(profile, list) and profile:
-        from chaoslib_infer.activities.capacity import _load_started_at, _records
+        from chaoslib_infer.activities.lab_common import run_records
+        from chaoslib_infer.drills.traffic_spike.actions import load_started_at
         from chaoslib_infer.load.schedule import check_profile
 
         try:
@@ -289,7 +290,7 @@ def _spike_start(configuration: dict[str, Any] | None, now: float) -> tuple[floa
             seed = cfg.get("load_seed")
             if isinstance(seed, str) and seed.startswith("${"):
                 seed = None
-            started = _load_started_at(_records(configuration), phases, seed)
+            started = load_started_at(run_records(configuration), phases, seed)
             if started is not None:
                 return started + sum(d for d, _ in phases[:k]), "load profile (records.jsonl)"
     return now, "call time"
@@ -346,7 +347,7 @@ def k8s_wait_scale_out(
     except K8sError as exc:
         raise ActivityFailed(str(exc)) from None
     out["spike_source"] = source
-    _log_fault(configuration, {**out, "fault_at": spike_at})
+    log_fault(configuration, {**out, "fault_at": spike_at})
     if out["timed_out"]:
         hpa = (
             f"HPA {out['hpa']} desired {out['hpa_desired_before']} -> {out['hpa_desired_after']}, "

@@ -7,7 +7,7 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.lab import _lab, _last_fault, _pick_replica
+from chaoslib_infer.activities.lab_common import attach_lab, last_fault, pick_replica
 
 __all__ = ["wait_for_replica_serving"]
 
@@ -31,11 +31,11 @@ def wait_for_replica_serving(
     Raises:
         ActivityFailed: no fault recorded, or the replica did not serve within ``timeout_s``.
     """
-    lab = _lab(configuration)
-    fault = _last_fault(configuration, "oom-kill")
+    lab = attach_lab(configuration)
+    fault = last_fault(configuration, "oom-kill")
     if fault is None:
         raise ActivityFailed("no oom-kill fault recorded in this run; nothing to wait for")
-    name = fault["replica"] if replica in ("auto", "", None) else _pick_replica(lab, replica)
+    name = fault["replica"] if replica in ("auto", "", None) else pick_replica(lab, replica)
     since = float(fault["fault_at"])
     deadline = time.monotonic() + float(timeout_s)
     while time.monotonic() < deadline:

@@ -5,8 +5,9 @@ Client figures come from the per-attempt records; ground truth from the lab's ow
 ``summary.json`` side by side so a reviewer can check one against the other.
 
 Common figures (request counts, availability, rates, latency percentiles, duplicates) are computed
-for every drill. Figures specific to a fault come from the module
-``chaoslib_infer.evidence.kinds.<kind>`` (``oom-kill`` -> ``oom_kill``) whose ``compute(ctx)``
+for every drill. Figures specific to a fault come from its kind's module (:func:`kind_module`: a
+drill's room, ``chaoslib_infer/drills/<drill>/figures.py`` through
+:data:`chaoslib_infer.drills.registry.DRILLS`, else :data:`OTHER_KINDS`) whose ``compute(ctx)``
 returns ``(figures, ground_truth)`` for each fault kind logged in ``faults.jsonl``. The same module
 may name the drill's timeline markers (``markers(ground, figures)``, ``LEDGER_LABELS``) and
 reference lines of the replica-count plot (``replica_lines(ground, figures)``), see
@@ -15,15 +16,26 @@ reference lines of the replica-count plot (``replica_lines(ground, figures)``), 
 
 from __future__ import annotations
 
-import datetime as dt
-import importlib
-import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from chaoslib_infer.drills.registry import DRILLS
+from chaoslib_infer.evidence.figkit import (
+    FAULT,
+    MILESTONE,
+    RECOVERY,
+    REMOVED,
+    STOP,
+    DrillContext,
+    Marker,
+    mark,
+    num,
+    read_jsonl,
+    unix_time,
+)
+from chaoslib_infer.evidence.kinds import engine_fault, k8s_actions, k8s_observation, k8s_scale_out
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.metrics import logical_stats, window_stats
@@ -35,6 +47,7 @@ __all__ = [
     "REMOVED",
     "STOP",
     "DrillContext",
+    "OTHER_KINDS",
     "Marker",
     "common_figures",
     "drill_figures",
@@ -46,84 +59,6 @@ __all__ = [
     "timeline_markers",
     "unix_time",
 ]
-
-#: A vertical line on the drill's plots: ``(unix seconds, label, colour)``.
-Marker = tuple[float, str, str]
-#: Marker colours by meaning: fault injected, fault removed, an intermediate event (a death, an
-#: ejection, a scale-out trigger), a recovery point (ready, serving, back in bands), stop condition.
-FAULT = "#d62728"
-REMOVED = "#8c564b"
-MILESTONE = "#9467bd"
-RECOVERY = "#2ca02c"
-STOP = "#ff7f0e"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read a JSONL file, skipping unparsable lines (a writer killed mid-line). Missing file: []."""
-    out: list[dict[str, Any]] = []
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(item, dict):
-            out.append(item)
-    return out
-
-
-def num(value: Any) -> float | None:
-    """Return ``value`` as a float, or ``None``."""
-    return None if value is None else float(value)
-
-
-def mark(t: Any, label: str, colour: str) -> list[Marker]:
-    """``[(t, label, colour)]``, or ``[]`` when ``t`` is None (a point the run never reached)."""
-    return [] if t is None or isinstance(t, bool) else [(float(t), label, colour)]
-
-
-def unix_time(value: Any) -> float | None:
-    """A time given as unix seconds or ISO 8601 text (``summary.json``) as unix seconds.
-
-    Returns:
-        Unix seconds, or None for None, empty or unparsable text (a naive ISO time is UTC).
-    """
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    try:
-        parsed = dt.datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.timestamp()
-
-
-@dataclass
-class DrillContext:
-    """Everything a per-fault figure function may read (all times unix seconds)."""
-
-    run_dir: Path
-    records: list[dict[str, Any]]
-    faults: list[dict[str, Any]]
-    lab_events: list[dict[str, Any]]
-    ledger: list[dict[str, Any]]
-    served_after: Callable[[str, float], float | None] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def last_fault(self, kind: str) -> dict[str, Any] | None:
-        """Return the last logged fault of ``kind`` (e.g. ``"oom-kill"``), or ``None``."""
-        return next((f for f in reversed(self.faults) if f.get("kind") == kind), None)
-
-    def records_before(self, t: float) -> list[dict[str, Any]]:
-        """Records sent before ``t`` (the steady state before a fault)."""
-        return [r for r in self.records if float(r.get("sent_at") or 0.0) < t]
 
 
 def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> dict[str, Any]:
@@ -209,12 +144,25 @@ def drill_figures(
     return figures, ground
 
 
+#: The fault kinds that are no drill's own (their figures stay in ``evidence/kinds/``).
+OTHER_KINDS: dict[str, ModuleType] = {
+    "engine-fault": engine_fault,
+    "k8s-actions": k8s_actions,
+    "k8s-observation": k8s_observation,
+    "k8s-scale-out": k8s_scale_out,
+}
+
+
 def kind_module(kind: str) -> ModuleType | None:
-    """The module ``chaoslib_infer.evidence.kinds.<kind>`` (dashes as underscores), or None."""
-    try:
-        return importlib.import_module(f"chaoslib_infer.evidence.kinds.{kind.replace('-', '_')}")
-    except ModuleNotFoundError:
-        return None
+    """The figures module of fault ``kind``, or None (a kind without figures of its own).
+
+    A drill's kind (``oom-kill`` ...) is its room's ``figures`` module, from
+    :data:`chaoslib_infer.drills.registry.DRILLS`; the others come from :data:`OTHER_KINDS`.
+    """
+    drill = DRILLS.get(kind)
+    if drill is not None:
+        return drill.figures
+    return OTHER_KINDS.get(kind)
 
 
 def _fault_kinds(faults: list[dict[str, Any]]) -> list[str]:

@@ -1,5 +1,10 @@
 """Acceptance criteria: what each drill judges, over which window, against which default.
 
+The criteria every drill shares live here (:data:`COMMON`); each drill's own live in its room
+(``chaoslib_infer/drills/<drill>/criteria.py``) and are assembled from
+:data:`chaoslib_infer.drills.registry.DRILLS`. :class:`Criterion` is
+:class:`chaoslib_infer.drills.criterion.Criterion` (re-exported).
+
 Every figure that answers a drill's question has a criterion here, with a default threshold from
 the acceptance table of ``docs/definitions.md`` ("Acceptance SLOs", "Drill criteria") or from the
 question the drill asks. A threshold of ``None`` means "not judged": the row is shown, never PASS.
@@ -22,8 +27,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
+
+from chaoslib_infer.drills.criterion import Criterion
+from chaoslib_infer.drills.registry import DRILLS
 
 __all__ = [
     "COMMON",
@@ -34,30 +42,6 @@ __all__ = [
     "criteria_for",
     "parse_override",
 ]
-
-
-@dataclass(frozen=True)
-class Criterion:
-    """One judged figure.
-
-    Attributes:
-        name: unique key (the override name, the ``crit_<name>`` configuration key).
-        label: what a person reads in a reason or a table row.
-        op: ``<=``, ``<``, ``>=`` or ``>``: value ``op`` threshold passes.
-        threshold: default threshold (None: not judged).
-        unit: ``s``, ``ratio`` (0..1), ``x`` (a factor), ``count``.
-        window: ``baseline``, ``fault``, ``after`` or ``drill``.
-        key: the drill's question cannot be answered without it: unmeasured makes the drill
-            ``inconclusive``.
-    """
-
-    name: str
-    label: str
-    op: str
-    threshold: float | None
-    unit: str
-    window: str
-    key: bool = False
 
 
 #: Minimum requests of a judged window (``docs/definitions.md``, "Windows"): the baseline must
@@ -134,157 +118,16 @@ GATEWAY_ONLY = frozenset(
     }
 )
 
-_ROUTED_TO_DOWN = Criterion(
-    "routed_to_down", "requests the gateway routed to a replica that was down", "<=", None,
-    "count", "fault",
-)  # fmt: skip
-
-
-def _interruption(key: bool = False) -> list[Criterion]:
-    """The interruption criteria a drill that kills or drops replicas shares."""
-    return [
-        Criterion("interruption_s", "interruption", "<=", 10.0, "s", "fault", key=key),
-        Criterion(
-            "interruption_sustained",
-            "service sustained after the interruption",
-            ">=",
-            1.0,
-            "count",
-            "fault",
-        ),
-    ]
-
-
-_NO_AVAIL = {"availability", "availability_fault", "error_rate"}
-
-#: Each drill's own question (``docs/definitions.md``, "Drill criteria").
-DRILL_CRITERIA: dict[str, list[Criterion]] = {
-    "node-loss": [
-        *_interruption(key=True),
-        Criterion(
-            "replacement_serving_s",
-            "moved replicas serving again",
-            "<=",
-            60.0,
-            "s",
-            "fault",
-            key=True,
-        ),
-        _ROUTED_TO_DOWN,
-    ],
-    "oom-kill": [
-        Criterion("oom_kills", "kernel OOM kills (ground truth)", ">=", 1.0, "count", "fault"),
-        Criterion(
-            "restart_s",
-            "restart (death to first request served)",
-            "<=",
-            30.0,
-            "s",
-            "fault",
-            key=True,
-        ),
-        Criterion(
-            "warmup_ratio", "first-request TTFT / steady-state TTFT", "<=", 10.0, "x", "fault"
-        ),
-        *_interruption(),
-    ],
-    "network-jitter": [
-        Criterion(
-            "duplicate_generations", "duplicate generations", "<=", 0.0, "count", "drill", key=True
-        ),
-        Criterion(
-            "extra_generations", "generations paid twice (extra)", "<=", 0.0, "count", "drill"
-        ),
-        Criterion("retries", "client retries", "<=", None, "count", "drill"),
-        Criterion(
-            "retry_amplification",
-            "upstream generations per client attempt (gateway retries)",
-            "<=",
-            1.0,
-            "x",
-            "drill",
-        ),
-    ],
-    "traffic-spike": [
-        Criterion(
-            "timeouts_fault",
-            "timeouts during the spike (shed must be 429/503)",
-            "<=",
-            0.0,
-            "count",
-            "fault",
-        ),
-        Criterion("shed_p99_s", "P99 time to a shed answer (429/503)", "<=", 1.0, "s", "fault"),
-        Criterion("scale_out_s", "scale-out (trigger to serving)", "<=", 30.0, "s", "fault"),
-        Criterion(
-            "recovery_s",
-            "back inside the baseline bands after the spike",
-            "<=",
-            60.0,
-            "s",
-            "after",
-            key=True,
-        ),
-    ],
-    "upstream-timeout": [
-        Criterion(
-            "hung_requests",
-            "requests that hung until the client gave up",
-            "<=",
-            0.0,
-            "count",
-            "fault",
-            key=True,
-        ),
-        Criterion(
-            "max_wait_s", "longest wait of a request in the fault window", "<=", 5.0, "s", "fault"
-        ),
-        Criterion("ejection_s", "ejection of the frozen replica", "<=", 5.0, "s", "fault"),
-        Criterion(
-            "gateway_timeout_s",
-            "gateway's effective timeout (held before a 5xx or the client gave up)",
-            "<=",
-            5.0,
-            "s",
-            "fault",
-        ),
-    ],
-    "simultaneous-restarts": [
-        Criterion(
-            "all_serving_s",
-            "every restarted replica serving again",
-            "<=",
-            60.0,
-            "s",
-            "fault",
-            key=True,
-        ),
-        Criterion(
-            "max_survivor_share", "largest share one survivor carried", "<=", 0.75, "ratio", "fault"
-        ),
-        _ROUTED_TO_DOWN,
-        *_interruption(),
-    ],
-    "quota-cut": [
-        Criterion(
-            "instances_held",
-            "instances held at the quota / planned",
-            ">=",
-            1.0,
-            "x",
-            "fault",
-            key=True,
-        ),
-    ],
-}
+#: Each drill's own criteria, from its room (``chaoslib_infer/drills/<drill>/criteria.py``, through
+#: :data:`chaoslib_infer.drills.registry.DRILLS`; ``docs/definitions.md``, "Drill criteria").
+DRILL_CRITERIA: dict[str, list[Criterion]] = {name: list(d.criteria) for name, d in DRILLS.items()}
 
 
 def _common_for(drill: str) -> list[Criterion]:
-    if drill == "traffic-spike":
-        # shedding overload is the sane answer to a spike: judged by how (429/503, fast), not as
-        # lost availability; timeouts still count
-        return [c for c in COMMON if c.name not in _NO_AVAIL]
-    return list(COMMON)
+    """The common criteria ``drill`` judges (its room's ``DROPPED_COMMON`` left out)."""
+    row = DRILLS.get(drill)
+    dropped = row.dropped_common if row is not None else frozenset()
+    return [c for c in COMMON if c.name not in dropped]
 
 
 def parse_override(text: str) -> tuple[str | None, str, float | None]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaoslib_infer.evidence.figures import (
+from chaoslib_infer.evidence.figkit import (
     FAULT,
     MILESTONE,
     REMOVED,

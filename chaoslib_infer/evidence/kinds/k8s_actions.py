@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from chaoslib_infer.evidence.figures import (
+from chaoslib_infer.evidence.figkit import (
     MILESTONE,
     RECOVERY,
     REMOVED,

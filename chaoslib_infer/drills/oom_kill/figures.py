@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaoslib_infer.evidence.figures import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
+from chaoslib_infer.evidence.figkit import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 from chaoslib_infer.measure import figures as mfig
 
 __all__ = ["LEDGER_LABELS", "compute", "markers"]

@@ -40,7 +40,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figures import (
+from chaoslib_infer.evidence.figkit import (
     FAULT,
     MILESTONE,
     RECOVERY,

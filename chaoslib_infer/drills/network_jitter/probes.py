@@ -1,0 +1,71 @@
+"""Probes for the network-jitter drill: duplicate generations caused by client retries.
+
+A logical request whose attempt timed out at the client may still be generating on the engine
+when the retry starts; the engine then generates it twice (duplicate generation, duplicate
+billing). The lab's engine ledger (``<lab>/ledger.jsonl``, one line per generation started) is
+the ground truth; the client's attempt records give the logical request ids of this run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaoslib.exceptions import ActivityFailed
+
+from chaoslib_infer import settings
+from chaoslib_infer.evidence.figures import read_jsonl
+from chaoslib_infer.load.records import read_records
+from chaoslib_infer.measure import figures as mfig
+
+__all__ = ["duplicates_check"]
+
+
+def duplicates_check(
+    max_duplicates: float = 0, configuration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Check the run's duplicate generations against a budget.
+
+    Counts the logical requests of this run's background load (every attempt record since the
+    load started) that the engine generated more than once, from the lab's generation ledger
+    (definition: ``docs/definitions.md``, "Drill figures").
+
+    Args:
+        max_duplicates: the budget (logical requests generated more than once); a negative value
+            means no budget: the count is reported and the check passes.
+        configuration: Chaos Toolkit configuration (``infer_run_dir`` for the records,
+            ``infer_lab_dir`` for the ledger).
+
+    Returns:
+        ``{"metric": "duplicate_generations", "value" (count), "op": "<=", "threshold" (None
+        without a budget), "passed", "requests" (logical requests), "attempts", "retries"}``; use
+        the tolerance ``{"type": "jsonpath", "path": "$.passed", "expect": true}``.
+
+    Raises:
+        ActivityFailed: ``max_duplicates`` is not a number, or the lab has no ledger file (no lab,
+            or an engine without one: duplicates cannot be counted there).
+    """
+    try:
+        budget = float(max_duplicates)
+    except (TypeError, ValueError):
+        raise ActivityFailed(f"max_duplicates must be a number, got {max_duplicates!r}") from None
+    ledger_path = settings.lab_dir(configuration) / "ledger.jsonl"
+    if not ledger_path.exists():
+        raise ActivityFailed(
+            f"no engine generation ledger at {ledger_path}: duplicates need the lab's sim engine"
+        )
+    path = settings.records_path(configuration)
+    records = read_records(path) if path.exists() else []
+    ids = {r.get("request_id") for r in records}
+    ids.discard(None)
+    count = mfig.duplicates(records, read_jsonl(ledger_path))
+    threshold = None if budget < 0 else budget
+    return {
+        "metric": "duplicate_generations",
+        "value": count,
+        "op": "<=",
+        "threshold": threshold,
+        "passed": threshold is None or count <= threshold,
+        "requests": len(ids),
+        "attempts": len(records),
+        "retries": sum(1 for r in records if int(r.get("attempt") or 1) > 1),
+    }

@@ -1,0 +1,31 @@
+"""The oom-kill drill's question and acceptance criteria (``docs/definitions.md``, "Drill
+criteria")."""
+
+from __future__ import annotations
+
+from chaoslib_infer.drills.criterion import Criterion, interruption
+
+__all__ = ["CRITERIA", "DROPPED_COMMON", "QUESTION"]
+
+QUESTION = (
+    "When the kernel OOM-kills one model server, is it restarted and routed around meanwhile, "
+    "and how slow is its first request after the restart?"
+)
+
+CRITERIA: list[Criterion] = [
+    Criterion("oom_kills", "kernel OOM kills (ground truth)", ">=", 1.0, "count", "fault"),
+    Criterion(
+        "restart_s",
+        "restart (death to first request served)",
+        "<=",
+        30.0,
+        "s",
+        "fault",
+        key=True,
+    ),
+    Criterion("warmup_ratio", "first-request TTFT / steady-state TTFT", "<=", 10.0, "x", "fault"),
+    *interruption(),
+]
+
+#: Common criteria this drill does not judge (none).
+DROPPED_COMMON: frozenset[str] = frozenset()

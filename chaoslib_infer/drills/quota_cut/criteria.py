@@ -1,0 +1,28 @@
+"""The quota-cut drill's question and acceptance criteria (``docs/definitions.md``, "Drill
+criteria")."""
+
+from __future__ import annotations
+
+from chaoslib_infer.drills.criterion import Criterion
+
+__all__ = ["CRITERIA", "DROPPED_COMMON", "QUESTION"]
+
+QUESTION = (
+    "When the instances allowed drop to the capacity plan's minimum, does that count still "
+    "carry the online load within the SLOs?"
+)
+
+CRITERIA: list[Criterion] = [
+    Criterion(
+        "instances_held",
+        "instances held at the quota / planned",
+        ">=",
+        1.0,
+        "x",
+        "fault",
+        key=True,
+    ),
+]
+
+#: Common criteria this drill does not judge (none).
+DROPPED_COMMON: frozenset[str] = frozenset()
