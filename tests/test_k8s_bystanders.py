@@ -195,3 +195,36 @@ def test_preflight_follows_the_drill_opt_in_and_the_daemonset_exception(
     plain = load_plan(Path(__file__).resolve().parent.parent / "drills" / "gameday-k8s.yaml")
     assert [c[:2] for c in node_fault_calls(plain)] == [("node-loss", "k8s_taint_model_node")]
     assert _writes(fake) == []
+
+
+def test_preflight_sees_a_node_fault_named_by_its_room(tmp_path: Path, fake: FakeK8s) -> None:
+    """An experiment may name node-loss's room (``chaoslib_infer.drills.node_loss.k8s``) instead
+    of the ``activities.k8s`` alias: the bystander preflight must refuse it just the same."""
+    import yaml
+
+    from chaoslib_infer.errors import ConfigError
+    from chaoslib_infer.plan import load_plan
+    from chaoslib_infer.platforms.kubernetes.target import load_target
+    from chaoslib_infer.safety.k8s_preflight import check_plan, node_fault_calls
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "experiments/k8s/node-loss.yaml").read_text()
+    assert "module: chaoslib_infer.activities.k8s\n" in text
+    exp = tmp_path / "node-loss.yaml"
+    exp.write_text(
+        text.replace(
+            "module: chaoslib_infer.activities.k8s\n",
+            "module: chaoslib_infer.drills.node_loss.k8s\n",
+        )
+    )
+    plan = tmp_path / "plan.yaml"
+    drill = {"name": "node-loss", "experiment": str(exp)}
+    plan.write_text(yaml.safe_dump({"name": "n", "platform": "kubernetes", "drills": [drill]}))
+    assert [c[:2] for c in node_fault_calls(load_plan(plan))] == [
+        ("node-loss", "k8s_taint_model_node")
+    ]
+    target_file, _cfg, _victim = _setup(tmp_path, fake)
+    _bystander(fake, "team-b", "their-app-0", node=_first_ready_node(fake))
+    with pytest.raises(ConfigError, match="team-b/their-app-0"):
+        check_plan(load_plan(plan), load_target(target_file))
+    assert _writes(fake) == []

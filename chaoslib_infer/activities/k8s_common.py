@@ -123,11 +123,11 @@ def target_record(target: K8sTarget) -> dict[str, Any]:
     """Where a saved fault was injected, for a rollback replayed without the drill
     (``chaos-infer rollback --run-dir``): the target file (absolute), the context resolved now
     (as the allowlist saw it) and the namespace."""
-    from chaoslib_infer.platforms.kubernetes.target import _resolve_context
+    from chaoslib_infer.platforms.kubernetes.target import effective_context
 
     return {
         "file": str(Path(target.source).expanduser().resolve()),
-        "context": target.context or _resolve_context(target.kubeconfig) or "in-cluster",
+        "context": effective_context(target),
         "namespace": target.namespace,
     }
 

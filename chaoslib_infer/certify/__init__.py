@@ -48,7 +48,7 @@ def _now() -> str:
 
 
 def _verdict(result: dict[str, Any]) -> tuple[str, list[str]]:
-    from .report import _cell
+    from .report import cell
 
     reasons = []
     probe = result.get("probe") or {}
@@ -58,7 +58,7 @@ def _verdict(result: dict[str, Any]) -> tuple[str, list[str]]:
     for tier in result["scorecard"]["tiers"][:2]:
         for row in tier["rows"]:
             if row["passed"] is False:
-                reasons.append(f"{row['metric']} {_cell(row)} (reference {row['reference']})")
+                reasons.append(f"{row['metric']} {cell(row)} (reference {row['reference']})")
     ok = (
         bool(probe.get("usable"))
         and result["scorecard"]["tiers"][0]["verdict"] == "PASS"

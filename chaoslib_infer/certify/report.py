@@ -220,7 +220,9 @@ def rank_key(result: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _cell(row: dict[str, Any]) -> str:
+def cell(row: dict[str, Any]) -> str:
+    """A scorecard row's value as shown: a ratio in percent, anything else with its unit;
+    "—" when the figure was not measured (never 0)."""
     v = row["value"]
     if v is None:
         return "—"
@@ -326,7 +328,7 @@ def _side_by_side(summary: dict[str, Any]) -> dict[str, Any]:
                     cells.append({"text": "—", "passed": None, "note": ""})
                     continue
                 ref = row["reference"]
-                cells.append({"text": _cell(row), "passed": row["passed"], "note": row["note"]})
+                cells.append({"text": cell(row), "passed": row["passed"], "note": row["note"]})
             rows.append({"metric": m, "reference": ref, "cells": cells})
         tiers.append({
             "tier": k + 1,

@@ -13,3 +13,21 @@ experiments and runbook. The substrate the drills share is used through public i
 (:mod:`chaoslib_infer.lab`), the Kubernetes plumbing (:mod:`chaoslib_infer.platforms.kubernetes`),
 the shared activities (:mod:`chaoslib_infer.activities`), measure, evidence, safety.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["is_k8s_actions_module"]
+
+
+def is_k8s_actions_module(module: Any) -> bool:
+    """True for a module that holds this project's Kubernetes fault actions: a drill room's
+    ``chaoslib_infer.drills.<drill>.k8s`` or the compatibility alias
+    ``chaoslib_infer.activities.k8s`` (experiments may name either)."""
+    if not isinstance(module, str):
+        return False
+    if module == "chaoslib_infer.activities.k8s":
+        return True
+    parts = module.split(".")
+    return len(parts) == 4 and parts[:2] == ["chaoslib_infer", "drills"] and parts[3] == "k8s"

@@ -25,13 +25,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.drills import is_k8s_actions_module
 from chaoslib_infer.errors import ConfigError
 
 __all__ = ["NODE_FAULTS", "check_plan", "node_fault_calls"]
 
-#: the node-level fault actions of :mod:`chaoslib_infer.activities.k8s`
+#: the node-level fault actions (node-loss's room, :mod:`chaoslib_infer.drills.node_loss.k8s`)
 NODE_FAULTS = ("k8s_drain_model_node", "k8s_taint_model_node", "k8s_delete_model_node")
-_MODULE = "chaoslib_infer.activities.k8s"
+
+
 _VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 
@@ -79,7 +81,7 @@ def node_fault_calls(plan: Any) -> list[tuple[str, str, dict[str, Any]]]:
         for act in exp.get("method") or []:
             provider = (act or {}).get("provider") or {}
             func = provider.get("func")
-            if provider.get("module") != _MODULE or func not in NODE_FAULTS:
+            if not is_k8s_actions_module(provider.get("module")) or func not in NODE_FAULTS:
                 continue
             args = provider.get("arguments") or {}
             resolved = {k: _resolve(v, dict(spec.vars or {}), config) for k, v in args.items()}

@@ -25,6 +25,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from chaoslib_infer.drills import is_k8s_actions_module
 from chaoslib_infer.evidence.figkit import (
     MILESTONE,
     RECOVERY,
@@ -38,8 +39,6 @@ __all__ = ["ACTIONS", "LEDGER_LABELS", "compute", "markers", "read_journal"]
 
 LEDGER_LABELS = ("fault injected", "fault removed")
 
-#: Module of the actions whose outputs are read.
-_MODULE = "chaoslib_infer.activities.k8s"
 #: Longest failure line kept (the journal keeps the whole exception).
 _LINE_MAX = 400
 
@@ -333,7 +332,9 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     for run in _list(journal.get("run")):
         provider = _dict(_dict(_dict(run).get("activity")).get("provider"))
         func = provider.get("func")
-        if func in ACTIONS and provider.get("module", _MODULE) == _MODULE:
+        if func in ACTIONS and is_k8s_actions_module(
+            provider.get("module", "chaoslib_infer.activities.k8s")
+        ):
             runs[str(func)] = run  # the last run of each action
     figures: dict[str, Any] = {}
     ground: dict[str, Any] = {}
