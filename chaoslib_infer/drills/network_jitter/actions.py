@@ -39,7 +39,7 @@ from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer.activities.lab_common import attach_lab, last_fault, log_fault, pick_replica
 from chaoslib_infer.lab import netem as nm
-from chaoslib_infer.lab import procfs
+from chaoslib_infer.lab import processes, procfs
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
 from chaoslib_infer.lab.shim import (
@@ -98,14 +98,7 @@ def _pid_alive(pid: int) -> bool:
     if proc is not None and proc.poll() is not None:
         _CHILDREN.pop(pid, None)
         return False
-    with contextlib.suppress(ChildProcessError, OSError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+    return processes.alive(pid)
 
 
 def _is_our_process(pid: int, token: str, marker: str) -> bool:
