@@ -1,7 +1,7 @@
 """The two chaoslib internals the game day replaces for the length of a drill, checked first.
 
 Chaos Toolkit has no public hook for either behaviour the game day needs, so
-:func:`chaoslib_infer.gameday.run_drill` swaps two module attributes of chaoslib while
+:func:`chaoslib_infer.drill_run.run_drill` swaps two module attributes of chaoslib while
 ``run_experiment`` runs, and puts them back after:
 
 - ``chaoslib.run.exit_signals`` (the context manager ``Runner.run`` enters, which installs

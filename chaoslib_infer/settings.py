@@ -25,7 +25,7 @@ DEFAULT_RUN_DIR = "chaos-infer-run"
 
 
 #: in the run folder: why the load could not start (e.g. no request succeeded in warm-up);
-#: written by the load controls, read by ``gameday.run_drill`` to report it on the console and in
+#: written by the load controls, read by ``drill_run.run_drill`` to report it on the console and in
 #: ``summary.json``
 LOAD_ERROR_FILE = "load_error.txt"
 

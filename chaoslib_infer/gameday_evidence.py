@@ -1,0 +1,261 @@
+"""One drill's evidence: figures from its folder and the lab's ground truth, the verdict, the
+rendered Markdown/HTML/plots, and the console headline of its figures.
+
+Split out of :mod:`chaoslib_infer.gameday` (issue 12). Used right after a drill
+(:func:`chaoslib_infer.drill_run.run_drill`) and to re-render a run folder
+(:func:`chaoslib_infer.report.report_run`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from chaoslib_infer.controls.guard import read_stop_condition
+from chaoslib_infer.controls.load import LOAD_ERROR_FILE
+from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.evidence.figures import drill_figures, read_jsonl, unix_time
+from chaoslib_infer.evidence.journal import failed_activities, hypothesis_results
+from chaoslib_infer.evidence.plots import drill_plots
+from chaoslib_infer.evidence.render import render_drill
+from chaoslib_infer.evidence.verdicts import drill_verdict
+from chaoslib_infer.lab.fleet import Lab
+from chaoslib_infer.load.records import read_records
+from chaoslib_infer.plan import drill_kind
+from chaoslib_infer.run_progress import iso
+
+__all__ = ["K8S_OMITTED", "drill_evidence", "experiment_title", "headline"]
+
+#: Why a Kubernetes drill's evidence has no lab ground truth (shown in its ground-truth table).
+K8S_OMITTED = (
+    "omitted on a Kubernetes target: cgroup OOM counters, supervisor events, the HAProxy log and "
+    "the engine's generation ledger (duplicates) exist only in the local lab; the cluster's own "
+    "record of each fault is in faults.jsonl"
+)
+
+
+def _slo_rows(journal: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    for phase in out:
+        entry = (journal.get("steady_states") or {}).get(phase) or {}
+        for probe in entry.get("probes") or []:
+            output = probe.get("output")
+            if isinstance(output, dict) and "metric" in output:
+                out[phase].append(output)
+    return out
+
+
+def _activity_rows(journal: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    failed = {(a["section"], a["name"]): a for a in failed_activities(journal)}
+    for section in ("run", "rollbacks"):
+        for run in journal.get(section) or []:
+            name = (run.get("activity") or {}).get("name")
+            info = failed.get((section, name))
+            note = info.get("exception") if info else None
+            output = run.get("output")
+            if note is None and isinstance(output, dict):
+                note = ", ".join(f"{k}={v}" for k, v in list(output.items())[:4])
+            elif note is None and isinstance(output, list):
+                note = "; ".join(str(x) for x in output) or "nothing to undo"
+            rows.append(
+                {
+                    "section": section,
+                    "name": name,
+                    "status": run.get("status", "cut-off"),
+                    "note": note,
+                }
+            )
+    return rows
+
+
+def _replica_map(lab: Lab | None) -> dict[str, str]:
+    """Request id -> replica from the lab's engine ledger and HAProxy log ({} off the lab)."""
+    if lab is None:
+        return {}
+    from chaoslib_infer.activities.health import lab_replica_map
+
+    try:
+        return lab_replica_map(lab)
+    except (OSError, ValueError):
+        return {}
+
+
+def drill_evidence(
+    name: str,
+    experiment_path: str,
+    title: str,
+    drill_dir: Path,
+    journal: dict[str, Any],
+    lab: Lab | None,
+    target: dict[str, Any],
+    started: float | str,
+    ended: float | str,
+    status: str | None = None,
+    criteria: dict[str, Any] | None = None,
+    kind: str | None = None,
+) -> dict[str, Any]:
+    """Compute one drill's figures from its folder and the lab's ground truth, judge it, and write
+    its evidence.
+
+    Used right after a drill (:func:`chaoslib_infer.drill_run.run_drill`) and to re-render an
+    existing run folder (:func:`chaoslib_infer.report.report_run`, ``chaos-infer report``).
+
+    Args:
+        name: drill name (its folder name).
+        experiment_path: the experiment file (for the summary).
+        title: the experiment's title.
+        drill_dir: the drill folder (``records.jsonl``, ``faults.jsonl``, ``stop_condition.json``).
+        journal: the Chaos Toolkit journal (possibly partial, for a killed run).
+        lab: the lab whose files hold the ground truth (it may be down), or ``None``.
+        target: the ``summary.json`` target block.
+        started: unix seconds or ISO 8601 text.
+        ended: unix seconds or ISO 8601 text.
+        status: verdict to use instead of the judged one (e.g. ``"incomplete"``).
+        criteria: threshold overrides ``{criterion: value | "off"}`` (the plan's and the CLI's).
+        kind: which of the seven drills it is (default :func:`chaoslib_infer.plan.drill_kind`).
+
+    Returns:
+        The drill's ``summary.json`` entry: ``status`` (the verdict state), ``reasons``,
+        ``verdict`` (rows, windows, notes), figures, ground truth (``stop_condition`` set when a
+        guard aborted it).
+
+    Raises:
+        ConfigError: a criterion override names no criterion of this drill.
+    """
+    stop = journal.get("stop_condition") or read_stop_condition(drill_dir)
+    hyp = hypothesis_results(journal)
+    events = lab.events() if lab is not None else []
+    ledger_entries = read_jsonl(lab.state_dir / "ledger.jsonl") if lab is not None else []
+    figures, ground = drill_figures(
+        drill_dir, events, ledger_entries, served_after=(lab.served if lab is not None else None)
+    )
+    if lab is not None:  # the gateway, its config (scrubbed) and figures: docs/gateways.md
+        from chaoslib_infer.lab.gateways import describe
+        from chaoslib_infer.lab.gateways.figures import gateway_figures
+
+        figures.update(gateway_figures(lab.state_dir, drill_dir))
+        ground["gateway"] = describe(lab.state_dir)
+    ledger_measured = any(e.get("event", "generation") == "generation" for e in ledger_entries)
+    if target.get("kind") == "kubernetes":
+        ground.setdefault("lab_only_figures", K8S_OMITTED)
+    if not ledger_measured:
+        # no engine ledger (a cluster, a URL, llama.cpp): a count of 0 would read as "no
+        # duplicates"; the figure is unmeasured
+        figures["duplicates"] = None
+        if "duplicate_generations" in figures:
+            figures["duplicate_generations"] = None
+    records = (
+        read_records(drill_dir / "records.jsonl") if (drill_dir / "records.jsonl").exists() else []
+    )
+    load_error_file = drill_dir / LOAD_ERROR_FILE
+    load_error = (
+        load_error_file.read_text(encoding="utf-8").strip() if load_error_file.is_file() else None
+    )
+    t0, t1 = unix_time(started), unix_time(ended)
+    try:
+        verdict = drill_verdict(
+            kind or drill_kind(name, experiment_path),
+            drill_dir,
+            journal,
+            records,
+            figures,
+            ground,
+            events,
+            ledger_measured,
+            criteria=criteria,
+            stop=stop,
+            load_error=load_error,
+            start=t0,
+            end=t1,
+            replica_of=_replica_map(lab),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    status = status or verdict.state
+    entry: dict[str, Any] = {
+        "name": name,
+        "experiment": experiment_path,
+        "status": status,
+        "reasons": verdict.reasons,
+        "verdict": verdict.as_dict(),
+        "criteria_overrides": dict(criteria or {}),
+        "hypothesis": hyp,
+        "started_at": started if isinstance(started, str) else iso(started),
+        "ended_at": ended if isinstance(ended, str) else iso(ended),
+        "figures": figures,
+        "ground_truth": ground,
+        "evidence": f"{name}/evidence.md",
+    }
+    if stop:
+        entry["stop_condition"] = stop
+    if (drill_dir / "records.jsonl").exists():  # Locust-format stats for existing dashboards
+        from chaoslib_infer.load.locuststats import write_locust_stats
+
+        with contextlib.suppress(OSError):
+            write_locust_stats(drill_dir / "records.jsonl")
+    plots, omitted = drill_plots(name, drill_dir, records, events, entry, target, t0, t1, stop)
+    render_drill(
+        drill_dir,
+        entry,
+        target,
+        title,
+        _slo_rows(journal),
+        _activity_rows(journal),
+        plots,
+        omitted,
+        t0,
+    )
+    return entry
+
+
+_HEADLINE_KEYS = (
+    "availability",
+    "p99_e2e_s",
+    "p99_request_e2e_s",
+    "interruption_s",
+    "failed_requests",
+    "restart_s",
+    "replacement_serving_s",
+    "duplicate_generations",
+    "ejection_s",
+    "all_serving_s",
+    "survivor_share_ratio",
+    "shed_requests",
+    "scale_out_s",
+    "planned_instances",
+    "instances_held",
+)
+
+
+def headline(figures: dict[str, Any]) -> str:
+    """One line of the figures an SRE looks at first (those the drill produced)."""
+    parts = []
+    # with retries the attempt P99 censors timed-out attempts: say so, and show the per-request one
+    retried = figures.get("p99_request_e2e_s") is not None
+    notes = {
+        "p99_e2e_s": " (attempts; failed ones censored)",
+        "p99_request_e2e_s": " (per request, retries included)",
+    }
+    for key in _HEADLINE_KEYS:
+        value = figures.get(key)
+        if value is None or isinstance(value, dict | list):
+            continue
+        text = f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
+        parts.append(text + (notes.get(key, "") if retried else ""))
+    return ", ".join(parts)
+
+
+def experiment_title(journal: dict[str, Any], experiment_path: str) -> str:
+    """The experiment's title: from the journal, else from its file ("" when unreadable)."""
+    title = (journal.get("experiment") or {}).get("title")
+    if title:
+        return str(title)
+    try:
+        raw = yaml.safe_load(Path(experiment_path).read_text(encoding="utf-8"))
+        return str((raw or {}).get("title", "")) if isinstance(raw, dict) else ""
+    except (OSError, ValueError, yaml.YAMLError):
+        return ""
