@@ -502,17 +502,31 @@ def test_control_passes_retry_and_profile(
 def test_warmup_waits_for_a_baseline_the_verdict_can_judge(
     server: FakeServer, tmp_path: Path
 ) -> None:
-    """A load that starts slowly is given time to put 55 successes on record before the
-    hypothesis (the verdict needs 50 in the baseline), bounded by the patience."""
-    conf = {"infer_base_url": server.url, "infer_run_dir": str(tmp_path)}
+    """A load whose answers come late is given time to put 55 successes on record before the
+    hypothesis (the verdict needs 50 in the baseline), bounded by the patience; a short warm-up
+    the operator chose waits only for 80 % of what its own schedule sent."""
+    conf = {"infer_base_url": server.url + "/delay=1.5", "infer_run_dir": str(tmp_path)}
     started = time.monotonic()
-    load_control.start_load(
-        rate_rps=40.0, warmup_s=0.5, max_duration_s=20, seed=3, configuration=conf
+    load_control.start_load(  # 40 req/s for 2 s = 80 scheduled: wait for 55, late by 1.5 s each
+        rate_rps=40.0, warmup_s=2.0, max_duration_s=20, seed=3, configuration=conf
     )
     waited = time.monotonic() - started
     try:
         ok = sum(r.get("ok") is True for r in read_records(tmp_path / "records.jsonl"))
         assert ok >= load_control.BASELINE_REQUESTS
-        assert 0.5 <= waited < 0.5 + load_control.BASELINE_PATIENCE_S + 2
+        assert 2.0 < waited < 2.0 + load_control.BASELINE_PATIENCE_S + 2
+    finally:
+        load_control.stop_load(conf)
+    short = tmp_path / "short"
+    conf = {"infer_base_url": server.url, "infer_run_dir": str(short)}
+    started = time.monotonic()
+    load_control.start_load(
+        rate_rps=10.0, warmup_s=1.0, max_duration_s=20, seed=4, configuration=conf
+    )
+    waited = time.monotonic() - started
+    try:
+        ok = sum(r.get("ok") is True for r in read_records(short / "records.jsonl"))
+        assert 8 <= ok < load_control.BASELINE_REQUESTS  # 0.8 x 10 req/s x 1 s, not 55
+        assert waited < 1.0 + load_control.BASELINE_PATIENCE_S
     finally:
         load_control.stop_load(conf)
