@@ -44,6 +44,11 @@ def _experiment(name: str, tmp: Path, edit: Any) -> Path:
 def _calm_client(doc: dict[str, Any]) -> None:
     args = doc["controls"][0]["provider"]["arguments"]
     args["attempt_timeout_s"] = 8.0
+    # the lab's jitter shim lets in-flight streams drain for drain_s (2 s) at removal, then
+    # resets them: a calm client's stream may last up to its 8 s attempt timeout, and a reset
+    # there is the lab's artifact, not the service's retry (seen once on a CI rehearsal)
+    (inject,) = [a for a in doc["method"] if a.get("name") == "inject-network-jitter"]
+    inject["provider"]["arguments"]["drain_s"] = 10.0
 
 
 def _no_rollback(doc: dict[str, Any]) -> None:
