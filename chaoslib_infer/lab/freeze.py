@@ -49,11 +49,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaoslib_infer.lab import procfs
+from chaoslib_infer.lab import processes, procfs
 from chaoslib_infer.lab.cgroups import MemoryCgroup, join, read_mounts, read_self_cgroups
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
 from chaoslib_infer.lab.statedir import LabError
-from chaoslib_infer.safety.redact import child_env
 
 if TYPE_CHECKING:
     from chaoslib_infer.lab.fleet import Lab
@@ -81,41 +80,19 @@ FREEZERS = ("auto", "v1", "v2")
 DEFAULT_TTL_S = 120.0
 _SETTLE_S = 5.0  # how long a freezer may stay FREEZING/THAWING
 _NETNS = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
 # --------------------------------------------------------------------------------------------
 # /proc helpers
 # --------------------------------------------------------------------------------------------
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name (index 0 = state), or None."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()
-
-
-def _proc_state(pid: int) -> str | None:
-    """One-letter process state (``R``, ``S``, ``D``, ``T``, ``Z`` ...), None if gone."""
-    fields = _stat_fields(pid)
-    return fields[0] if fields else None
-
-
-def _starttime(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (field 22): tells a reused pid apart."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields and len(fields) > 19 else None
-
-
 def _same_process(pid: int, starttime: int | None) -> bool:
-    st = _starttime(pid)
-    return st is not None and (starttime is None or st == starttime) and _proc_state(pid) != "Z"
+    st = procfs.start_time(pid)
+    return st is not None and (starttime is None or st == starttime) and procfs.state(pid) != "Z"
 
 
 def _stopped(pid: int) -> bool:
     """True when ``pid`` is stopped by a signal (state ``T``) or traced (``t``)."""
-    return _proc_state(pid) in ("T", "t")
+    return procfs.state(pid) in ("T", "t")
 
 
 def _write(path: Path, value: str) -> None:
@@ -208,7 +185,7 @@ def prepare(
     """
     if mode not in MODES:
         raise LabError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    live = [p for p in pids if _starttime(p) is not None]
+    live = [p for p in pids if procfs.start_time(p) is not None]
     if not live:
         raise LabError(f"no running process to freeze for {name}")
     rec: dict[str, Any] = {
@@ -216,7 +193,7 @@ def prepare(
         "requested_mode": mode,
         "pid": live[0],
         "pids": live,
-        "starttimes": {str(p): _starttime(p) for p in live},
+        "starttimes": {str(p): procfs.start_time(p) for p in live},
         "freezer": None,
         "cgroup": None,
         "moved": False,
@@ -324,7 +301,7 @@ def inject(rec: dict[str, Any]) -> float:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGSTOP)
         deadline = time.monotonic() + _SETTLE_S
-        while not all(_stopped(p) or _starttime(p) is None for p in targets):
+        while not all(_stopped(p) or procfs.start_time(p) is None for p in targets):
             if time.monotonic() > deadline:
                 raise LabError(f"pid(s) {targets} not stopped {_SETTLE_S:g} s after SIGSTOP")
             time.sleep(0.002)
@@ -460,8 +437,7 @@ def spawn_deadman(rec: dict[str, Any], ttl_s: float, state_dir: Path | None = No
     and in the runner's cgroups (never frozen with the replica, not killed by ``lab down``'s cgroup
     sweep). :func:`undo_fault` kills it.
     """
-    env = child_env()  # lab children never get the API key
-    env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_PARENT, *filter(None, [env.get("PYTHONPATH")])])
+    env = processes.lab_child_env()  # lab children never get the API key
     argv = [
         sys.executable,
         "-m",
@@ -488,7 +464,7 @@ def spawn_deadman(rec: dict[str, Any], ttl_s: float, state_dir: Path | None = No
 
 def _is_deadman(pid: int) -> bool:
     cmd = procfs.cmdline(pid)
-    return MODULE in cmd and " deadman " in cmd and _proc_state(pid) not in (None, "Z")
+    return MODULE in cmd and " deadman " in cmd and procfs.state(pid) not in (None, "Z")
 
 
 def _stop_deadman(rec: dict[str, Any]) -> None:
