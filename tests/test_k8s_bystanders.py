@@ -127,11 +127,14 @@ def _first_ready_node(fake: FakeK8s) -> str:
     return str(fake.get("", "pods", first, "llm")["spec"]["nodeName"])
 
 
-def _plan(tmp_path: Path, drill_vars: dict[str, Any] | None = None) -> Path:
+def _plan(
+    tmp_path: Path, drill_vars: dict[str, Any] | None = None, experiment: Path | None = None
+) -> Path:
     import yaml
 
     root = Path(__file__).resolve().parent.parent
-    drill = {"name": "node-loss", "experiment": str(root / "experiments/k8s/node-loss.yaml")}
+    exp = experiment or root / "experiments/k8s/node-loss.yaml"
+    drill = {"name": "node-loss", "experiment": str(exp)}
     if drill_vars:
         drill["vars"] = drill_vars
     plan = tmp_path / "plan.yaml"
@@ -200,7 +203,6 @@ def test_preflight_follows_the_drill_opt_in_and_the_daemonset_exception(
 def test_preflight_sees_a_node_fault_named_by_its_room(tmp_path: Path, fake: FakeK8s) -> None:
     """An experiment may name node-loss's room (``chaoslib_infer.drills.node_loss.k8s``) instead
     of the ``activities.k8s`` alias: the bystander preflight must refuse it just the same."""
-    import yaml
 
     from chaoslib_infer.errors import ConfigError
     from chaoslib_infer.plan import load_plan
@@ -217,9 +219,7 @@ def test_preflight_sees_a_node_fault_named_by_its_room(tmp_path: Path, fake: Fak
             "module: chaoslib_infer.drills.node_loss.k8s\n",
         )
     )
-    plan = tmp_path / "plan.yaml"
-    drill = {"name": "node-loss", "experiment": str(exp)}
-    plan.write_text(yaml.safe_dump({"name": "n", "platform": "kubernetes", "drills": [drill]}))
+    plan = _plan(tmp_path, experiment=exp)
     assert [c[:2] for c in node_fault_calls(load_plan(plan))] == [
         ("node-loss", "k8s_taint_model_node")
     ]
