@@ -46,9 +46,9 @@ from typing import Any
 from chaoslib.exceptions import InterruptExecution
 
 from chaoslib_infer import settings
+from chaoslib_infer.drills.criterion import MIN_REQUESTS
 from chaoslib_infer.errors import InferChaosError
 from chaoslib_infer.settings import LOAD_ERROR_FILE
-from chaoslib_infer.verdict.criteria import MIN_REQUESTS
 
 __all__ = ["after_experiment_control", "before_experiment_control", "start_load", "stop_load"]
 

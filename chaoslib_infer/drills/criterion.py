@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ROUTED_TO_DOWN", "Criterion", "interruption"]
+__all__ = ["MIN_REQUESTS", "ROUTED_TO_DOWN", "Criterion", "interruption"]
+
+#: Minimum requests of a judged window (``docs/definitions.md``, "Windows"): the baseline must
+#: show a defect of a few percent (50 requests: 2 failures are 4 %), the fault window must hold
+#: enough requests to say anything. Here, in the dependency-free module, so the load control can
+#: size its warm-up without importing the verdict.
+MIN_REQUESTS = {"baseline": 50, "fault": 10}
 
 
 @dataclass(frozen=True)

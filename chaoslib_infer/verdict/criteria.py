@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from chaoslib_infer.drills.criterion import Criterion
+from chaoslib_infer.drills.criterion import MIN_REQUESTS, Criterion
 from chaoslib_infer.drills.registry import DRILLS
 
 __all__ = [
@@ -43,11 +43,6 @@ __all__ = [
     "parse_override",
 ]
 
-
-#: Minimum requests of a judged window (``docs/definitions.md``, "Windows"): the baseline must
-#: show a defect of a few percent (50 requests: 2 failures are 4 %), the fault window must hold
-#: enough requests to say anything.
-MIN_REQUESTS = {"baseline": 50, "fault": 10}
 
 _SLO = [
     Criterion("availability", "availability (whole drill)", ">=", 0.999, "ratio", "drill"),
