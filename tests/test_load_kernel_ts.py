@@ -384,3 +384,23 @@ def test_pending_transmit_stamp_does_not_stall_reading_on_uvloop() -> None:
         a.close()
         b.close()
     assert b"".join(got) == b"onetwo"
+
+
+@needs_stamps
+def test_first_read_of_a_lone_connection_is_stamped() -> None:
+    """The kernel switches stamping on deferred when the first stamped socket asks (CI read
+    "loop" records for one-attempt sessions): ``hold_stamps`` keeps it on, so the first read of a
+    new connection that is the only stamped TCP socket carries a stamp, 20 times in a row."""
+    assert kerneltime.hold_stamps()
+    for _ in range(20):
+        a, b = _tcp_pair()
+        try:
+            assert kerneltime.enable(a, tx=True)[0]
+            b.sendall(b"x")
+            a.settimeout(2)
+            data, anc, _, _ = a.recvmsg(16, kerneltime.ANC_SIZE)
+            assert data == b"x"
+            assert kerneltime.rx_stamp(anc) is not None
+        finally:
+            a.close()
+            b.close()
