@@ -81,12 +81,13 @@ def test_nginx_t_refuses_a_broken_config_before_anything_starts() -> None:
     gateways.precheck("nginx", None, ["r0"])
 
 
-def test_gateway_choice_refusals() -> None:
-    with pytest.raises(gateways.GatewayError, match="litellm is not supported"):
+def test_gateway_choice_refusals(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CHAOS_INFER_LITELLM", str(tmp_path / "no-litellm"))
+    with pytest.raises(gateways.GatewayError, match="litellm not found: scripts/quickstart"):
         gateways.check_choice("litellm", None)
     with pytest.raises(gateways.GatewayError, match="must be one of"):
         gateways.check_choice("envoy", None)
-    with pytest.raises(gateways.GatewayError, match="is for gateway nginx"):
+    with pytest.raises(gateways.GatewayError, match="is for gateways nginx and litellm"):
         gateways.check_choice("haproxy", "x.conf")
 
 

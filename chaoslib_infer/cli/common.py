@@ -49,13 +49,15 @@ def k8s_target_file(value: str | None) -> Path | None:
 
 GATEWAY_CHOICE = click.Choice(["haproxy", "nginx", "litellm"])
 GATEWAY_HELP = (
-    "The lab's gateway on its URL: haproxy (the lab's settings), nginx (Debian's, with "
-    "--gateway-config or the project's default); docs/gateways.md."
+    "The lab's gateway on its URL: haproxy (the lab's settings), nginx (Debian's) or litellm "
+    "(LiteLLM's proxy: scripts/quickstart litellm), each with --gateway-config or the "
+    "project's default; docs/gateways.md."
 )
 GATEWAY_CONFIG_HELP = (
-    "The gateway's config: a full nginx.conf, server blocks or a location snippet (a Jinja2 "
-    "template over the lab's replicas: {{ upstream }}, {{ servers }}, {{ listen }}, "
-    "{{ lab_http }}); docs/gateways.md."
+    "The gateway's config, a Jinja2 template over the lab's replicas. nginx: a full "
+    "nginx.conf, server blocks or a location snippet ({{ upstream }}, {{ servers }}, "
+    "{{ listen }}, {{ lab_http }}); litellm: a proxy config.yaml ({{ replicas }}, "
+    "{{ model_list }}, {{ service }}; without model_list it gets the lab's); docs/gateways.md."
 )
 
 

@@ -143,10 +143,12 @@ def up(
     elif not port_free(port):
         raise LabError(f"port {port} on 127.0.0.1 is already in use")
     ports: list[int] = []
-    while len(ports) < replicas + standby + (gateway != "haproxy"):
+    n_lanes = replicas + standby if gateway == "litellm" else 0  # one lane per replica
+    while len(ports) < replicas + standby + (gateway != "haproxy") + n_lanes:
         p = free_port()
         if p != port and p not in ports:
             ports.append(p)
+    lane_ports = [ports.pop() for _ in range(n_lanes)]
 
     for name in (
         EVENTS_FILE,
@@ -185,6 +187,7 @@ def up(
             "config_path": str(Path(gateway_config).resolve()) if gateway_config else None
         },
         **({"haproxy_port": ports.pop()} if gateway != "haproxy" else {}),
+        **({"lanes": dict(zip(names, lane_ports, strict=True))} if n_lanes else {}),
         "memory_limit_bytes": memory_limit_mb << 20,
         "cgroup_version": hierarchy.version,
         "cgroup_root": str(root),
@@ -248,6 +251,14 @@ def start(lab: Lab, haproxy_bin: str) -> None:
         topology.setup_nodes(lab)
         hosts = {r["name"]: (r["host"], int(r["port"])) for r in meta["replicas"]}
         cfg.write_text(topology.haproxy_config(cfg.read_text(), hosts))
+    if meta.get("lanes"):  # LiteLLM's deployments reach the replicas through lanes
+        from chaoslib_infer.lab.gateways.litellm import lanes_config
+
+        lane_servers = {
+            r["name"]: (lab.replica_host(r["name"]), int(r["port"]), bool(r.get("standby")))
+            for r in meta["replicas"]
+        }
+        cfg.write_text(cfg.read_text() + "\n" + lanes_config(meta["lanes"], lane_servers))
     check = subprocess.run(
         [haproxy_bin, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True, timeout=10
     )
@@ -273,9 +284,11 @@ def start(lab: Lab, haproxy_bin: str) -> None:
             raise LabError(str(exc)) from None
         path = meta["gateway_info"].get("config_path")
         lab_gateways.record(sd, meta["gateway"], path, Path(path).read_text() if path else None)
-        request_log = sd / "haproxy-wire.log"  # HAProxy off the client path: health checks
-        (sd / lab_nginx.ACCESS_LOG).touch()
-        (sd / REQUEST_LOG).symlink_to(lab_nginx.ACCESS_LOG)
+        if meta["gateway"] == "nginx":
+            request_log = sd / "haproxy-wire.log"  # HAProxy off the client path: health checks
+            (sd / lab_nginx.ACCESS_LOG).touch()
+            (sd / REQUEST_LOG).symlink_to(lab_nginx.ACCESS_LOG)
+        # litellm: HAProxy's own log is the request log (one line per upstream try, its lanes)
     engine_args = dict(meta["engine_args"])
     if meta["engine"] == "sim":  # the fault control plane answers the lab's token only
         engine_args["admin_token_file"] = str(sd / ADMIN_TOKEN_FILE)
@@ -336,6 +349,11 @@ def start(lab: Lab, haproxy_bin: str) -> None:
         )
     meta["pids"] = {"supervisord": lab.supervisord_process.pid}
     write_json(sd / LAB_FILE, meta)
+
+
+#: the gateway's own liveness path, where it is not the engines' (LiteLLM's ``/health`` calls
+#: every deployment; ``/health/liveliness`` answers for the proxy itself)
+FRONT_HEALTH = {"litellm": "/health/liveliness"}
 
 
 def wait_ready(lab: Lab, timeout_s: float) -> None:
@@ -401,7 +419,7 @@ def not_ready_reason(lab: Lab) -> str | None:
             name in ("haproxy", "gateway") and info["statename"] == "EXITED"
         ):
             log = sd / "logs" / ("haproxy.err" if name == "haproxy" else f"{name}.log")
-            if name == "gateway":
+            if name == "gateway" and lab.meta.get("gateway") == "nginx":
                 log = sd / "logs" / "nginx.err"
             return f"FATAL:{name} failed to start ({info['statename']}): {tail(log) or info['spawnerr']}"
         if info["statename"] != "RUNNING":
@@ -432,8 +450,9 @@ def not_ready_reason(lab: Lab) -> str | None:
     ]
     if down:
         return f"haproxy has {', '.join(down)} not UP yet"
-    if http_status(int(lab.meta["port"]), lab.health_path()) != 200:
-        return f"haproxy frontend not answering {lab.health_path()}"
+    front = FRONT_HEALTH.get(str(lab.meta.get("gateway")), lab.health_path())
+    if http_status(int(lab.meta["port"]), front) != 200:
+        return f"{lab.meta.get('gateway', 'haproxy')} frontend not answering {front}"
     ready = {e["replica"] for e in lab.events() if e.get("event") == "ready"}
     missing = [n for n in lab.replica_names() if n not in ready]
     if missing:

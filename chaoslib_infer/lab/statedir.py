@@ -60,7 +60,7 @@ TICK_S = 0.02
 #: files of a non-HAProxy gateway (:mod:`chaoslib_infer.lab.gateways`), removed at lab up
 GATEWAY_FILES = (
     "gateway.json", "gateway-requests.log", "gateway-servers.json", "gateway-sync.jsonl",
-    "haproxy-wire.log", "nginx.conf", "nginx.conf.new", "nginx.pid", "ttft.jsonl",
+    "haproxy-wire.log", "nginx.conf", "nginx.conf.new", "nginx.pid", "ttft.jsonl", "litellm.yaml",
 )  # fmt: skip
 
 

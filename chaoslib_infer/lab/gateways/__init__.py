@@ -9,7 +9,10 @@
   :mod:`chaoslib_infer.lab.gateways.nginx`) or the project's default; HAProxy keeps running off
   the client path as the lab's intent plane and health checker, and
   :mod:`chaoslib_infer.lab.gateways.sync` mirrors its server states into nginx's upstream;
-- ``litellm``: refused with one line (not supported by this version: docs/gateways.md says why).
+- ``litellm``: LiteLLM's proxy (its own virtualenv) with the user's proxy config or the
+  project's default, each deployment of its ``model_list`` reaching one replica through a
+  HAProxy *lane* that ``gateway-sync`` keeps mirroring the intent plane into (see
+  :mod:`chaoslib_infer.lab.gateways.litellm`).
 
 Ground truth a gateway writes: ``gateway-requests.log`` (which replica served which request id
 and when; ``haproxy-requests.log`` is a link to it, so every reader of the lab's request log
@@ -35,6 +38,7 @@ __all__ = [
     "describe",
     "gateway_of",
     "redact_config",
+    "write_litellm_config",
     "write_nginx_config",
 ]
 
@@ -59,27 +63,31 @@ def check_choice(gateway: str, gateway_config: str | Path | None) -> str | None:
         The config text (None: the gateway's default).
 
     Raises:
-        GatewayError: an unknown gateway, ``litellm`` (not supported here), a config given to
-            ``haproxy``, a config file that cannot be read, or a missing nginx binary.
+        GatewayError: an unknown gateway, a config given to ``haproxy``, a config file that
+            cannot be read, or a missing nginx / litellm binary.
     """
     if gateway not in GATEWAYS:
         raise GatewayError(f"gateway must be one of {', '.join(GATEWAYS)}, got {gateway!r}")
-    if gateway == "litellm":
-        raise GatewayError(
-            "gateway litellm is not supported by this version of the lab (docs/gateways.md, "
-            "'LiteLLM'); use nginx or haproxy"
-        )
     if gateway == "haproxy":
         if gateway_config is not None:
             raise GatewayError(
-                "gateway_config is for gateway nginx; the haproxy gateway has the lab's settings "
-                "(gateway_retry)"
+                "gateway_config is for gateways nginx and litellm; the haproxy gateway has the "
+                "lab's settings (gateway_retry)"
             )
         return None
-    from chaoslib_infer.lab.gateways import nginx
+    if gateway == "litellm":
+        from chaoslib_infer.lab.gateways import litellm
 
-    if nginx.find_nginx() is None:
-        raise GatewayError("nginx not found: apt-get install nginx-light")
+        if litellm.find_litellm() is None:
+            raise GatewayError(
+                f"litellm not found: scripts/quickstart litellm installs it into "
+                f"{litellm.VENV_BINARY.parent.parent} (or set ${litellm.ENV_BINARY})"
+            )
+    else:
+        from chaoslib_infer.lab.gateways import nginx
+
+        if nginx.find_nginx() is None:
+            raise GatewayError("nginx not found: apt-get install nginx-light")
     if gateway_config is None:
         return None
     path = Path(gateway_config)
@@ -165,6 +173,13 @@ def record(
         binary = nginx.find_nginx()
         info["version"] = _version(binary) if binary else None
         info["config"] = redact_config(text) if text is not None else "(the lab's default)"
+    elif gateway == "litellm":
+        from chaoslib_infer.lab.gateways import litellm
+
+        binary = litellm.find_litellm()
+        info["version"] = litellm.version(binary) if binary else None
+        info["config"] = redact_config(text) if text is not None else "(the lab's default)"
+        info["lanes"] = _lab_meta(Path(state_dir)).get("lanes")
     (Path(state_dir) / GATEWAY_FILE).write_text(json.dumps(info, indent=1))
     return info
 
@@ -207,40 +222,95 @@ stdout_logfile_maxbytes=0
 """
 
 
-def start_programs(state_dir: Path, servers: list[dict[str, str]], python: str) -> str:
-    """Render and check the first nginx.conf (``servers`` in service), and return the
-    supervisord blocks ``[program:gateway]`` (nginx) and ``[program:gateway-sync]``.
+def write_litellm_config(state_dir: Path, in_service: list[str]) -> Path:
+    """Render the lab's ``litellm.yaml`` (the user's config or the default; the lanes of
+    ``lab.json``; ``in_service``: the replicas the default ``model_list`` lists).
 
     Raises:
-        NginxError: the config does not render or nginx rejects it.
-        GatewayError: nginx not found.
+        LiteLLMError: the config does not render or is refused (see ``litellm.render_config``).
+    """
+    from chaoslib_infer.lab.gateways import litellm
+
+    sd = Path(state_dir)
+    meta = _lab_meta(sd)
+    gw = meta.get("gateway_info") or {}
+    user_text = None
+    if gw.get("config_path"):
+        user_text = Path(gw["config_path"]).read_text(encoding="utf-8")
+    source = str(gw.get("config_path") or "the default LiteLLM config")
+    text = litellm.render_config(
+        user_text,
+        {k: int(v) for k, v in (meta.get("lanes") or {}).items()},
+        in_service,
+        int(meta["haproxy_port"]),
+        str(meta["lab_id"]),
+        source,
+    )
+    path = sd / litellm.CONFIG_FILE
+    path.write_text(text)
+    return path
+
+
+def start_programs(state_dir: Path, servers: list[dict[str, str]], python: str) -> str:
+    """Render and check the gateway's first config (``servers``: the replicas in service), and
+    return the supervisord blocks ``[program:gateway]`` (nginx or LiteLLM's proxy) and
+    ``[program:gateway-sync]``.
+
+    Raises:
+        NginxError, LiteLLMError: the config does not render or the gateway rejects it.
+        GatewayError: the gateway's binary not found.
     """
     import shlex
 
-    from chaoslib_infer.lab.gateways import nginx
-
     sd = Path(state_dir)
-    write_nginx_config(sd, servers)
-    binary = nginx.find_nginx() or "nginx"
+    meta = _lab_meta(sd)
 
     def conf(argv: list[str]) -> str:
         return shlex.join(argv).replace("%", "%%")
 
-    return _PROGRAMS.format(
-        command=conf(nginx.program_command(binary, sd)),
+    if gateway_of(meta) == "litellm":
+        from chaoslib_infer.lab.gateways import litellm
+
+        write_litellm_config(sd, [s["name"] for s in servers])
+        binary = litellm.find_litellm()
+        if binary is None:
+            raise GatewayError("litellm not found: scripts/quickstart litellm")
+        command = litellm.program_command(binary, sd, int(meta["port"]))
+        env = ",".join(f'{k}="{v}"' for k, v in litellm.program_environment().items())
+        extra = f"environment={env}\n"
+    else:
+        from chaoslib_infer.lab.gateways import nginx
+
+        write_nginx_config(sd, servers)
+        command = nginx.program_command(nginx.find_nginx() or "nginx", sd)
+        extra = ""
+    blocks = _PROGRAMS.format(
+        command=conf(command),
         sync=conf([python, "-m", "chaoslib_infer.lab.gateways.sync", "--state-dir", str(sd)]),
         logs=sd / "logs",
     )
+    return blocks.replace("stopwaitsecs=3\n", "stopwaitsecs=3\n" + extra, 1)
 
 
 def precheck(gateway: str, gateway_config: str | Path | None, servers: list[str]) -> None:
     """Render the gateway's config for placeholder replicas ``servers`` and run its own check
-    (``nginx -t``) in a scratch directory, before the lab starts anything.
+    (``nginx -t``; for LiteLLM the lab's reading of its proxy config: YAML, ``model_list``,
+    refused settings) in a scratch directory, before the lab starts anything.
 
     Raises:
         GatewayError: the config does not render or the gateway rejects it (one line).
     """
     text = check_choice(gateway, gateway_config)
+    if gateway == "litellm":
+        from chaoslib_infer.lab.gateways import litellm
+
+        lanes = {n: 41000 + i for i, n in enumerate(servers)}
+        source = str(gateway_config or "the default LiteLLM config")
+        try:
+            litellm.render_config(text, lanes, list(servers), 8800, "check", source)
+        except litellm.LiteLLMError as exc:
+            raise GatewayError(str(exc)) from None
+        return
     if gateway != "nginx":
         return
     import tempfile

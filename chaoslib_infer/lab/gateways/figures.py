@@ -4,13 +4,15 @@ HAProxy (``{}`` otherwise: those labs keep their figures as before).
 
 - ``gateway_timeout_s``: the gateway's *effective* timeout: the longest time it held a client
   request before it answered 5xx or the client gave up on it (nginx ``$request_time`` of the
-  5xx and 499 lines; seconds). None when it never did either.
+  5xx and 499 lines; LiteLLM, which logs no requests: the client's 5xx, 408 and timed-out
+  attempts, send to end; seconds). None when it never did either.
 - ``gateway_gave_up``: how many requests it answered 5xx (or lost to the client) that way.
 - ``retry_amplification``: upstream generations per client attempt, the largest over the drill's
   logical requests (engine ledger generations of a request id / the client's attempts sent with
   it); above 1.0 the gateway itself re-sent a request that was already generating.
   ``generations_per_attempt``: the same over the whole drill.
-- ``gateway_retries``: upstream tries after the first, from the gateway's log.
+- ``gateway_retries``: upstream tries after the first, from the gateway's log (LiteLLM: its
+  lanes' lines, per client attempt).
 - ``stream_buffering_s``: P50 over attempts of (client first-token receive - engine first-token
   send, from the engine's TTFT log) minus the same gap measured at lab start straight to a
   replica (``gateway.json`` ``direct_first_token_gap_s``); seconds.
@@ -91,6 +93,70 @@ def _down_windows(events: list[dict[str, Any]]) -> dict[str, list[tuple[float, f
     return out
 
 
+Try = tuple[float, str, str]  # (unix s the gateway sent it, request id, server name)
+
+
+def _nginx_tries(
+    sd: Path, rids: set[str], lo: float, hi: float
+) -> tuple[list[float], list[Try], int]:
+    """nginx: held times of its 5xx / 499 lines (s), its upstream tries and its retries (tries
+    after the first of each line), from its log."""
+    names = lab_nginx.read_servers(sd)
+    try:
+        lines = (sd / lab_nginx.ACCESS_LOG).read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    held: list[float] = []
+    tries: list[Try] = []
+    retries = 0
+    for line in lines:
+        entry = lab_nginx.parse_line(line, names)
+        if entry is None or entry.request_id not in rids or not lo <= entry.accept_t <= hi:
+            continue
+        if entry.status >= 500 or entry.status == 499:
+            held.append(entry.ta_ms / 1000.0)
+        _, addrs, _ = lab_nginx.upstream_tries(line)
+        tries += [(entry.accept_t, str(entry.request_id), names.get(a, a)) for a in addrs]
+        retries += max(0, len(addrs) - 1)
+    return held, tries, retries
+
+
+def _litellm_tries(
+    sd: Path, sent: list[dict[str, Any]], rids: set[str], lo: float, hi: float
+) -> tuple[list[float], list[Try], int]:
+    """LiteLLM (no request log of its own): held times from the client's records (an attempt
+    answered 5xx or 408, LiteLLM's answer to its own timeout, or given up by the client on a
+    timeout: end - send, s), its upstream tries
+    from the lanes' lines of HAProxy's request log, and its retries: tries after the first
+    within one client attempt (a try belongs to the attempt of its request id whose send..end
+    holds it)."""
+    from chaoslib_infer.lab.requestlog import parse_request_log
+    from chaoslib_infer.lab.statedir import REQUEST_LOG
+
+    held = [
+        float(r.get("end_at") or r["sent_at"]) - float(r["sent_at"])
+        for r in sent
+        if (isinstance(r.get("status"), int) and (r["status"] >= 500 or r["status"] == 408))
+        or str(r.get("error_class") or "").startswith("timeout")
+    ]
+    tries: list[Try] = [
+        (e.accept_t, str(e.request_id), e.server)
+        for e in parse_request_log(sd / REQUEST_LOG)
+        if e.request_id in rids and lo <= e.accept_t <= hi and e.server != "<NOSRV>"
+    ]
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for r in sent:
+        end = float(r.get("end_at") or r["sent_at"])
+        spans.setdefault(str(r.get("request_id")), []).append((float(r["sent_at"]), end))
+    per_attempt: dict[tuple[str, int], int] = {}
+    for t, rid, _ in tries:
+        for i, (a, b) in enumerate(spans.get(rid, [])):
+            if a - 0.05 <= t <= b:
+                per_attempt[(rid, i)] = per_attempt.get((rid, i), 0) + 1
+                break
+    return held, tries, sum(n - 1 for n in per_attempt.values())
+
+
 def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[str, Any]:
     """The gateway figures of one drill (see the module docstring); ``{}`` for HAProxy labs.
 
@@ -117,14 +183,6 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
     lo = min(float(r["sent_at"]) for r in sent) - 0.5
     hi = max(float(r.get("end_at") or r["sent_at"]) for r in sent) + 30.0
     rids = {str(r["request_id"]) for r in sent if r.get("request_id")}
-    names = lab_nginx.read_servers(sd)
-    lines = []
-    try:
-        lines = (sd / lab_nginx.ACCESS_LOG).read_text(errors="replace").splitlines()
-    except OSError:
-        pass
-    held: list[float] = []
-    retries = 0
     down = _down_windows(_jsonl(sd / "events.jsonl"))
     frozen: list[tuple[str, float, float]] = []
     for f in _jsonl(Path(drill_dir) / "faults.jsonl"):
@@ -133,30 +191,26 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
             frozen.append((str(f.get("replica")), t0, t0 + float(f.get("hold_s") or 0)))
     for rep, a, b in frozen:  # a frozen replica is down too
         down.setdefault(rep, []).append((a, b))
+    if info.get("gateway") == "litellm":
+        held, tries, retries = _litellm_tries(sd, sent, rids, lo, hi)
+    else:
+        held, tries, retries = _nginx_tries(sd, rids, lo, hi)
     last_to_frozen: dict[tuple[str, float], float] = {}
     routed_down = 0
-    for line in lines:
-        entry = lab_nginx.parse_line(line, names)
-        if entry is None or entry.request_id not in rids or not lo <= entry.accept_t <= hi:
-            continue
-        if entry.status >= 500 or entry.status == 499:
-            held.append(entry.ta_ms / 1000.0)
-        _, addrs, _ = lab_nginx.upstream_tries(line)
-        retries += max(0, len(addrs) - 1)
-        for addr in addrs:
-            rep = names.get(addr, addr).removesuffix("-jitter")
-            if any(a <= entry.accept_t <= b for a, b in down.get(rep, [])):
-                routed_down += 1
-            for frep, a, b in frozen:
-                if rep == frep and a <= entry.accept_t <= b:
-                    key = (frep, a)
-                    last_to_frozen[key] = max(last_to_frozen.get(key, a), entry.accept_t)
+    for t, _, server in tries:
+        rep = server.removesuffix("-jitter")
+        if any(a <= t <= b for a, b in down.get(rep, [])):
+            routed_down += 1
+        for frep, a, b in frozen:
+            if rep == frep and a <= t <= b:
+                key = (frep, a)
+                last_to_frozen[key] = max(last_to_frozen.get(key, a), t)
     gens: dict[str, int] = {}
     for e in _jsonl(sd / "ledger.jsonl"):
         rid = str(e.get("request_id"))
         if e.get("event", "generation") == "generation" and rid in rids:
-            t = e.get("t")
-            if isinstance(t, int | float) and lo <= float(t) <= hi:
+            ts = e.get("t")
+            if isinstance(ts, int | float) and lo <= float(ts) <= hi:
                 gens[rid] = gens.get(rid, 0) + 1
     attempts: dict[str, int] = {}
     for r in sent:
@@ -177,7 +231,8 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
     if frozen:  # the gateway's own ejection: it sent nothing more to the frozen replica after
         rep, a, _ = frozen[0]
         out["ejection_s"] = round(last_to_frozen.get((rep, a), a) - a, 3)
-        out["ejection_source"] = f"{info.get('gateway')} request log (last request sent to {rep})"
+        log = "its lanes' HAProxy log" if info.get("gateway") == "litellm" else "request log"
+        out["ejection_source"] = f"{info.get('gateway')} {log} (last request sent to {rep})"
     return {
         **out,
         "gateway": info.get("gateway"),

@@ -1,4 +1,4 @@
-"""Mirror the lab's intent (HAProxy's server states) into a gateway's upstream (nginx).
+"""Mirror the lab's intent (HAProxy's server states) into a gateway's upstream (nginx, LiteLLM).
 
 The drills change which replicas are in service through HAProxy's runtime socket: a standby
 replica set ready by the autoscaler, a replica in maintenance behind a jitter detour, a replica
@@ -9,8 +9,13 @@ maintenance, not draining) or their addresses change, renders nginx.conf again, 
 ``nginx -t`` and reloads nginx (SIGHUP to its master). Health-check states are never mirrored:
 nginx OSS has no active health checks, and the lab does not lend it HAProxy's.
 
+With ``gateway: litellm`` the same poll mirrors each replica's servers of ``engines`` into its
+lane (:func:`chaoslib_infer.lab.gateways.litellm.lane_commands`, HAProxy runtime commands): the
+proxy's config never changes.
+
 Each change is one line of ``gateway-sync.jsonl``: ``{"t" (unix s), "servers": [names],
-"reload_s" (render + check + signal, s), "ok", "error"?}``; the first line is the start.
+"reload_s" (render + check + signal, s), "ok", "error"?}`` (LiteLLM: ``"commands"`` sent
+instead of a reload); the first line is the start.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SYNC_LOG", "in_service", "main", "sync_once"]
+__all__ = ["SYNC_LOG", "in_service", "main", "sync_lanes", "sync_once"]
 
 SYNC_LOG = "gateway-sync.jsonl"
 
@@ -69,6 +74,50 @@ def sync_once(state_dir: Path, servers: list[dict[str, str]], signal_nginx: bool
             pass  # not running (yet): supervisord starts it on the new file
 
 
+def sync_lanes(sock: Path, lanes: list[str]) -> list[str]:
+    """Send the commands that make every lane mirror ``engines`` (LiteLLM labs).
+
+    Returns:
+        The commands sent (empty: nothing changed), each with the first line of HAProxy's
+        answer when it had one (``"cmd -> answer"``; a command HAProxy refused leaves the lane
+        different from ``engines``, so it is sent again at the next poll).
+
+    Raises:
+        OSError: the runtime socket does not answer.
+    """
+    from chaoslib_infer.lab.gateways.litellm import lane_commands
+    from chaoslib_infer.lab.haproxy import servers_state, stats_command
+
+    engines = servers_state(sock, "engines")
+    rows = {rep: servers_state(sock, f"lane_{rep}") for rep in lanes}
+    sent = []
+    for cmd in lane_commands(engines, rows):
+        answer = stats_command(sock, cmd).strip()
+        sent.append(f"{cmd} -> {answer.splitlines()[0]}" if answer else cmd)
+    return sent
+
+
+def _lanes_loop(sd: Path, lanes: list[str], interval_s: float, stop: dict[str, bool]) -> None:
+    log = sd / SYNC_LOG
+    _append(log, {"t": time.time(), "event": "start", "lanes": lanes})
+    while not stop["now"]:
+        t0 = time.monotonic()
+        try:
+            sent = sync_lanes(sd / "haproxy.sock", lanes)
+        except OSError:
+            sent = []
+        if sent:
+            _append(
+                log,
+                {
+                    "t": time.time(),
+                    "commands": sent,
+                    "reload_s": round(time.monotonic() - t0, 4),
+                },
+            )
+        time.sleep(interval_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m chaoslib_infer.lab.gateways.sync --state-dir DIR [--interval-s 0.1]``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -82,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     last: list[dict[str, str]] | None = None
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    try:
+        meta = json.loads((sd / "lab.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    if meta.get("lanes"):
+        _lanes_loop(sd, sorted(meta["lanes"]), a.interval_s, stop)
+        return 0
     while not stop["now"]:
         try:
             servers = in_service(servers_state(sd / "haproxy.sock", "engines"))
