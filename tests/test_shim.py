@@ -220,3 +220,67 @@ def test_cli_rejects_bad_input() -> None:
     )
     assert out.returncode == 2
     assert "HOST:PORT" in out.stderr
+
+
+async def _chunked_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """HTTP/1.1 keep-alive: each request (a line) gets a chunked response of 8 chunks 0.15 s
+    apart (a slow SSE stream), then the terminator."""
+    try:
+        while await reader.readline():
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for i in range(8):
+                body = f"data: {i}\n\n".encode()
+                writer.write(b"%x\r\n%s\r\n" % (len(body), body))
+                await writer.drain()
+                await asyncio.sleep(0.15)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+def test_removal_lets_streams_finish_and_closes_idle_keepalive() -> None:
+    """At removal (stop) a stream in flight is let finish whole and then closed, an idle
+    keep-alive connection is closed at once with a FIN, and nothing is reset (before: every
+    connection still open 2 s after the stop was reset, so a long stream was cut mid-way and the
+    client's retry counted as a duplicate generation)."""
+
+    async def run() -> tuple[bytes, float, float, float, dict[str, object]]:
+        server = await asyncio.start_server(_chunked_server, "127.0.0.1", 0)
+        port = int(server.sockets[0].getsockname()[1])
+        shim = JitterShim(ShimConfig("127.0.0.1", port, 0.005, 0.0, seed=1, drain_s=5.0))
+        sport = await shim.start()
+        serve = asyncio.create_task(shim.serve())
+        loop = asyncio.get_running_loop()
+        # an idle keep-alive connection: one whole response read, then nothing
+        ir, iw = await asyncio.open_connection("127.0.0.1", sport)
+        iw.write(b"GET /a\n")
+        await iw.drain()
+        first = await asyncio.wait_for(ir.readuntil(b"0\r\n\r\n"), 5.0)
+        assert first.startswith(b"HTTP/1.1 200")
+        # a stream in flight when the shim stops
+        sr, sw = await asyncio.open_connection("127.0.0.1", sport)
+        sw.write(b"GET /b\n")
+        await sw.drain()
+        await asyncio.wait_for(sr.readuntil(b"data: 1"), 5.0)
+        t_stop = loop.time()
+        shim.request_stop("test")
+        idle_eof = await asyncio.wait_for(ir.read(100), 5.0)  # b"": closed, not reset
+        t_idle = loop.time()
+        assert idle_eof == b""
+        rest = await asyncio.wait_for(sr.readuntil(b"0\r\n\r\n"), 5.0)
+        t_stream = loop.time()
+        assert await asyncio.wait_for(sr.read(100), 5.0) == b""  # closed after its response
+        await serve
+        server.close()
+        for w in (iw, sw):
+            w.close()
+        return rest, t_stop, t_idle, t_stream, shim.snapshot()
+
+    rest, t_stop, t_idle, t_stream, snap = asyncio.run(run())
+    assert b"data: 7" in rest  # the stream arrived whole after the stop
+    assert t_idle - t_stop < 0.5 < t_stream - t_stop  # idle closed at once, stream let finish
+    assert snap["removal_idle_closed"] == 1 and snap["removal_drained"] == 1
+    assert snap["removal_reset"] == 0 and snap["resets"] == 0

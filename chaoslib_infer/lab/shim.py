@@ -13,7 +13,7 @@ detour takes no new request, in-flight ones drain through the shim, then the det
 kept sending most of the replica's requests over the keep-alive connections to the old address.)
 
 Run as ``python -m chaoslib_infer.lab.shim --upstream HOST:PORT --delay-ms 400 --jitter-ms 300
-[--loss-pct 0] [--distribution normal|uniform] [--seed N] [--ttl-s 60] [--drain-s 2]
+[--loss-pct 0] [--distribution normal|uniform] [--seed N] [--ttl-s 60] [--drain-s 10]
 [--stats FILE] [--events FILE] [--haproxy-sock SOCK --server engines/r0 --detour r0-jitter]
 [--label TOKEN] [--listen 127.0.0.1:0]``.
 It prints one line ``listening <port> <pid>`` on stdout once it accepts connections.
@@ -33,8 +33,14 @@ Semantics (what the figures may rely on):
 * **Dead-man switch.** The shim stops by itself after ``--ttl-s`` seconds. When it stops (TTL,
   SIGTERM, SIGINT or SIGHUP) and ``--haproxy-sock``/``--server``/``--detour`` are given, it first
   routes the traffic back (:func:`restore_from_detour`, a ``removed`` event with ``by:
-  "shim:<reason>"`` in ``--events``) if the drill's undo has not done it yet, then lets in-flight
-  connections drain for at most ``--drain-s`` seconds, resets what is left and deletes the detour.
+  "shim:<reason>"`` in ``--events``) if the drill's undo has not done it yet, then ends the
+  connections as removing a qdisc would not cut them: idle keep-alive connections are closed
+  at once (FIN), a response in flight is let finish (the shim reads HTTP/1.1 chunked framing:
+  a request sent up makes a connection busy, the chunked terminator ``0\r\n\r\n`` coming down
+  ends it) for at most ``--drain-s`` seconds (10), only what is still busy then is reset, and
+  the detour is deleted. (Before, every connection left after 2 s was reset, idle or not: a
+  long stream cut at removal was retried by the client and counted as a duplicate generation
+  against the service.) Stats ``removal_idle_closed``, ``removal_drained``, ``removal_reset``.
 * **Stats.** ``--stats FILE`` gets a JSON summary (connections, chunks and bytes per direction,
   resets, sampled and applied delays: count, mean, stdev, min, max in seconds), rewritten every
   second and at exit: the lab's ground truth for what the shim did.
@@ -62,6 +68,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +78,7 @@ from chaoslib_infer.lab.recorder import append_event
 
 __all__ = [
     "DISTRIBUTIONS",
+    "DRAIN_S",
     "SHIM_MODULE",
     "DelaySampler",
     "JitterShim",
@@ -90,6 +98,8 @@ DISTRIBUTIONS = ("normal", "uniform")
 READ_SIZE = 65536
 CONNECT_TIMEOUT_S = 3.0
 STATS_PERIOD_S = 1.0
+#: seconds a response in flight at removal may take to finish before it is reset
+DRAIN_S = 10.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,7 +349,7 @@ class ShimConfig:
     distribution: str = "normal"
     seed: int | None = None
     ttl_s: float = 60.0
-    drain_s: float = 2.0
+    drain_s: float = DRAIN_S
     stats_path: Path | None = None
     events_path: Path | None = None
     haproxy_sock: Path | None = None
@@ -347,6 +357,17 @@ class ShimConfig:
     server: str | None = None
     detour: str | None = None
     label: str = ""
+
+
+@dataclass
+class _Conn:
+    """One proxied connection's HTTP/1.1 state, as far as removal needs it."""
+
+    down: asyncio.StreamWriter
+    up: asyncio.StreamWriter | None = None
+    #: a request went up and its response has not ended (chunked terminator) yet
+    busy: bool = False
+    tail: bytes = b""
 
 
 @dataclass
@@ -362,6 +383,10 @@ class _Stats:
     active: int = 0
     resets: int = 0
     upstream_connect_failures: int = 0
+    #: at removal: idle keep-alive connections closed (FIN), streams let finish, streams reset
+    removal_idle_closed: int = 0
+    removal_drained: int = 0
+    removal_reset: int = 0
     up: _Direction = field(default_factory=_Direction)
     down: _Direction = field(default_factory=_Direction)
     sampled: RunningStats = field(default_factory=RunningStats)
@@ -400,7 +425,8 @@ class JitterShim:
         self.stats = _Stats()
         self.port: int | None = None
         self._server: asyncio.Server | None = None
-        self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter | None]] = set()
+        self._conns: dict[asyncio.StreamWriter, _Conn] = {}
+        self._draining = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.stop_reason = ""
@@ -442,22 +468,52 @@ class JitterShim:
         return self.stop_reason
 
     async def shutdown(self) -> None:
-        """Restore HAProxy (if it still points here), stop accepting, drain, reset leftovers."""
+        """Restore HAProxy (if it still points here), stop accepting, then end the connections
+        as removing a qdisc would not cut them: idle keep-alive ones are closed at once (FIN;
+        HAProxy takes no new request to the detour, in maintenance now), a response in flight
+        is let finish (its chunked terminator) for up to ``drain_s``, and only what is left
+        then is reset. The counts are the stats' ``removal_*``."""
         await asyncio.get_running_loop().run_in_executor(None, self.restore_haproxy)
         if self._server is not None:
             self._server.close()
+        self._draining = True
+        for conn in list(self._conns.values()):
+            if not conn.busy:
+                self.stats.removal_idle_closed += 1
+                self._close(conn)
         deadline = time.monotonic() + self.config.drain_s
-        while self._conns and time.monotonic() < deadline:
+        while any(c.busy for c in self._conns.values()) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for down, up in list(self._conns):
-            _abort(down)
-            if up is not None:
-                _abort(up)
+        for conn in list(self._conns.values()):
+            if conn.busy:
+                self.stats.removal_reset += 1
+            _abort(conn.down)
+            if conn.up is not None:
+                _abort(conn.up)
         tasks = [t for t in self._tasks if not t.done()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, self.delete_detour)
+
+    @staticmethod
+    def _close(conn: _Conn) -> None:
+        for w in (conn.down, conn.up):
+            if w is not None and not w.transport.is_closing():
+                w.close()
+
+    def _sent_up(self, conn: _Conn, data: bytes) -> None:
+        conn.busy = True  # request bytes: a response is owed
+        conn.tail = b""
+
+    def _sent_down(self, conn: _Conn, data: bytes) -> None:
+        tail = (conn.tail + data)[-5:]
+        conn.tail = tail
+        if conn.busy and tail == b"0\r\n\r\n":  # the chunked response ended
+            conn.busy = False
+            if self._draining:
+                self.stats.removal_drained += 1
+                self._close(conn)
 
     def _haproxy_target(self) -> tuple[Path, str, str, str] | None:
         cfg = self.config
@@ -534,6 +590,9 @@ class JitterShim:
             "active_connections": s.active,
             "resets": s.resets,
             "upstream_connect_failures": s.upstream_connect_failures,
+            "removal_idle_closed": s.removal_idle_closed,
+            "removal_drained": s.removal_drained,
+            "removal_reset": s.removal_reset,
             "chunks_up": s.up.chunks,
             "bytes_up": s.up.bytes,
             "chunks_down": s.down.chunks,
@@ -566,8 +625,8 @@ class JitterShim:
         me = asyncio.current_task()
         if me is not None:
             self._tasks.add(me)
-        entry: tuple[asyncio.StreamWriter, asyncio.StreamWriter | None] = (cwriter, None)
-        self._conns.add(entry)
+        conn = _Conn(cwriter)
+        self._conns[cwriter] = conn
         uwriter: asyncio.StreamWriter | None = None
         pumps: list[asyncio.Task[None]] = []
         try:
@@ -580,12 +639,13 @@ class JitterShim:
                 s.upstream_connect_failures += 1
                 _abort(cwriter)
                 return
-            uwriter = up_w
-            self._conns.discard(entry)
-            entry = (cwriter, up_w)
-            self._conns.add(entry)
-            up = asyncio.create_task(self._pump(creader, up_w, s.up))
-            down = asyncio.create_task(self._pump(ureader, cwriter, s.down))
+            uwriter = conn.up = up_w
+            up = asyncio.create_task(
+                self._pump(creader, up_w, s.up, lambda d: self._sent_up(conn, d))
+            )
+            down = asyncio.create_task(
+                self._pump(ureader, cwriter, s.down, lambda d: self._sent_down(conn, d))
+            )
             pumps = [up, down]
             done, pending = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
             failed = any(t.exception() is not None for t in done if not t.cancelled())
@@ -609,16 +669,21 @@ class JitterShim:
         finally:
             if me is not None:
                 self._tasks.discard(me)
-            self._conns.discard(entry)
+            self._conns.pop(cwriter, None)
             s.active -= 1
             for w in (cwriter, uwriter):
                 if w is not None and not w.transport.is_closing():
                     w.close()
 
     async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: _Direction
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        direction: _Direction,
+        written: Callable[[bytes], None] | None = None,
     ) -> None:
-        """Copy one direction, releasing each chunk at its (order-preserving) jittered time."""
+        """Copy one direction, releasing each chunk at its (order-preserving) jittered time
+        (``written(data)`` after each chunk is handed to ``writer``)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, float, bytes | None]] = asyncio.Queue()
 
@@ -635,6 +700,8 @@ class JitterShim:
                     return
                 writer.write(data)
                 self.stats.applied.add(loop.time() - arrived)
+                if written is not None:
+                    written(data)
                 await writer.drain()
 
         sender = asyncio.create_task(release())
@@ -689,7 +756,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distribution", choices=DISTRIBUTIONS, default="normal")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (default random)")
     p.add_argument("--ttl-s", type=float, default=60.0, help="dead-man switch: exit after, s")
-    p.add_argument("--drain-s", type=float, default=2.0, help="drain in-flight at stop, s")
+    p.add_argument(
+        "--drain-s",
+        type=float,
+        default=DRAIN_S,
+        help="at stop, seconds a response in flight may take to finish before it is reset",
+    )
     p.add_argument("--stats", type=Path, default=None, help="stats JSON file")
     p.add_argument("--events", type=Path, default=None, help="lab events.jsonl (restore events)")
     p.add_argument("--haproxy-sock", type=Path, default=None, help="HAProxy admin socket")

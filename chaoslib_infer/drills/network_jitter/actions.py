@@ -44,6 +44,7 @@ from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
 from chaoslib_infer.lab.shim import (
     ADMIN_FMAINT,
+    DRAIN_S,
     SHIM_MODULE,
     default_server_options,
     delete_detour,
@@ -252,9 +253,9 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     """Undo one ``network-jitter`` fault (idempotent).
 
     shim: route the replica's traffic back (its server ready, the detour server in maintenance:
-    :func:`chaoslib_infer.lab.shim.restore_from_detour`), stop the shim (SIGTERM: in-flight
-    connections drain for its ``drain_s``, then it resets the rest; SIGKILL after ``drain_s + 3``
-    s), and delete the detour server.
+    :func:`chaoslib_infer.lab.shim.restore_from_detour`), stop the shim (SIGTERM: it closes idle
+    keep-alive connections, lets responses in flight finish for up to its ``drain_s`` and resets
+    what is left; SIGKILL after ``drain_s + 3`` s), and delete the detour server.
     netem: ``tc qdisc del dev DEV root`` (in the namespace) and stop the dead-man watchdog.
 
     Returns:
@@ -299,7 +300,7 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
                 lab, "removed", record, "undo", addr=f"{record['orig_addr']}:{record['orig_port']}"
             )
             done.append(f"HAProxy routes {replica} directly again")
-    grace = float(record.get("drain_s") or 2.0) + 3.0
+    grace = float(record.get("drain_s") or DRAIN_S) + 3.0
     if _stop_process(int(record.get("shim_pid") or 0), token, SHIM_MODULE, grace):
         done.append(f"stopped shim pid {record.get('shim_pid')}")
     if sock.exists() and detour:
@@ -402,7 +403,7 @@ def inject_network_jitter(
     seed: int | None = None,
     dev: str | None = None,
     netns: str | None = None,
-    drain_s: float = 2.0,
+    drain_s: float = DRAIN_S,
     ttl_s: float | None = None,
     configuration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -432,7 +433,9 @@ def inject_network_jitter(
         dev, netns: the link device and its network namespace for netem (default: from lab.json:
             a replica's ``dev``/``netns``, or both ends of its node's veth pair on a lab with
             network-namespace nodes, which every replica on that node then shares).
-        drain_s: on removal, seconds the shim lets in-flight connections finish before resetting them.
+        drain_s: on removal, seconds the shim lets responses in flight finish before it resets
+            them (idle keep-alive connections are closed at once; the shim ends as soon as no
+            response is in flight).
         configuration: Chaos Toolkit configuration (``infer_lab_dir``, ``infer_run_dir``).
 
     Returns:
