@@ -231,8 +231,9 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
     if frozen:  # the gateway's own ejection: it sent nothing more to the frozen replica after
         rep, a, _ = frozen[0]
         out["ejection_s"] = round(last_to_frozen.get((rep, a), a) - a, 3)
-        log = "its lanes' HAProxy log" if info.get("gateway") == "litellm" else "request log"
-        out["ejection_source"] = f"{info.get('gateway')} {log} (last request sent to {rep})"
+        log = "litellm's lanes (HAProxy log)" if info.get("gateway") == "litellm" else None
+        log = log or f"{info.get('gateway')} request log"
+        out["ejection_source"] = f"{log}: last request sent to {rep}"
     return {
         **out,
         "gateway": info.get("gateway"),
