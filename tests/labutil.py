@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pid_alive(pid: int) -> bool:
@@ -39,3 +45,26 @@ def check_verdict(drill: dict[str, Any], allowed: tuple[str, ...] = ("passed", "
         if not reasons[0].startswith(own):
             for row in failing:
                 assert any(f"({row['criterion']})" in r for r in reasons), (row, reasons)
+
+
+def run_gameday(
+    plan: Path, out: Path, timeout_s: float = 600.0
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Run ``chaos-infer gameday PLAN --out OUT`` as a user would (a child process from the
+    repository root, this environment); return the process and ``summary.json``.
+
+    Raises:
+        AssertionError: no summary was written (with the output's tail).
+    """
+    proc = subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", str(plan), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
+    summary_file = out / "summary.json"
+    assert summary_file.is_file(), proc.stdout[-3000:] + proc.stderr[-2000:]
+    summary: dict[str, Any] = json.loads(summary_file.read_text())
+    return proc, summary

@@ -19,14 +19,13 @@ About 3 minutes here.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from labutil import run_gameday
 
 from chaoslib_infer.lab.gateways.nginx import find_nginx
 
@@ -77,15 +76,7 @@ def _gameday(
         )
     )
     out = tmp / "gd"
-    proc = subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", str(plan), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=ROOT,
-        env=dict(os.environ),
-    )
-    summary = json.loads((out / "summary.json").read_text())
+    proc, summary = run_gameday(plan, out, timeout_s=400)
     result = summary["drills"][0]
     name = summary["drills"][0]["name"]
     text = (out / name / "evidence.md").read_text() + json.dumps(summary)

@@ -207,3 +207,10 @@ def test_figures_read_the_lanes_log_and_the_clients_records(tmp_path: Path) -> N
     assert fig["gateway_timeout_s"] == 10.0  # d: held until the client gave up
     assert fig["gateway_gave_up"] == 2
     assert fig["retry_amplification"] == 1.0
+
+
+def test_routed_replicas_name_the_lanes_the_model_list_reaches(tmp_path: Path) -> None:
+    cfg = tmp_path / "litellm.yaml"
+    cfg.write_text(litellm.render_config(None, LANES, ["r0", "r2"], 8801, "lab1"))
+    assert litellm.routed_replicas(cfg, LANES) == ["r0", "r2"]  # not r1, not the standby r3
+    assert litellm.routed_replicas(tmp_path / "missing.yaml", LANES) == []

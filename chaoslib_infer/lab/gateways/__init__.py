@@ -179,7 +179,13 @@ def record(
         binary = litellm.find_litellm()
         info["version"] = litellm.version(binary) if binary else None
         info["config"] = redact_config(text) if text is not None else "(the lab's default)"
-        info["lanes"] = _lab_meta(Path(state_dir)).get("lanes")
+        lanes = _lab_meta(Path(state_dir)).get("lanes") or {}
+        info["lanes"] = lanes
+        routed = litellm.routed_replicas(Path(state_dir) / litellm.CONFIG_FILE, lanes)
+        info["replicas_in_model_list"] = routed
+        # a replica whose lane no deployment names never gets LiteLLM's traffic (a standby one
+        # the autoscaler adds later, unless the config lists all_replicas or the service)
+        info["replicas_not_in_model_list"] = sorted(set(lanes) - set(routed))
     (Path(state_dir) / GATEWAY_FILE).write_text(json.dumps(info, indent=1))
     return info
 

@@ -48,10 +48,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import yaml
 
 from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.lab.gateways import templating
 
 __all__ = [
     "CONFIG_FILE",
@@ -64,6 +64,7 @@ __all__ = [
     "program_command",
     "program_environment",
     "render_config",
+    "routed_replicas",
     "version",
 ]
 
@@ -73,7 +74,6 @@ ENV_BINARY = "CHAOS_INFER_LITELLM"
 #: model name the drills' client sends (``LoadSpec.model``)
 MODEL = "sim"
 VENV_BINARY = Path.home() / ".cache" / "chaoslib-infer" / "litellm-venv" / "bin" / "litellm"
-_TEMPLATES = Path(__file__).with_name("templates")
 _REFUSED_SETTINGS = ("master_key", "database_url")
 #: HAProxy admin-state bits (``srv_admin_state``, ``SRV_ADMF_*`` of src/server.h): maintenance
 #: (forced, inherited, config ``disabled``, resolution, hostname) and drain (forced, inherited)
@@ -156,22 +156,9 @@ def render_config(
         "model_list": yaml.safe_dump(default_model_list(reps), sort_keys=False).rstrip(),
         "lab_id": lab_id,
     }
-    env = jinja2.Environment(
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,  # YAML, not HTML  # noqa: S701
-        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+    text = templating.render(
+        user_config, "litellm-default.yaml.j2", variables, source, LiteLLMError
     )
-    try:
-        if user_config is None:
-            text = env.get_template("litellm-default.yaml.j2").render(**variables)
-        else:
-            text = env.from_string(user_config).render(**variables)
-    except jinja2.TemplateError as exc:
-        line = getattr(exc, "lineno", None)
-        raise LiteLLMError(
-            f"{source}{f' line {line}' if line else ''}: template error: {exc}"
-        ) from None
     try:
         cfg = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -213,6 +200,21 @@ def render_config(
             )
     general["forward_client_headers_to_llm_api"] = True  # X-Request-Id reaches the lanes
     return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def routed_replicas(config: Path, lanes: dict[str, int]) -> list[str]:
+    """The replicas whose lane a deployment of the rendered proxy config ``config`` names (by
+    its ``api_base`` port), sorted; ``[]`` when the file cannot be read."""
+    try:
+        cfg = yaml.safe_load(Path(config).read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    bases = {
+        str((m.get("litellm_params") or {}).get("api_base") or "")
+        for m in (cfg or {}).get("model_list") or []
+        if isinstance(m, dict)
+    }
+    return sorted(n for n, p in lanes.items() if _lane_url(int(p)) in bases)
 
 
 def lanes_config(lanes: dict[str, int], servers: dict[str, tuple[str, int, bool]]) -> str:

@@ -44,9 +44,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.lab.gateways import templating
 from chaoslib_infer.lab.requestlog import SERVERS_FILE, parse_line, read_servers, upstream_tries
 
 __all__ = [
@@ -74,7 +73,6 @@ LOG_FORMAT = (
     '"$upstream_connect_time" "$upstream_header_time" "$upstream_response_time" '
     '$bytes_sent {$http_x_request_id} "$request"'
 )
-_TEMPLATES = Path(__file__).with_name("templates")
 _DIRECTIVE = re.compile(r"^\s*(daemon|pid|master_process)\s", re.MULTILINE)
 
 
@@ -88,15 +86,6 @@ def find_nginx() -> str | None:
         if Path(cand).is_file():
             return cand
     return shutil.which("nginx")
-
-
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,  # nginx configuration, not HTML  # noqa: S701
-        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
-    )
 
 
 def upstream_block(servers: list[dict[str, str]]) -> str:
@@ -148,16 +137,7 @@ def render_config(
         "state_dir": str(state_dir),
         "lab_id": lab_id,
     }
-    env = _env()
-    try:
-        if user_config is None:
-            snippet = env.get_template("nginx-default.conf.j2").render(**variables)
-        else:
-            snippet = env.from_string(user_config).render(**variables)
-    except jinja2.TemplateError as exc:
-        line = getattr(exc, "lineno", None)
-        where = f" line {line}" if line else ""
-        raise NginxError(f"{source}{where}: template error: {exc}") from None
+    snippet = templating.render(user_config, "nginx-default.conf.j2", variables, source, NginxError)
     if _DIRECTIVE.search(snippet):
         name = _DIRECTIVE.search(snippet).group(1)  # type: ignore[union-attr]
         raise NginxError(f"{source}: sets '{name}': the lab sets daemon/pid itself; remove it")
@@ -169,10 +149,14 @@ def render_config(
             )
         return snippet
     is_server = bool(re.search(r"^\s*server\s*\{", snippet, re.MULTILINE))
-    return env.get_template("nginx-main.conf.j2").render(
-        **variables,
-        server_snippet=snippet.strip() if is_server else "",
-        location_snippet="" if is_server else snippet.strip(),
+    return (
+        templating.environment()
+        .get_template("nginx-main.conf.j2")
+        .render(
+            **variables,
+            server_snippet=snippet.strip() if is_server else "",
+            location_snippet="" if is_server else snippet.strip(),
+        )
     )
 
 
