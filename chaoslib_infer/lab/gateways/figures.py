@@ -4,8 +4,8 @@ HAProxy (``{}`` otherwise: those labs keep their figures as before).
 
 - ``gateway_timeout_s``: the gateway's *effective* timeout: the longest time it held a client
   request before it answered 5xx or the client gave up on it (nginx ``$request_time`` of the
-  5xx and 499 lines; LiteLLM, which logs no requests: the client's 5xx, 408 and timed-out
-  attempts, send to end; seconds). None when it never did either.
+  5xx and 499 lines; LiteLLM, which logs no requests: the client's 5xx, 408, stream-error and
+  timed-out attempts, send to end; seconds). None when it never did either.
 - ``gateway_gave_up``: how many requests it answered 5xx (or lost to the client) that way.
 - ``retry_amplification``: upstream generations per client attempt, the largest over the drill's
   logical requests (engine ledger generations of a request id / the client's attempts sent with
@@ -125,7 +125,8 @@ def _litellm_tries(
     sd: Path, sent: list[dict[str, Any]], rids: set[str], lo: float, hi: float
 ) -> tuple[list[float], list[Try], int]:
     """LiteLLM (no request log of its own): held times from the client's records (an attempt
-    answered 5xx or 408, LiteLLM's answer to its own timeout, or given up by the client on a
+    answered 5xx or 408, LiteLLM's answer to its own timeout; a 200 whose stream ended in an
+    error event, how LiteLLM gives up once it has answered; or given up by the client on a
     timeout: end - send, s), its upstream tries
     from the lanes' lines of HAProxy's request log, and its retries: tries after the first
     within one client attempt (a try belongs to the attempt of its request id whose send..end
@@ -138,6 +139,7 @@ def _litellm_tries(
         for r in sent
         if (isinstance(r.get("status"), int) and (r["status"] >= 500 or r["status"] == 408))
         or str(r.get("error_class") or "").startswith("timeout")
+        or r.get("error_class") == "stream_error"  # a 200, then LiteLLM's own error event
     ]
     tries: list[Try] = [
         (e.accept_t, str(e.request_id), e.server)
