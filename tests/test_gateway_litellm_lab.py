@@ -103,4 +103,6 @@ def test_litellm_first_chunk_timeout_fails_over_without_hanging(tmp_path: Path) 
     # 200), or failed every one of them over before answering (then it never gave up at all)
     if fig["gateway_gave_up"]:
         assert rows["gateway_timeout_s"]["result"] == "pass", rows["gateway_timeout_s"]
-    assert fig["retry_amplification"] == 1.0  # a retry of a frozen replica generated nothing
+    # LiteLLM's retries of the frozen replica's tries went to the others; what the frozen one
+    # generated of them when it thawed is counted, not assumed away
+    assert fig["gateway_retries"] >= 1 and fig["retry_amplification"] >= 1.0

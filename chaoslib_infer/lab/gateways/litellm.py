@@ -228,7 +228,9 @@ def lanes_config(lanes: dict[str, int], servers: dict[str, tuple[str, int, bool]
     Returns:
         ``frontend lane_rX`` / ``backend lane_rX`` pairs: ``X-Request-Id`` captured for the
         log, ``retries 0``, no redispatch, ``timeout server 1h`` (LiteLLM's timeouts decide),
-        one server ``rX`` without health checks.
+        ``option abortonclose`` (when LiteLLM gives up on a try, the lane drops it at once and
+        logs it: without it a try to a frozen replica is logged only when the replica answers,
+        or never), one server ``rX`` without health checks.
     """
     out = []
     for name in sorted(lanes):
@@ -242,6 +244,7 @@ def lanes_config(lanes: dict[str, int], servers: dict[str, tuple[str, int, bool]
             "    balance roundrobin\n"
             "    retries 0\n"
             "    no option redispatch\n"
+            "    option abortonclose\n"
             "    timeout server 1h\n"
             "    timeout queue 1s\n"
             "    http-response set-header X-Lab-Server %s\n"
