@@ -154,6 +154,12 @@ def test_rehost_argv_and_haproxy_config() -> None:
     assert "    server r10 10.213.7.6:4010 check\n" in out
     with pytest.raises(LabError, match="0 server lines for r3"):
         nodes.haproxy_config(cfg, {"r3": ("10.213.7.2", 1)})
+    # a LiteLLM lab: the replica's lane has its server line too, moved with it
+    lanes = cfg + "\nbackend lane_r0\n    server r0 127.0.0.1:4000\n"
+    out = nodes.haproxy_config(lanes, {"r0": ("10.213.7.14", 4000)})
+    assert out.count("server r0 10.213.7.14:4000") == 2
+    with pytest.raises(LabError, match="2 server lines for r10, expected 1"):
+        nodes.haproxy_config(cfg + "    server r10 127.0.0.1:1\n", {"r10": ("10.213.7.6", 1)})
 
 
 def test_missing_ip_is_a_clear_lab_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -145,17 +145,20 @@ def program_command(state_dir: Path, rep: dict[str, Any], cmd: list[str]) -> lis
 
 
 def haproxy_config(text: str, servers: dict[str, tuple[str, int]]) -> str:
-    """Point the ``server NAME ADDR:PORT`` lines of a rendered haproxy.cfg at ``{name: (host, port)}``.
+    """Point the ``server NAME ADDR:PORT`` lines of a rendered haproxy.cfg at ``{name: (host, port)}``:
+    the one of backend ``engines``, and the one of the replica's lane when the lab has lanes
+    (``gateway: litellm``, :func:`chaoslib_infer.lab.gateways.litellm.lanes_config`).
 
     Raises:
-        LabError: a server line is missing (or present twice).
+        LabError: a replica has no server line, or more than one in a backend.
     """
     for name, (host, port) in servers.items():
         pattern = re.compile(rf"^(\s*server\s+{re.escape(name)}\s+)\S+(\s)", re.M)
         address = f"{host}:{port}"
+        lane = f"backend lane_{name}\n" in text
         text, count = pattern.subn(lambda m: f"{m[1]}{address}{m[2]}", text)  # noqa: B023
-        if count != 1:
-            raise LabError(f"haproxy.cfg has {count} server lines for {name}, expected 1")
+        if count != 1 + lane:
+            raise LabError(f"haproxy.cfg has {count} server lines for {name}, expected {1 + lane}")
     return text
 
 
