@@ -141,10 +141,10 @@ def _litellm_tries(
         or str(r.get("error_class") or "").startswith("timeout")
         or r.get("error_class") == "stream_error"  # a 200, then LiteLLM's own error event
     ]
-    tries: list[Try] = [
-        (e.accept_t, str(e.request_id), e.server)
+    tries: list[Try] = [  # request_t: on a keep-alive lane connection %Ts is the previous end
+        (e.request_t, str(e.request_id), e.server)
         for e in parse_request_log(sd / REQUEST_LOG)
-        if e.request_id in rids and lo <= e.accept_t <= hi and e.server != "<NOSRV>"
+        if e.request_id in rids and lo <= e.request_t <= hi and e.server != "<NOSRV>"
     ]
     spans: dict[str, list[tuple[float, float]]] = {}
     for r in sent:
