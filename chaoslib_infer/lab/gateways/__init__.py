@@ -119,6 +119,14 @@ def _lab_meta(state_dir: Path) -> dict[str, Any]:
     return meta
 
 
+def _user_config(meta: dict[str, Any], default_name: str) -> tuple[str | None, str]:
+    """The user's gateway config of a lab (``lab.json``'s ``gateway_info.config_path``): its
+    text (None: the gateway's default) and what to call it in an error."""
+    path = (meta.get("gateway_info") or {}).get("config_path")
+    text = Path(path).read_text(encoding="utf-8") if path else None
+    return text, str(path or default_name)
+
+
 def write_nginx_config(state_dir: Path, servers: list[dict[str, str]]) -> Path:
     """Render the lab's nginx.conf for ``servers`` (via a ``.new`` file checked with
     ``nginx -t``, then renamed) and remember each address in ``gateway-servers.json``.
@@ -131,14 +139,10 @@ def write_nginx_config(state_dir: Path, servers: list[dict[str, str]]) -> Path:
 
     sd = Path(state_dir)
     meta = _lab_meta(sd)
-    gw = meta.get("gateway_info") or {}
     binary = nginx.find_nginx()
     if binary is None:
         raise GatewayError("nginx not found: apt-get install nginx-light")
-    user_text = None
-    if gw.get("config_path"):
-        user_text = Path(gw["config_path"]).read_text(encoding="utf-8")
-    source = str(gw.get("config_path") or "the default nginx config")
+    user_text, source = _user_config(meta, "the default nginx config")
     text = nginx.render_config(
         sd, str(meta["lab_id"]), int(meta["port"]), servers, user_text, source
     )
@@ -210,7 +214,7 @@ startsecs=0
 startretries=3
 stopsignal=TERM
 stopwaitsecs=3
-stopasgroup=true
+{environment}stopasgroup=true
 killasgroup=true
 redirect_stderr=true
 stdout_logfile={logs}/gateway.log
@@ -239,11 +243,7 @@ def write_litellm_config(state_dir: Path, in_service: list[str]) -> Path:
 
     sd = Path(state_dir)
     meta = _lab_meta(sd)
-    gw = meta.get("gateway_info") or {}
-    user_text = None
-    if gw.get("config_path"):
-        user_text = Path(gw["config_path"]).read_text(encoding="utf-8")
-    source = str(gw.get("config_path") or "the default LiteLLM config")
+    user_text, source = _user_config(meta, "the default LiteLLM config")
     text = litellm.render_config(
         user_text,
         {k: int(v) for k, v in (meta.get("lanes") or {}).items()},
@@ -283,19 +283,19 @@ def start_programs(state_dir: Path, servers: list[dict[str, str]], python: str) 
             raise GatewayError("litellm not found: scripts/quickstart litellm")
         command = litellm.program_command(binary, sd, int(meta["port"]))
         env = ",".join(f'{k}="{v}"' for k, v in litellm.program_environment().items())
-        extra = f"environment={env}\n"
+        environment = f"environment={env}\n"
     else:
         from chaoslib_infer.lab.gateways import nginx
 
         write_nginx_config(sd, servers)
         command = nginx.program_command(nginx.find_nginx() or "nginx", sd)
-        extra = ""
-    blocks = _PROGRAMS.format(
+        environment = ""
+    return _PROGRAMS.format(
         command=conf(command),
+        environment=environment,
         sync=conf([python, "-m", "chaoslib_infer.lab.gateways.sync", "--state-dir", str(sd)]),
         logs=sd / "logs",
     )
-    return blocks.replace("stopwaitsecs=3\n", "stopwaitsecs=3\n" + extra, 1)
 
 
 def precheck(gateway: str, gateway_config: str | Path | None, servers: list[str]) -> None:

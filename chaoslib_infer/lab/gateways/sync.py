@@ -131,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     last: list[dict[str, str]] | None = None
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    from chaoslib_infer.lab.statedir import LAB_FILE
+
     try:
-        meta = json.loads((sd / "lab.json").read_text())
+        meta = json.loads((sd / LAB_FILE).read_text())
     except (OSError, ValueError):
         meta = {}
     if meta.get("lanes"):
