@@ -399,10 +399,12 @@ def _print_soak(a: argparse.Namespace, res: dict[str, Any]) -> None:
     print(
         f"soak: {a.rate:g} req/s Poisson for {a.duration_s:g} s against the {server} on core "
         f"{a.server_core}, client (`chaos-infer load soak`) on core {a.client_core}; sent "
-        f"{rep.get('sent')}, ok {stats.get('ok', '?')}, valid={rep.get('valid')}"
+        f"{rep.get('sent')}, "
+        + (f"ok {stats['ok']}" if "ok" in stats else "ok not reported (an invalid soak's latencies are withheld)")
+        + f", valid={rep.get('valid')}"
         + (f" ({rep.get('invalid_reason')})" if not rep.get("valid") else "")
-        + f", send-lag P99 {1000 * (rep.get('lag_p99_s') or 0):.1f} ms"
-    )
+        + (f", send-lag P99 {1000 * rep['lag_p99_s']:.1f} ms" if rep.get("lag_p99_s") is not None else ", send-lag unmeasured")
+    )  # fmt: skip
     peak, last, slope = res["peak_mb"], res["last_mb"], res["slope_mb_min"]
     print(f"client RSS: peak {peak:.1f} MB (VmHWM), last {last:.1f} MB; target < "
           f"{TARGET_RSS_MB:.0f} MB: {'PASS' if peak < TARGET_RSS_MB else 'FAIL'} "

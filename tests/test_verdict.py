@@ -597,3 +597,69 @@ def test_a_lagging_client_makes_the_drill_inconclusive() -> None:
     )
     loop = judge_drill(facts("oom-kill", steady(T0, T0 + 30), OOM_FIG, OOM_GROUND))
     assert {r["criterion"]: r for r in loop.rows}["client_lag_p99_s"]["result"] == "unmeasured"
+
+
+def test_a_recovery_that_missed_its_deadline_fails_the_drill_not_errors_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A method probe raising ServiceFinding, run by chaoslib itself: the journal reads
+    ``deviated``, the finding is the verdict's reason, and a plain ActivityFailed stays an error."""
+    from chaoslib.experiment import run_experiment
+
+    from chaoslib_infer.evidence.journal import drill_status, method_findings
+    from chaoslib_infer.evidence.verdicts import drill_verdict
+
+    (tmp_path / "waits_mod.py").write_text(
+        "from chaoslib.exceptions import ActivityFailed\n"
+        "from chaoslib_infer.errors import ServiceFinding\n"
+        "def ok():\n    return True\n"
+        "def never_back():\n"
+        "    raise ServiceFinding('replica r0 did not serve a request within 60 s of the fault')\n"
+        "def broken():\n    raise ActivityFailed('no oom-kill fault recorded in this run')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def journal(func: str) -> dict[str, Any]:
+        probe = {"type": "python", "module": "waits_mod", "func": "ok"}
+        experiment = {
+            "version": "1.0.0",
+            "title": "t",
+            "description": "t",
+            "steady-state-hypothesis": {
+                "title": "up",
+                "probes": [{"type": "probe", "name": "up", "tolerance": True, "provider": probe}],
+            },
+            "method": [
+                {
+                    "type": "probe",
+                    "name": "wait-for-replica-serving-again",
+                    "provider": {**probe, "func": func},
+                }
+            ],
+        }
+        return dict(run_experiment(experiment))
+
+    finding = journal("never_back")
+    assert drill_status(finding) == "deviated"
+    assert method_findings(finding) == [
+        "wait-for-replica-serving-again: replica r0 did not serve a request within 60 s of "
+        "the fault"
+    ]
+    v = drill_verdict(
+        name="oom-kill",
+        drill_dir=tmp_path,
+        journal=finding,
+        records=steady(T0, T0 + 30),
+        figures=OOM_FIG,
+        ground=OOM_GROUND,
+        lab_events=[],
+        ledger_measured=True,
+    )
+    assert v.state == "failed"
+    assert v.reasons == [
+        "during the fault: wait-for-replica-serving-again: replica r0 did not serve a request "
+        "within 60 s of the fault"
+    ]
+    tool = journal("broken")
+    assert drill_status(tool) == "error"
+    assert method_findings(tool) == []

@@ -8,6 +8,7 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer.activities.lab_common import attach_lab, last_fault, pick_replica
+from chaoslib_infer.errors import ServiceFinding
 
 __all__ = ["wait_for_replica_serving"]
 
@@ -29,7 +30,8 @@ def wait_for_replica_serving(
         to the first request served again)}``.
 
     Raises:
-        ActivityFailed: no fault recorded, or the replica did not serve within ``timeout_s``.
+        ActivityFailed: no fault recorded (a tool error).
+        ServiceFinding: the replica did not serve within ``timeout_s`` (the drill fails).
     """
     lab = attach_lab(configuration)
     fault = last_fault(configuration, "oom-kill")
@@ -48,6 +50,6 @@ def wait_for_replica_serving(
                 "restart_s": served - since,
             }
         time.sleep(0.1)
-    raise ActivityFailed(
+    raise ServiceFinding(
         f"replica {name} did not serve a request within {timeout_s:.0f} s of the fault"
     )

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["drill_status", "hypothesis_results", "failed_activities"]
+__all__ = ["drill_status", "hypothesis_results", "failed_activities", "method_findings"]
+
+# how a ServiceFinding reads in the journal: Chaos Toolkit wraps it as
+# "chaoslib.exceptions.ActivityFailed: chaoslib_infer.errors.ServiceFinding: <message>"
+_FINDING = "chaoslib_infer.errors.ServiceFinding: "
 
 
 def hypothesis_results(journal: dict[str, Any]) -> dict[str, bool | None]:
@@ -47,6 +51,22 @@ def failed_activities(journal: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def method_findings(journal: dict[str, Any]) -> list[str]:
+    """Return ``["<activity name>: <message>"]`` for each method activity that raised
+    :class:`chaoslib_infer.errors.ServiceFinding`: the drill measured the weakness it looks for
+    (a recovery that missed its deadline), which fails the drill rather than erroring it.
+    """
+    return [
+        f"{a['name']}: {str(a['exception']).partition(_FINDING)[2].strip()}"
+        for a in failed_activities(journal)
+        if _is_finding(a)
+    ]
+
+
+def _is_finding(activity: dict[str, Any]) -> bool:
+    return activity["section"] == "run" and _FINDING in str(activity["exception"] or "")
+
+
 def _crashed(run: dict[str, Any]) -> bool:
     """Whether a method run entry is an action that raised something other than ``ActivityFailed``.
 
@@ -74,6 +94,7 @@ def drill_status(journal: dict[str, Any]) -> str:
 
     - ``aborted``: the run was interrupted (Ctrl-C, SIGTERM, a control such as the load warm-up).
     - ``deviated``: a steady-state hypothesis (before or after) did not hold.
+    - ``deviated`` too: a method probe raised a ``ServiceFinding`` (:func:`method_findings`).
     - ``error``: an action or probe of the method failed (the drill could not do what it planned).
       A method action that *crashed* (raised anything but ``ActivityFailed``: a bug, not one of
       its documented failures) wins over a failed after-hypothesis, which then measured a drill
@@ -90,8 +111,11 @@ def drill_status(journal: dict[str, Any]) -> str:
         return "error"
     if hyp["after"] is False or journal.get("deviated"):
         return "deviated"
-    if any(a["section"] == "run" for a in failed_activities(journal)):
+    failed = [a for a in failed_activities(journal) if a["section"] == "run"]
+    if any(not _is_finding(a) for a in failed):
         return "error"
+    if failed:
+        return "deviated"
     if hyp["before"] is None or hyp["after"] is None:
         return "error"
     return "passed"

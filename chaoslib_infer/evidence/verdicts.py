@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.evidence.figures import replica_count_series
-from chaoslib_infer.evidence.journal import drill_status, failed_activities
+from chaoslib_infer.evidence.journal import drill_status, failed_activities, method_findings
 from chaoslib_infer.verdict import DrillFacts, Verdict, figure_error_reason, judge_drill, timeline
 
 __all__ = ["RESIDUE_FILE", "drill_verdict", "hypothesis_failures", "read_residue", "write_residue"]
@@ -158,6 +158,7 @@ def drill_verdict(
         ledger_measured=ledger_measured,
         journal_status=status,
         hypothesis_failures=hypothesis_failures(journal) if journal else [],
+        findings=method_findings(dict(journal)) if journal else [],
         errors=errors,
         residue=residue,
         stop_reason=(f"{stop.get('guard')}: {stop.get('reason')}" if stop else None),

@@ -87,6 +87,9 @@ class DrillFacts:
         journal_status: ``drill_status`` of the journal (``passed``, ``deviated``, ``error``,
             ``aborted``) or None.
         hypothesis_failures: one line per steady-state probe that deviated, with its phase.
+        findings: one line per method probe that measured the drill's weakness
+            (``ServiceFinding``, e.g. a lost replica not serving again within its deadline):
+            each fails the drill with its line as a reason.
         errors: lines for tool failures (crashed action, failed figure as worded by
             :func:`figure_error_reason`, load error).
         residue: one line per fault still active after the rollbacks.
@@ -104,6 +107,7 @@ class DrillFacts:
     ledger_measured: bool = True
     journal_status: str | None = None
     hypothesis_failures: list[tuple[str, str]] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     residue: list[str] = field(default_factory=list)
     stop_reason: str | None = None
@@ -639,6 +643,7 @@ def _state(
     for phase, line in facts.hypothesis_failures:
         if phase != "before":
             failed.append(f"steady-state hypothesis {phase} the fault deviated: {line}")
+    failed += [f"during the fault: {line}" for line in facts.findings]
     if failed:
         return "failed", failed
     unmeasured = [r for r in rows if r["key"] and r["result"] == "unmeasured"]

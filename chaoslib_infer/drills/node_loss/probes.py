@@ -9,6 +9,7 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer.activities.lab_common import attach_lab, last_fault
+from chaoslib_infer.errors import ServiceFinding
 from chaoslib_infer.lab import netns
 
 __all__ = ["replicas_in_service", "wait_for_replacements_serving"]
@@ -70,9 +71,10 @@ def wait_for_replacements_serving(
         "replacement_serving_s" (seconds from the loss until the last one served)}``.
 
     Raises:
-        ActivityFailed: no node-loss fault in this run, or a lost replica did not serve within
-            ``timeout_s`` (the message says where it is placed and whether rescheduling was
-            blocked, e.g. no spare node).
+        ActivityFailed: no node-loss fault in this run (a tool error).
+        ServiceFinding: a lost replica did not serve within ``timeout_s`` (the drill fails; the
+            message says where it is placed and whether rescheduling was blocked, e.g. no spare
+            node).
     """
     lab = attach_lab(configuration)
     fault = last_fault(configuration, "node-loss")
@@ -101,7 +103,7 @@ def wait_for_replacements_serving(
                 f"{n} on {(placement.get(n) or {}).get('node')}" for n in lost if n not in served
             )
             why = f"; rescheduling blocked: {blocked[-1]['reason']}" if blocked else ""
-            raise ActivityFailed(
+            raise ServiceFinding(
                 f"lost replicas not serving within {float(timeout_s):g} s of losing node "
                 f"{fault['node']} ({where}; reschedule_after_s={fault.get('reschedule_after_s')}){why}"
             )
