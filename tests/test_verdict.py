@@ -663,3 +663,124 @@ def test_a_recovery_that_missed_its_deadline_fails_the_drill_not_errors_it(
     tool = journal("broken")
     assert drill_status(tool) == "error"
     assert method_findings(tool) == []
+
+
+def _mutate(
+    records: list[dict[str, Any]],
+    a: float,
+    b: float,
+    pick: Any = None,
+    e2e: float | None = None,
+    **update: Any,
+) -> list[dict[str, Any]]:
+    """Records sent in ``[T0 + a, T0 + b)`` (those ``pick`` keeps) get ``update``; ``e2e`` sets
+    their end; a failure loses its output."""
+    for r in records:
+        if not (T0 + a <= r["sent_at"] < T0 + b) or (pick is not None and not pick(r)):
+            continue
+        r.update(update)
+        if e2e is not None:
+            r["end_at"] = r["sent_at"] + e2e
+        if update.get("ok") is False:
+            r.update(first_token_at=None, first_byte_at=None, chunk_times=[])
+    return records
+
+
+_FAIL = {"ok": False, "e2e": 0.01}
+
+#: criteria read from the records: (drill, ground update, mutation, criterion, also off: the
+#: criteria the same records break too, turned off so the reason is the criterion's own)
+RECORD_BREAK: list[Any] = [
+    pytest.param(
+        "traffic-spike",
+        {},
+        {"a": 12, "b": 13, **_FAIL, "status": 500, "error_class": "http_5xx"},
+        "non_shed_failures_fault",
+        (),
+        id="spike-answered-with-fast-500s",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        {"a": 12, "b": 13, **_FAIL, "status": 502, "error_class": "http_5xx"},
+        "non_shed_failures_fault",
+        (),
+        id="spike-answered-with-fast-502s",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        {"a": 12, "b": 13, **_FAIL, "status": None, "error_class": "reset"},
+        "non_shed_failures_fault",
+        (),
+        id="spike-answered-with-resets",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        {
+            "a": 12,
+            "b": 12.1,
+            "ok": False,
+            "e2e": 10.0,
+            "status": 200,
+            "error_class": "timeout_ttft",
+        },
+        "non_shed_failures_fault",
+        ("timeouts_fault", "timeout_rate_fault"),
+        id="spike-answered-with-a-timeout",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("drill", "ground_update", "mutation", "criterion", "also_off"), RECORD_BREAK
+)
+def test_each_criterion_read_from_the_records_fails_with_its_reason(
+    drill: str,
+    ground_update: dict[str, Any],
+    mutation: dict[str, Any],
+    criterion: str,
+    also_off: tuple[str, ...],
+) -> None:
+    ground, fig = dict(GOOD[drill][0]), dict(GOOD[drill][1])
+    ground.update(ground_update)
+    records = _mutate(steady(T0, T0 + 35), **mutation)
+    off = dict.fromkeys(also_off, "off")
+    v = judge_drill(facts(drill, records, fig, ground), off)
+    assert v.state == "failed", (drill, criterion, v.reasons)
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows[criterion]["result"] == "fail"
+    mine = [r for r in v.reasons if r.endswith(f"({criterion})")]
+    assert len(mine) == 1, v.reasons
+    c = next(c for c in criteria_for(drill) if c.name == criterion)
+    # the reason names the figure, its value and its threshold
+    assert mine[0].startswith(f"{c.label}: ")
+    fails = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[c.op]
+    assert f" {fails} " in mine[0]
+    assert rows[criterion]["value"] is not None and rows[criterion]["threshold"] == c.threshold
+    # the same records with the criterion turned off are no longer a failure
+    v_off = judge_drill(facts(drill, records, fig, ground), {**off, criterion: "off"})
+    assert v_off.state == "passed", v_off.reasons
+
+
+def test_spike_shed_as_fast_429_and_503_passes_and_only_those_are_shed() -> None:
+    ground, fig = (dict(x) for x in GOOD["traffic-spike"])
+    records = steady(T0, T0 + 35)
+    _mutate(records, 12, 12.5, **_FAIL, status=429, error_class="http_429")
+    _mutate(records, 12.5, 13, **_FAIL, status=503, error_class="http_5xx")
+    v = judge_drill(facts("traffic-spike", records, fig, ground))
+    assert v.state == "passed", v.reasons
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows["non_shed_failures_fault"]["value"] == 0.0
+    assert rows["shed_p99_s"]["result"] == "pass"
+    # fast 500s are no shed answer: the shed P99 has nothing to time, and the drill fails
+    records = _mutate(steady(T0, T0 + 35), 12, 13, **_FAIL, status=500, error_class="http_5xx")
+    v = judge_drill(facts("traffic-spike", records, fig, ground))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows["shed_p99_s"]["result"] == "n/a"
+    assert v.state == "failed"
+    assert v.reasons == [
+        "failures during the spike not shed as 429/503 (resets, other 5xx, timeouts): 10 > 0 "
+        "(non_shed_failures_fault)"
+    ]
