@@ -18,7 +18,12 @@ from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.bundle import junit_xml
 from chaoslib_infer.load.client import cut_off_record, write_inflight
 from chaoslib_infer.measure import figures as mfig
-from chaoslib_infer.measure.inflight import in_flight_timeouts, judged_records, read_inflight
+from chaoslib_infer.measure.inflight import (
+    cut_off_timeouts,
+    in_flight_timeouts,
+    judged_records,
+    read_inflight,
+)
 from chaoslib_infer.measure.metrics import cut_off_count, window_stats
 from chaoslib_infer.plan import load_plan
 from chaoslib_infer.verdict import DrillFacts, criteria_for, exit_code, judge_drill, parse_override
@@ -340,6 +345,38 @@ def test_cut_off_attempts_are_recorded_counted_and_left_out_of_the_rates() -> No
     assert cut_off_count(records) == 1
     assert window_stats(records)["availability"] == 1.0
     assert records[-1]["in_flight_s"] == pytest.approx(0.3)
+
+
+def test_a_cut_off_attempt_past_the_deadline_is_judged_as_a_timeout() -> None:
+    """An attempt hung until the load stopped was cut off (outcome unknown): past the judging
+    deadline it is a timeout in the verdict, never dropped from the P99 and the timeout rate."""
+    records = steady(T0, T0 + 35)
+    hung = cut_off_record("c1", 1, T0 + 11.05, T0 + 11.05, T0 + 35.0)  # 24 s on the wire
+    young = cut_off_record("c2", 1, T0 + 34.5, T0 + 34.5, T0 + 35.0)  # 0.5 s: still unknown
+    records += [hung, young]
+    judged = cut_off_timeouts(records, 10.0)
+    assert judged[-2]["error_class"] == "timeout_total" and not judged[-2]["cut_off"]
+    assert judged[-2]["in_flight_at_judging"] and judged[-2]["cut_off_at_stop"]
+    assert judged[-1]["cut_off"] and judged[-1]["error_class"] == "cut_off"
+    assert records[-2]["cut_off"]  # the records themselves are left as written
+    assert window_stats(judged)["timeouts"] == 1 and cut_off_count(judged) == 1
+    assert judged_records(records, [], T0 + 40, 10.0)[-2]["error_class"] == "timeout_total"
+    v = judge_drill(facts("oom-kill", records, OOM_FIG, OOM_GROUND))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert v.state == "failed"
+    assert v.windows["drill"]["requests"] == 351  # the hung one in, the young one out
+    assert rows["timeout_rate_fault"]["value"] == pytest.approx(1 / v.windows["fault"]["requests"])
+    assert rows["timeout_rate"]["value"] == pytest.approx(1 / 351)
+    assert any(r.endswith("(timeout_rate_fault)") for r in v.reasons), v.reasons
+    # a longer judging deadline leaves it cut off (outcome unknown): no timeout is counted
+    v = judge_drill(facts("oom-kill", records, OOM_FIG, OOM_GROUND, deadline_s=30.0))
+    assert v.state == "passed", v.reasons
+    # a hang that outlasts the load is a hung request of upstream-timeout
+    records, fig, ground = _hang(ejected=True)
+    records.append(cut_off_record("c3", 1, T0 + 12.05, T0 + 12.05, T0 + 35.0))
+    v = judge_drill(facts("upstream-timeout", records, {**fig, "hung_requests": 0}, ground))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows["hung_requests"]["value"] == 1.0 and rows["hung_requests"]["result"] == "fail"
 
 
 def test_exit_codes() -> None:

@@ -26,12 +26,13 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chaoslib_infer.drills.traffic_spike.figures import SHED_STATUSES
 from chaoslib_infer.measure.figures import interruption, recovery
 from chaoslib_infer.measure.health import health_disagreement
+from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S, cut_off_timeouts
 from chaoslib_infer.measure.metrics import (
     TIMEOUT_CLASSES,
     logical_outcomes,
@@ -79,7 +80,8 @@ class DrillFacts:
 
     Attributes:
         drill: drill name.
-        records: attempt records (cut-off ones included; in-flight timeouts added by the caller
+        records: attempt records (cut-off ones included: one in flight past ``deadline_s``
+            when the load stopped is judged as a timeout; in-flight timeouts added by the caller
             when judging a live run).
         figures: the drill's figures. ground: its ground truth.
         lab_events: the lab's events ([] off the lab).
@@ -98,6 +100,7 @@ class DrillFacts:
         serving: ``(before, after)`` serving replicas (None when unknown).
         replica_of: request id -> replica from the lab's own logs (engine ledger, HAProxy
             request log), for attempts that never got a response header (a hung engine).
+        deadline_s: the judging deadline (s; default the client's first-token timeout).
     """
 
     drill: str
@@ -114,6 +117,7 @@ class DrillFacts:
     stop_reason: str | None = None
     serving: tuple[int | None, int | None] = (None, None)
     replica_of: dict[str, str] = field(default_factory=dict)
+    deadline_s: float = DEFAULT_DEADLINE_S
 
 
 @dataclass
@@ -556,6 +560,8 @@ def judge_drill(
         ValueError: an override names no criterion of this drill.
     """
     crits = criteria_for(facts.drill, overrides)
+    # an attempt still in flight past the deadline when the load stopped is a timeout
+    facts = replace(facts, records=cut_off_timeouts(facts.records, facts.deadline_s))
     if "gateway" not in facts.figures:  # a HAProxy lab, a cluster: no gateway figures
         crits = [c for c in crits if c.name not in GATEWAY_ONLY]
     mins = {**MIN_REQUESTS, **(min_requests or {})}
