@@ -16,6 +16,12 @@ from chaoslib_infer import gameday
 from chaoslib_infer.plan import load_plan
 
 ROOT = Path(__file__).resolve().parent.parent
+STOP = {
+    "guard": "availability_floor",
+    "value": 0.2,
+    "threshold": 0.5,
+    "reason": "availability 0.2 < 0.5 for 2 s",
+}
 
 
 def _run(
@@ -64,3 +70,26 @@ def test_summary_carries_the_game_day_verdict(
     assert got == code
     assert summary["verdict"] == verdict
     assert seen[-1].startswith(f"game day {verdict.upper()}: ")
+
+
+def test_a_stop_condition_fails_the_game_day_with_exit_1_and_verdict_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop condition aborts its drill (the service fell below the plan's floor): the game day
+    stops, exits 1 (a failure for CI, not an operator's Ctrl-C: 130) and says STOPPED."""
+    stopped = {
+        "status": "aborted",
+        "reasons": [f"stopped: {STOP['guard']}: {STOP['reason']}"],
+        "stop_condition": STOP,
+    }
+    code, summary, seen = _run(
+        tmp_path, monkeypatch, [stopped, {"status": "passed", "reasons": []}]
+    )
+    assert code == 1
+    assert summary["verdict"] == "stopped"
+    assert summary["stopped_by"]["guard"] == "availability_floor"
+    assert [d["name"] for d in summary["drills"]] == ["d0"]  # no further drill ran
+    assert summary["drills"][0]["status"] == "aborted"
+    assert any(m == "stop condition tripped: rollbacks played; no further drill runs" for m in seen)
+    assert "STOPPED" in (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    assert seen[-1].startswith("game day STOPPED: ")

@@ -683,7 +683,9 @@ def exit_code(states: Sequence[str]) -> int:
     Returns:
         0 every drill passed; 1 a drill failed; 2 a drill errored (none failed); 130 a drill was
         aborted (none failed or errored); 3 a drill was inconclusive (all others passed); 3 too
-        when there is no drill at all (nothing was shown to work).
+        when there is no drill at all (nothing was shown to work). The game day exits 1, not
+        130, when the abort was a stop condition (``chaoslib_infer.gameday``, verdict
+        ``STOPPED``).
     """
     if not states:
         return 3
