@@ -767,6 +767,58 @@ RECORD_BREAK: list[Any] = [
         ("timeouts_fault", "timeout_rate_fault"),
         id="spike-answered-with-a-timeout",
     ),
+    pytest.param(
+        "oom-kill",
+        {},
+        # one request of the fault window hangs until the client's first-token timeout
+        {
+            "a": 10,
+            "b": 10.1,
+            "ok": False,
+            "e2e": 10.0,
+            "status": 200,
+            "error_class": "timeout_ttft",
+        },
+        "timeout_rate_fault",
+        ("availability", "availability_fault", "error_rate"),
+        id="timeout-in-the-fault-window",
+    ),
+    pytest.param(
+        "oom-kill",
+        {},
+        # successful but slow: 5 of the fault window's requests take 12 s
+        {"a": 11, "b": 11.5, "e2e": 12.0},
+        "p99_e2e_fault_s",
+        ("p99_e2e_s",),
+        id="slow-in-the-fault-window",
+    ),
+    pytest.param(
+        "oom-kill",
+        {},
+        # every request after the drill takes 1 s against the baseline's 0.3 s
+        {"a": 20, "b": 35, "e2e": 1.0},
+        "p99_after_vs_baseline",
+        (),
+        id="slower-after-the-drill",
+    ),
+    pytest.param(
+        "oom-kill",
+        {},
+        # one 500 after the fault, out of its window: 1 of 350 requests
+        {"a": 25, "b": 25.1, **_FAIL, "status": 500, "error_class": "http_5xx"},
+        "error_rate",
+        ("availability",),
+        id="an-error-after-the-fault",
+    ),
+    pytest.param(
+        "simultaneous-restarts",
+        {"replicas": ["r0"], "survivors": ["r1", "r2"]},
+        # r1 survives but gets nothing: r2 carries the whole fault window
+        {"a": 10, "b": 15, "replica": "r2"},
+        "max_survivor_share",
+        (),
+        id="one-survivor-carries-everything",
+    ),
 ]
 
 
@@ -821,3 +873,17 @@ def test_spike_shed_as_fast_429_and_503_passes_and_only_those_are_shed() -> None
         "failures during the spike not shed as 429/503 (resets, other 5xx, timeouts): 10 > 0 "
         "(non_shed_failures_fault)"
     ]
+
+
+def test_survivors_sharing_the_load_pass_max_survivor_share() -> None:
+    ground, fig = (dict(x) for x in GOOD["simultaneous-restarts"])
+    ground.update(replicas=["r0"], survivors=["r1", "r2"])
+    # the restarting r0's requests go to r2: r1 and r2 share the fault window 1:2
+    records = _mutate(
+        steady(T0, T0 + 35), 10, 15, pick=lambda r: r["replica"] == "r0", replica="r2"
+    )
+    v = judge_drill(facts("simultaneous-restarts", records, fig, ground))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert v.state == "passed", v.reasons
+    assert rows["max_survivor_share"]["result"] == "pass"
+    assert rows["max_survivor_share"]["value"] == pytest.approx(2 / 3, abs=0.02)

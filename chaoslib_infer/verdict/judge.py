@@ -296,12 +296,16 @@ def _health(
     return float(result["disagreement_s"]), None
 
 
-def _survivor_share(facts: DrillFacts, a: float, b: float) -> tuple[float | None, str | None]:
+def _survivor_share(
+    facts: DrillFacts, records: Sequence[Mapping[str, Any]]
+) -> tuple[float | None, str | None]:
+    """The largest survivor's share of the survivors' attempts in ``records`` (the fault
+    window's)."""
     survivors = [str(s) for s in facts.ground.get("survivors") or []]
     if len(survivors) < 2:
         return None, f"{len(survivors)} survivor(s): one replica must carry everything"
     counts = {s: 0 for s in survivors}
-    for r in select(facts.records, a, b):
+    for r in select(list(records), None, None):
         rep = r.get("replica")
         if rep in counts:
             counts[str(rep)] += 1
@@ -393,7 +397,7 @@ def _values(
             (float(int(hung) + hung_now), None) if hung is not None else (None, None)
         )
         out["max_wait_s"] = (_max_wait(recs, a, b), None)
-        share, why = _survivor_share(facts, a, b)
+        share, why = _survivor_share(facts, recs)  # the fault window's, not the whole drill's
         out["max_survivor_share"] = (share, why)
     planned, held = _num(fig.get("planned_instances")), _num(fig.get("instances_held"))
     if planned is None and _num(fig.get("k8s_quota_replicas_after")):
