@@ -93,3 +93,22 @@ def test_a_stop_condition_fails_the_game_day_with_exit_1_and_verdict_stopped(
     assert any(m == "stop condition tripped: rollbacks played; no further drill runs" for m in seen)
     assert "STOPPED" in (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
     assert seen[-1].startswith("game day STOPPED: ")
+
+
+def test_index_shows_the_reasons_before_the_scorecard_with_styled_badges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entries = [
+        {"status": "failed", "reasons": ["duplicate generations: 3 > 0 (duplicate_generations)"]},
+        {"status": "inconclusive", "reasons": ["fault not confirmed by ground truth: x"]},
+    ]
+    code, _summary, _seen = _run(tmp_path, monkeypatch, entries)
+    assert code == 1
+    page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    first = page.index("duplicate generations: 3 &gt; 0 (duplicate_generations)")
+    assert first < page.index("fault not confirmed by ground truth: x") < page.index("Scorecard")
+    assert 'id="reasons"' in page and page.index('id="reasons"') < page.index("Scorecard")
+    assert 'class="verdict v-FAILED"' in page
+    style = page.split("</style>", 1)[0]
+    for selector in (".failed", ".inconclusive", ".v-FAILED", ".v-INCONCLUSIVE"):
+        assert selector in style, selector
