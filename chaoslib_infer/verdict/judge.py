@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from chaoslib_infer.drills.traffic_spike.figures import SHED_STATUSES
+from chaoslib_infer.drills.traffic_spike.figures import is_shed, non_shed_failures
 from chaoslib_infer.measure.figures import interruption, recovery
 from chaoslib_infer.measure.health import health_disagreement
 from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S, cut_off_timeouts
@@ -216,27 +216,13 @@ def _timeouts(records: Sequence[Mapping[str, Any]], a: float, b: float) -> int:
     )
 
 
-def _shed(r: Mapping[str, Any]) -> bool:
-    """A failed attempt answered 429 or 503 (:data:`SHED_STATUSES`): load shed on purpose. A
-    500, 502 or 504, a reset or a timeout is not a shed answer."""
-    return not r.get("ok") and r.get("status") in SHED_STATUSES
-
-
 def _shed_p99(records: Sequence[Mapping[str, Any]], a: float, b: float) -> float | None:
     shed = [
         float(r["end_at"]) - float(r["sent_at"])
         for r in select(list(records), a, b)
-        if _shed(r) and isinstance(r.get("end_at"), int | float)
+        if is_shed(r) and isinstance(r.get("end_at"), int | float)
     ]
     return percentiles_s(shed, (99,))[99] if shed else None
-
-
-def _non_shed_failures(records: Sequence[Mapping[str, Any]], a: float, b: float) -> int:
-    """Logical requests of ``[a, b)`` that failed other than as a 429/503 shed (a reset, another
-    5xx, a timeout, one still in flight past the judging deadline)."""
-    return sum(
-        1 for r in select(logical_outcomes(list(records)), a, b) if not r.get("ok") and not _shed(r)
-    )
 
 
 def _max_wait(records: Sequence[Mapping[str, Any]], a: float, b: float) -> float | None:
@@ -381,7 +367,7 @@ def _values(
         recs = sel("fault")
         a, b = float("-inf"), float("inf")
         out["timeouts_fault"] = (float(_timeouts(recs, a, b)), None)
-        out["non_shed_failures_fault"] = (float(_non_shed_failures(recs, a, b)), None)
+        out["non_shed_failures_fault"] = (float(non_shed_failures(recs)), None)
         shed = _shed_p99(recs, a, b)
         out["shed_p99_s"] = (shed, None if shed is not None else "no request was shed")
         hung = fig.get("hung_requests")
