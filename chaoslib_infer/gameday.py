@@ -8,7 +8,11 @@ is checked, the fault is injected, the hypothesis is checked again, rollbacks al
 Exit codes (the drills' verdicts, :mod:`chaoslib_infer.verdict`): 0 every drill passed; 1 a drill
 failed (a criterion broken, a fault left behind, a defect before the fault); 2 error (bad input,
 unreachable target, a drill the tool could not run); 3 a drill was inconclusive (the others
-passed); 130 interrupted (Ctrl-C / SIGTERM; rollbacks played and the lab taken down).
+passed); 130 interrupted (Ctrl-C / SIGTERM; rollbacks played and the lab taken down). A stop
+condition (a safety floor the service fell below, ``docs/safety.md``) aborts its drill (state
+``aborted``, its reason ``stopped: ...``) and stops the game day with exit code 1 and verdict
+``STOPPED``: the service was damaged past the plan's floor, a failure for CI, not an operator's
+interruption (130).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ __all__ = [
     "cli_criteria",
     "default_k8s_plan_path",
     "default_plan_path",
+    "gameday_verdict",
     "drill_evidence",
     "headline",
     "load_drill_experiment",
@@ -354,16 +359,9 @@ def run_gameday(
                 lab.down()
         finally:
             signal.signal(signal.SIGTERM, previous_term)
-            _write_summary()
-            verdict = {
-                EXIT_OK: "PASSED",
-                EXIT_DEVIATED: "FAILED",
-                EXIT_ERROR: "ERROR",
-                EXIT_INCONCLUSIVE: "INCONCLUSIVE",
-            }.get(exit_code, "ABORTED")
+            verdict = gameday_verdict(exit_code, bool(summary.get("stopped_by")))
             summary["verdict"] = verdict.lower()
-            if summary.get("stopped_by"):
-                verdict = "STOPPED"
+            _write_summary()
             render_index(out_dir, summary, verdict)
             write_atomic(out_dir / "junit.xml", junit_xml(summary))
             bundle_runbooks(out_dir, progress)
@@ -372,6 +370,29 @@ def run_gameday(
             run_lock.close()
     progress(f"game day {verdict}: {out_dir / 'summary.json'}, {out_dir / 'index.html'}")
     return exit_code
+
+
+def gameday_verdict(exit_code: int, stopped: bool) -> str:
+    """The game day's verdict word (console, ``index.html``; lower case in ``summary.json``
+    ``verdict``).
+
+    Args:
+        exit_code: the game day's exit code (module docstring).
+        stopped: a stop condition aborted a drill (``summary["stopped_by"]``).
+
+    Returns:
+        ``STOPPED`` when a stop condition tripped (exit code 1, unless a drill errored first:
+        2), else ``PASSED`` (0), ``FAILED`` (1), ``ERROR`` (2), ``INCONCLUSIVE`` (3) or
+        ``ABORTED`` (130, Ctrl-C / SIGTERM).
+    """
+    if stopped and exit_code == EXIT_DEVIATED:
+        return "STOPPED"
+    return {
+        EXIT_OK: "PASSED",
+        EXIT_DEVIATED: "FAILED",
+        EXIT_ERROR: "ERROR",
+        EXIT_INCONCLUSIVE: "INCONCLUSIVE",
+    }.get(exit_code, "ABORTED")
 
 
 def default_plan_path() -> Path:

@@ -123,6 +123,8 @@ def test_traffic_spike_scales_out_and_holds_the_slo(tmp_path: Path) -> None:
     rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
     assert rows["scale_out_s"]["result"] == "pass" and rows["timeouts_fault"]["result"] == "pass"
     assert rows["recovery_s"]["result"] == "pass"
+    # every failure of the spike is a 429/503 shed (none at all on this lab: 0 of 400 in a run)
+    assert rows["non_shed_failures_fault"]["value"] == 0.0
     fig, gt, records = _check_common(out)
 
     # the lab's own record of the scale-out
@@ -176,6 +178,7 @@ def test_traffic_spike_without_autoscaling_and_a_tiny_queue_deviates(tmp_path: P
     # the overload was shed as fast 429s (a sane drop policy), but nothing scaled out
     rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
     assert rows["shed_p99_s"]["result"] == "pass"
+    assert rows["non_shed_failures_fault"]["result"] == "pass"  # shed as 429s, nothing else
     assert any(
         r.startswith("scale-out (trigger to serving): never scaled out while")
         for r in drill["reasons"]

@@ -18,7 +18,12 @@ from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.bundle import junit_xml
 from chaoslib_infer.load.client import cut_off_record, write_inflight
 from chaoslib_infer.measure import figures as mfig
-from chaoslib_infer.measure.inflight import in_flight_timeouts, judged_records, read_inflight
+from chaoslib_infer.measure.inflight import (
+    cut_off_timeouts,
+    in_flight_timeouts,
+    judged_records,
+    read_inflight,
+)
 from chaoslib_infer.measure.metrics import cut_off_count, window_stats
 from chaoslib_infer.plan import load_plan
 from chaoslib_infer.verdict import DrillFacts, criteria_for, exit_code, judge_drill, parse_override
@@ -342,6 +347,38 @@ def test_cut_off_attempts_are_recorded_counted_and_left_out_of_the_rates() -> No
     assert records[-1]["in_flight_s"] == pytest.approx(0.3)
 
 
+def test_a_cut_off_attempt_past_the_deadline_is_judged_as_a_timeout() -> None:
+    """An attempt hung until the load stopped was cut off (outcome unknown): past the judging
+    deadline it is a timeout in the verdict, never dropped from the P99 and the timeout rate."""
+    records = steady(T0, T0 + 35)
+    hung = cut_off_record("c1", 1, T0 + 11.05, T0 + 11.05, T0 + 35.0)  # 24 s on the wire
+    young = cut_off_record("c2", 1, T0 + 34.5, T0 + 34.5, T0 + 35.0)  # 0.5 s: still unknown
+    records += [hung, young]
+    judged = cut_off_timeouts(records, 10.0)
+    assert judged[-2]["error_class"] == "timeout_total" and not judged[-2]["cut_off"]
+    assert judged[-2]["in_flight_at_judging"] and judged[-2]["cut_off_at_stop"]
+    assert judged[-1]["cut_off"] and judged[-1]["error_class"] == "cut_off"
+    assert records[-2]["cut_off"]  # the records themselves are left as written
+    assert window_stats(judged)["timeouts"] == 1 and cut_off_count(judged) == 1
+    assert judged_records(records, [], T0 + 40, 10.0)[-2]["error_class"] == "timeout_total"
+    v = judge_drill(facts("oom-kill", records, OOM_FIG, OOM_GROUND))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert v.state == "failed"
+    assert v.windows["drill"]["requests"] == 351  # the hung one in, the young one out
+    assert rows["timeout_rate_fault"]["value"] == pytest.approx(1 / v.windows["fault"]["requests"])
+    assert rows["timeout_rate"]["value"] == pytest.approx(1 / 351)
+    assert any(r.endswith("(timeout_rate_fault)") for r in v.reasons), v.reasons
+    # a longer judging deadline leaves it cut off (outcome unknown): no timeout is counted
+    v = judge_drill(facts("oom-kill", records, OOM_FIG, OOM_GROUND, deadline_s=30.0))
+    assert v.state == "passed", v.reasons
+    # a hang that outlasts the load is a hung request of upstream-timeout
+    records, fig, ground = _hang(ejected=True)
+    records.append(cut_off_record("c3", 1, T0 + 12.05, T0 + 12.05, T0 + 35.0))
+    v = judge_drill(facts("upstream-timeout", records, {**fig, "hung_requests": 0}, ground))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows["hung_requests"]["value"] == 1.0 and rows["hung_requests"]["result"] == "fail"
+
+
 def test_exit_codes() -> None:
     assert exit_code(["passed", "passed"]) == 0
     assert exit_code(["passed", "failed", "inconclusive"]) == 1
@@ -663,3 +700,190 @@ def test_a_recovery_that_missed_its_deadline_fails_the_drill_not_errors_it(
     tool = journal("broken")
     assert drill_status(tool) == "error"
     assert method_findings(tool) == []
+
+
+def _mutate(
+    records: list[dict[str, Any]],
+    a: float,
+    b: float,
+    pick: Any = None,
+    e2e: float | None = None,
+    **update: Any,
+) -> list[dict[str, Any]]:
+    """Records sent in ``[T0 + a, T0 + b)`` (those ``pick`` keeps) get ``update``; ``e2e`` sets
+    their end; a failure loses its output."""
+    for r in records:
+        if not (T0 + a <= r["sent_at"] < T0 + b) or (pick is not None and not pick(r)):
+            continue
+        r.update(update)
+        if e2e is not None:
+            r["end_at"] = r["sent_at"] + e2e
+        if update.get("ok") is False:
+            r.update(first_token_at=None, first_byte_at=None, chunk_times=[])
+    return records
+
+
+_FAIL = {"ok": False, "e2e": 0.01}
+
+#: criteria read from the records: (drill, ground update, mutation, criterion, also off: the
+#: criteria the same records break too, turned off so the reason is the criterion's own)
+RECORD_BREAK: list[Any] = [
+    pytest.param(
+        "traffic-spike",
+        {},
+        {"a": 12, "b": 13, **_FAIL, "status": 500, "error_class": "http_5xx"},
+        "non_shed_failures_fault",
+        (),
+        id="spike-answered-with-fast-500s",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        {"a": 12, "b": 13, **_FAIL, "status": 502, "error_class": "http_5xx"},
+        "non_shed_failures_fault",
+        (),
+        id="spike-answered-with-fast-502s",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        {"a": 12, "b": 13, **_FAIL, "status": None, "error_class": "reset"},
+        "non_shed_failures_fault",
+        (),
+        id="spike-answered-with-resets",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        {
+            "a": 12,
+            "b": 12.1,
+            "ok": False,
+            "e2e": 10.0,
+            "status": 200,
+            "error_class": "timeout_ttft",
+        },
+        "non_shed_failures_fault",
+        ("timeouts_fault", "timeout_rate_fault"),
+        id="spike-answered-with-a-timeout",
+    ),
+    pytest.param(
+        "oom-kill",
+        {},
+        # one request of the fault window hangs until the client's first-token timeout
+        {
+            "a": 10,
+            "b": 10.1,
+            "ok": False,
+            "e2e": 10.0,
+            "status": 200,
+            "error_class": "timeout_ttft",
+        },
+        "timeout_rate_fault",
+        ("availability", "availability_fault", "error_rate"),
+        id="timeout-in-the-fault-window",
+    ),
+    pytest.param(
+        "oom-kill",
+        {},
+        # successful but slow: 5 of the fault window's requests take 12 s
+        {"a": 11, "b": 11.5, "e2e": 12.0},
+        "p99_e2e_fault_s",
+        ("p99_e2e_s",),
+        id="slow-in-the-fault-window",
+    ),
+    pytest.param(
+        "oom-kill",
+        {},
+        # every request after the drill takes 1 s against the baseline's 0.3 s
+        {"a": 20, "b": 35, "e2e": 1.0},
+        "p99_after_vs_baseline",
+        (),
+        id="slower-after-the-drill",
+    ),
+    pytest.param(
+        "oom-kill",
+        {},
+        # one 500 after the fault, out of its window: 1 of 350 requests
+        {"a": 25, "b": 25.1, **_FAIL, "status": 500, "error_class": "http_5xx"},
+        "error_rate",
+        ("availability",),
+        id="an-error-after-the-fault",
+    ),
+    pytest.param(
+        "simultaneous-restarts",
+        {"replicas": ["r0"], "survivors": ["r1", "r2"]},
+        # r1 survives but gets nothing: r2 carries the whole fault window
+        {"a": 10, "b": 15, "replica": "r2"},
+        "max_survivor_share",
+        (),
+        id="one-survivor-carries-everything",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("drill", "ground_update", "mutation", "criterion", "also_off"), RECORD_BREAK
+)
+def test_each_criterion_read_from_the_records_fails_with_its_reason(
+    drill: str,
+    ground_update: dict[str, Any],
+    mutation: dict[str, Any],
+    criterion: str,
+    also_off: tuple[str, ...],
+) -> None:
+    ground, fig = dict(GOOD[drill][0]), dict(GOOD[drill][1])
+    ground.update(ground_update)
+    records = _mutate(steady(T0, T0 + 35), **mutation)
+    off = dict.fromkeys(also_off, "off")
+    v = judge_drill(facts(drill, records, fig, ground), off)
+    assert v.state == "failed", (drill, criterion, v.reasons)
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows[criterion]["result"] == "fail"
+    mine = [r for r in v.reasons if r.endswith(f"({criterion})")]
+    assert len(mine) == 1, v.reasons
+    c = next(c for c in criteria_for(drill) if c.name == criterion)
+    # the reason names the figure, its value and its threshold
+    assert mine[0].startswith(f"{c.label}: ")
+    fails = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[c.op]
+    assert f" {fails} " in mine[0]
+    assert rows[criterion]["value"] is not None and rows[criterion]["threshold"] == c.threshold
+    # the same records with the criterion turned off are no longer a failure
+    v_off = judge_drill(facts(drill, records, fig, ground), {**off, criterion: "off"})
+    assert v_off.state == "passed", v_off.reasons
+
+
+def test_spike_shed_as_fast_429_and_503_passes_and_only_those_are_shed() -> None:
+    ground, fig = (dict(x) for x in GOOD["traffic-spike"])
+    records = steady(T0, T0 + 35)
+    _mutate(records, 12, 12.5, **_FAIL, status=429, error_class="http_429")
+    _mutate(records, 12.5, 13, **_FAIL, status=503, error_class="http_5xx")
+    v = judge_drill(facts("traffic-spike", records, fig, ground))
+    assert v.state == "passed", v.reasons
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows["non_shed_failures_fault"]["value"] == 0.0
+    assert rows["shed_p99_s"]["result"] == "pass"
+    # fast 500s are no shed answer: the shed P99 has nothing to time, and the drill fails
+    records = _mutate(steady(T0, T0 + 35), 12, 13, **_FAIL, status=500, error_class="http_5xx")
+    v = judge_drill(facts("traffic-spike", records, fig, ground))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert rows["shed_p99_s"]["result"] == "n/a"
+    assert v.state == "failed"
+    assert v.reasons == [
+        "failures during the spike not shed as 429/503 (resets, other 5xx, timeouts): 10 > 0 "
+        "(non_shed_failures_fault)"
+    ]
+
+
+def test_survivors_sharing_the_load_pass_max_survivor_share() -> None:
+    ground, fig = (dict(x) for x in GOOD["simultaneous-restarts"])
+    ground.update(replicas=["r0"], survivors=["r1", "r2"])
+    # the restarting r0's requests go to r2: r1 and r2 share the fault window 1:2
+    records = _mutate(
+        steady(T0, T0 + 35), 10, 15, pick=lambda r: r["replica"] == "r0", replica="r2"
+    )
+    v = judge_drill(facts("simultaneous-restarts", records, fig, ground))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert v.state == "passed", v.reasons
+    assert rows["max_survivor_share"]["result"] == "pass"
+    assert rows["max_survivor_share"]["value"] == pytest.approx(2 / 3, abs=0.02)

@@ -12,6 +12,11 @@ snapshot of the attempts on the wire (``inflight.json`` beside ``records.jsonl``
    output for that long is a timeout by the acceptance table's definition);
 2. count each attempt still in flight past the deadline as a timeout (class ``timeout_total``,
    ``in_flight_at_judging`` true), so a hang is visible before the client gives up on it.
+
+The same holds after the run: an attempt *cut off* when the load stopped (``cut_off`` true,
+outcome unknown, left out of the rates by ``metrics.select``) that had been in flight past the
+deadline is a timeout, not an unknown (:func:`cut_off_timeouts`); otherwise a request hung when
+the load ends would hide from the P99 and the timeout rate.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
+    "cut_off_timeouts",
     "in_flight_timeouts",
     "judged_records",
     "read_inflight",
@@ -105,6 +111,47 @@ def in_flight_timeouts(
     return out
 
 
+def cut_off_timeouts(
+    records: Iterable[Record], deadline_s: float = DEFAULT_DEADLINE_S
+) -> list[dict[str, Any]]:
+    """``records`` with every cut-off attempt past the judging deadline counted as a timeout.
+
+    Args:
+        records: attempt records, cut-off ones (``client.cut_off_record``) included.
+        deadline_s: how long an attempt may be in flight before it counts as a timeout (s).
+
+    Returns:
+        Copies of the records; a cut-off record whose ``in_flight_s`` (else ``end_at -
+        sent_at``) exceeds ``deadline_s`` becomes class ``timeout_total`` with ``cut_off``
+        false, ``in_flight_at_judging`` true and ``cut_off_at_stop`` true (so the rates and
+        percentiles count it); a younger one stays cut off (outcome unknown, left out).
+    """
+    out: list[dict[str, Any]] = []
+    for r in records:
+        rec = dict(r)
+        if rec.get("cut_off"):
+            age = rec.get("in_flight_s")
+            if not isinstance(age, int | float):
+                s, e = rec.get("sent_at"), rec.get("end_at")
+                age = (
+                    float(e) - float(s)
+                    if isinstance(s, int | float) and isinstance(e, int | float)
+                    else None
+                )
+            if age is not None and float(age) > deadline_s:
+                rec.update(
+                    cut_off=False,
+                    cut_off_at_stop=True,
+                    in_flight_at_judging=True,
+                    ok=False,
+                    error_class="timeout_total",
+                    error=f"in flight for {float(age):.1f} s when the load stopped "
+                    f"(past the {deadline_s:g} s judging deadline)",
+                )
+        out.append(rec)
+    return out
+
+
 def wait_for_window(
     inflight_path: Path,
     end: float,
@@ -146,5 +193,9 @@ def judged_records(
     now: float,
     deadline_s: float = DEFAULT_DEADLINE_S,
 ) -> list[dict[str, Any]]:
-    """``records`` plus :func:`in_flight_timeouts` at ``now``: what a judged window counts."""
-    return [*records, *in_flight_timeouts(inflight, records, now, deadline_s)]
+    """``records`` plus :func:`in_flight_timeouts` at ``now``, cut-off attempts past the deadline
+    counted as timeouts (:func:`cut_off_timeouts`): what a judged window counts."""
+    return [
+        *cut_off_timeouts(records, deadline_s),
+        *in_flight_timeouts(inflight, records, now, deadline_s),
+    ]

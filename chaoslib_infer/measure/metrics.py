@@ -58,7 +58,9 @@ def select(
     """Records whose ``sent_at`` is in ``[start, end)`` (unix seconds; None = unbounded).
 
     Attempts *cut off* when the load stopped (``cut_off`` true: outcome unknown) are left out of
-    every rate and percentile; :func:`cut_off_count` counts them.
+    every rate and percentile; :func:`cut_off_count` counts them. A judged window (the verdict,
+    the steady-state probes) first turns a cut-off attempt in flight past the judging deadline
+    into a timeout (``inflight.cut_off_timeouts``), which this then counts.
     """
     out = []
     for r in records:

@@ -26,11 +26,13 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from chaoslib_infer.drills.traffic_spike.figures import is_shed, non_shed_failures
 from chaoslib_infer.measure.figures import interruption, recovery
 from chaoslib_infer.measure.health import health_disagreement
+from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S, cut_off_timeouts
 from chaoslib_infer.measure.metrics import (
     TIMEOUT_CLASSES,
     logical_outcomes,
@@ -78,7 +80,8 @@ class DrillFacts:
 
     Attributes:
         drill: drill name.
-        records: attempt records (cut-off ones included; in-flight timeouts added by the caller
+        records: attempt records (cut-off ones included: one in flight past ``deadline_s``
+            when the load stopped is judged as a timeout; in-flight timeouts added by the caller
             when judging a live run).
         figures: the drill's figures. ground: its ground truth.
         lab_events: the lab's events ([] off the lab).
@@ -97,6 +100,7 @@ class DrillFacts:
         serving: ``(before, after)`` serving replicas (None when unknown).
         replica_of: request id -> replica from the lab's own logs (engine ledger, HAProxy
             request log), for attempts that never got a response header (a hung engine).
+        deadline_s: the judging deadline (s; default the client's first-token timeout).
     """
 
     drill: str
@@ -113,6 +117,7 @@ class DrillFacts:
     stop_reason: str | None = None
     serving: tuple[int | None, int | None] = (None, None)
     replica_of: dict[str, str] = field(default_factory=dict)
+    deadline_s: float = DEFAULT_DEADLINE_S
 
 
 @dataclass
@@ -215,8 +220,7 @@ def _shed_p99(records: Sequence[Mapping[str, Any]], a: float, b: float) -> float
     shed = [
         float(r["end_at"]) - float(r["sent_at"])
         for r in select(list(records), a, b)
-        if r.get("error_class") in ("http_429", "http_5xx")
-        and isinstance(r.get("end_at"), int | float)
+        if is_shed(r) and isinstance(r.get("end_at"), int | float)
     ]
     return percentiles_s(shed, (99,))[99] if shed else None
 
@@ -278,12 +282,16 @@ def _health(
     return float(result["disagreement_s"]), None
 
 
-def _survivor_share(facts: DrillFacts, a: float, b: float) -> tuple[float | None, str | None]:
+def _survivor_share(
+    facts: DrillFacts, records: Sequence[Mapping[str, Any]]
+) -> tuple[float | None, str | None]:
+    """The largest survivor's share of the survivors' attempts in ``records`` (the fault
+    window's)."""
     survivors = [str(s) for s in facts.ground.get("survivors") or []]
     if len(survivors) < 2:
         return None, f"{len(survivors)} survivor(s): one replica must carry everything"
     counts = {s: 0 for s in survivors}
-    for r in select(facts.records, a, b):
+    for r in select(list(records), None, None):
         rep = r.get("replica")
         if rep in counts:
             counts[str(rep)] += 1
@@ -359,6 +367,7 @@ def _values(
         recs = sel("fault")
         a, b = float("-inf"), float("inf")
         out["timeouts_fault"] = (float(_timeouts(recs, a, b)), None)
+        out["non_shed_failures_fault"] = (float(non_shed_failures(recs)), None)
         shed = _shed_p99(recs, a, b)
         out["shed_p99_s"] = (shed, None if shed is not None else "no request was shed")
         hung = fig.get("hung_requests")
@@ -374,7 +383,7 @@ def _values(
             (float(int(hung) + hung_now), None) if hung is not None else (None, None)
         )
         out["max_wait_s"] = (_max_wait(recs, a, b), None)
-        share, why = _survivor_share(facts, a, b)
+        share, why = _survivor_share(facts, recs)  # the fault window's, not the whole drill's
         out["max_survivor_share"] = (share, why)
     planned, held = _num(fig.get("planned_instances")), _num(fig.get("instances_held"))
     if planned is None and _num(fig.get("k8s_quota_replicas_after")):
@@ -541,6 +550,8 @@ def judge_drill(
         ValueError: an override names no criterion of this drill.
     """
     crits = criteria_for(facts.drill, overrides)
+    # an attempt still in flight past the deadline when the load stopped is a timeout
+    facts = replace(facts, records=cut_off_timeouts(facts.records, facts.deadline_s))
     if "gateway" not in facts.figures:  # a HAProxy lab, a cluster: no gateway figures
         crits = [c for c in crits if c.name not in GATEWAY_ONLY]
     mins = {**MIN_REQUESTS, **(min_requests or {})}
@@ -662,7 +673,9 @@ def exit_code(states: Sequence[str]) -> int:
     Returns:
         0 every drill passed; 1 a drill failed; 2 a drill errored (none failed); 130 a drill was
         aborted (none failed or errored); 3 a drill was inconclusive (all others passed); 3 too
-        when there is no drill at all (nothing was shown to work).
+        when there is no drill at all (nothing was shown to work). The game day exits 1, not
+        130, when the abort was a stop condition (``chaoslib_infer.gameday``, verdict
+        ``STOPPED``).
     """
     if not states:
         return 3

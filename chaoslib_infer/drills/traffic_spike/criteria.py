@@ -21,6 +21,14 @@ CRITERIA: list[Criterion] = [
         "count",
         "fault",
     ),
+    Criterion(
+        "non_shed_failures_fault",
+        "failures during the spike not shed as 429/503 (resets, other 5xx, timeouts)",
+        "<=",
+        0.0,
+        "count",
+        "fault",
+    ),
     Criterion("shed_p99_s", "P99 time to a shed answer (429/503)", "<=", 1.0, "s", "fault"),
     Criterion("scale_out_s", "scale-out (trigger to serving)", "<=", 30.0, "s", "fault"),
     Criterion(
@@ -35,5 +43,7 @@ CRITERIA: list[Criterion] = [
 ]
 
 #: Shedding overload is the sane answer to a spike: judged by how (429/503, fast), not as lost
-#: availability; timeouts still count. These common criteria are not judged for this drill.
+#: availability; timeouts still count, and every other failure of the spike (a reset, a 500, a
+#: 502, a timeout) fails ``non_shed_failures_fault``. These common criteria are not judged for
+#: this drill.
 DROPPED_COMMON: frozenset[str] = frozenset({"availability", "availability_fault", "error_rate"})

@@ -11,6 +11,7 @@ Ground truth: the autoscaler's ``scale_out_*`` events (``events.jsonl``), HAProx
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,18 @@ from chaoslib_infer.evidence.figkit import (
 )
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.measure import figures as mfig
-from chaoslib_infer.measure.metrics import window_stats
+from chaoslib_infer.measure.metrics import logical_outcomes, select, window_stats
 
-__all__ = ["LEDGER_LABELS", "SHED_STATUSES", "compute", "load_phases", "load_summary", "markers"]
+__all__ = [
+    "LEDGER_LABELS",
+    "SHED_STATUSES",
+    "compute",
+    "is_shed",
+    "load_phases",
+    "load_summary",
+    "markers",
+    "non_shed_failures",
+]
 
 #: The fault is recorded when the load restarts with the spike profile; the spike itself starts
 #: with the profile's spike phase.
@@ -36,6 +46,19 @@ LEDGER_LABELS = ("spike scheduled (profile load started)", "spike fault cleared"
 
 #: HTTP statuses counted as shed load.
 SHED_STATUSES = (429, 503)
+
+
+def is_shed(record: Mapping[str, Any]) -> bool:
+    """A failed attempt answered 429 or 503 (:data:`SHED_STATUSES`): load shed on purpose. A 500,
+    502 or 504, a reset or a timeout is not a shed answer."""
+    return not record.get("ok") and record.get("status") in SHED_STATUSES
+
+
+def non_shed_failures(records: Iterable[Mapping[str, Any]]) -> int:
+    """Logical requests of ``records`` (cut-off attempts left out, ``metrics.select``) that failed
+    other than as a 429/503 shed: a reset, another 5xx, a timeout, one still in flight past the
+    judging deadline (the criterion ``non_shed_failures_fault``)."""
+    return sum(1 for r in select(logical_outcomes(records)) if not r.get("ok") and not is_shed(r))
 
 
 def load_summary(run_dir: Path) -> dict[str, Any] | None:
