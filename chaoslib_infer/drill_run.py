@@ -270,4 +270,7 @@ def run_drill(
     progress(f"drill {spec.name}: {entry['status'].upper()} (whole drill: {headline(figures)})")
     for reason in entry.get("reasons") or []:
         progress(f"  reason: {reason}")
+    for note in (entry.get("verdict") or {}).get("notes") or []:
+        if note.startswith("load: "):  # Locust's closed loop, its lost workers (any state)
+            progress(f"  {note}")
     return entry

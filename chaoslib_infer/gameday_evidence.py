@@ -9,6 +9,7 @@ Split out of :mod:`chaoslib_infer.gameday` (issue 12). Used right after a drill
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ from chaoslib_infer.evidence.render import render_drill
 from chaoslib_infer.evidence.verdicts import drill_verdict
 from chaoslib_infer.lab.fleet import Lab
 from chaoslib_infer.load.records import read_records
+from chaoslib_infer.locust.control import CO_NOTE, LOCUST_FILE
 from chaoslib_infer.plan import drill_kind
 from chaoslib_infer.run_progress import iso
 
-__all__ = ["K8S_OMITTED", "drill_evidence", "experiment_title", "headline"]
+__all__ = ["K8S_OMITTED", "drill_evidence", "experiment_title", "headline", "locust_load"]
 
 #: Why a Kubernetes drill's evidence has no lab ground truth (shown in its ground-truth table).
 K8S_OMITTED = (
@@ -82,6 +84,57 @@ def _replica_map(lab: Lab | None) -> dict[str, str]:
         return lab_replica_map(lab)
     except (OSError, ValueError):
         return {}
+
+
+def locust_load(
+    drill_dir: Path, started: float | None = None
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """What a Locust-driven drill's load control left in ``<drill>/locust.json``
+    (:mod:`chaoslib_infer.locust.control`): the ground-truth block and the lost-worker lines.
+
+    Args:
+        drill_dir: the drill folder.
+        started: drill start (unix s), to say when a worker was found dead relative to it.
+
+    Returns:
+        ``(load, lost)``: ``load`` is None when the drill had no Locust load (no file), else
+        ``{"engine": "locust", "locustfile", "users", "processes", "note", "workers_lost":
+        [{"pid", "found_dead_at"}]}`` (``note``: the closed-loop warning, ``CO_NOTE`` when the
+        file has none); ``lost``: one line per lost worker naming its pid and when it was found
+        dead. An unreadable file still says the load was Locust's, with its workers unknown.
+    """
+    path = drill_dir / LOCUST_FILE
+    if not path.is_file():
+        return None, []
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(info, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        note = f"{CO_NOTE}; {LOCUST_FILE} is unreadable ({exc}): lost workers unknown"
+        return {"engine": "locust", "note": note}, []
+    lost = [w for w in info.get("workers_lost") or [] if isinstance(w, dict)]
+    load = {
+        "engine": "locust",
+        "locustfile": info.get("locustfile"),
+        "users": info.get("users"),
+        "processes": info.get("processes"),
+        "note": str(info.get("note") or CO_NOTE),
+        "workers_lost": lost,
+    }
+    lines = []
+    for w in lost:
+        at = w.get("found_dead_at")
+        when = "at an unknown time"
+        if isinstance(at, int | float):
+            when = f"at {iso(at)}"
+            if started is not None:
+                when += f", {at - started:+.1f} s from the drill start"
+        lines.append(
+            f"Locust worker pid {w.get('pid')} died during the drill (found dead {when}): the "
+            "offered load dropped and its attempts in flight have no record"
+        )
+    return load, lines
 
 
 def drill_evidence(
@@ -156,6 +209,9 @@ def drill_evidence(
         load_error_file.read_text(encoding="utf-8").strip() if load_error_file.is_file() else None
     )
     t0, t1 = unix_time(started), unix_time(ended)
+    locust, lost = locust_load(drill_dir, t0)
+    if locust is not None:  # closed loop, lost workers: docs/definitions.md, "Send time"
+        ground["load"] = locust
     try:
         verdict = drill_verdict(
             kind or drill_kind(name, experiment_path),
@@ -172,6 +228,8 @@ def drill_evidence(
             start=t0,
             end=t1,
             replica_of=_replica_map(lab),
+            closed_loop=locust["note"] if locust is not None else None,
+            load_lost=lost,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -59,6 +60,14 @@ def test_cli_end_to_end(server: FakeServer, tmp_path: Path) -> None:
     assert len(recs) == summary["records"] == summary["sent"] > 40
     assert all(r["ok"] and r["replica"] == "cli" for r in recs)
     assert "sent=" not in proc.stdout and proc.stderr.count("in_flight=") == 0  # <5 s: no line yet
+    # Locust-format CSV stats beside the records, as a drill's
+    stats = tmp_path / "rec_stats.csv"
+    assert summary["locust_stats"]["stats"] == str(stats)
+    with stats.open(newline="") as fh:
+        agg = next(r for r in csv.DictReader(fh) if r["Name"] == "Aggregated")
+    assert int(agg["Request Count"]) == len(recs) and agg["Failure Count"] == "0"
+    assert (tmp_path / "rec_stats_history.csv").is_file()
+    assert (tmp_path / "rec_failures.csv").is_file()
 
 
 def test_cli_progress_lines(server: FakeServer, tmp_path: Path) -> None:

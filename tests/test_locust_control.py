@@ -105,3 +105,18 @@ def test_bad_arguments_and_unreachable(tmp_path: Path) -> None:
             configuration=conf,
         )
     assert control._RUNNING == {}
+
+
+def test_target_allowed_by_the_game_days_allow_is_not_refused(tmp_path: Path) -> None:
+    """The game day's ``--allow`` reaches the control as ``infer_allow``: a target it allows is
+    started (here Locust then exits at once on a bad flag), one it does not is refused."""
+    conf = {"infer_run_dir": str(tmp_path / "run"), "infer_base_url": "http://10.1.2.3:8000"}
+    lf = str(locustfile(tmp_path))
+    with pytest.raises(InterruptExecution, match="outside the allowlist"):
+        control.start_locust(lf, users=1, warmup_s=1, configuration=conf)
+    conf["infer_allow"] = "http://10.1.2.3:8000"
+    with pytest.raises(InterruptExecution, match="locust exited with code"):
+        control.start_locust(
+            lf, users=1, warmup_s=1, extra_args=["--no-such-locust-flag"], configuration=conf
+        )
+    assert control._RUNNING == {}

@@ -11,12 +11,15 @@
 from __future__ import annotations
 
 import csv
+import http.server
 import importlib.util
 import os
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from statistics import median
@@ -258,3 +261,72 @@ def test_attempts_cut_at_stop_are_recorded_cut_off(server: FakeServer, tmp_path:
     recs = read_records(tmp_path / "slow.jsonl")
     assert len(recs) == 2 and all(r["error_class"] == "cut_off" for r in recs), recs
     assert all(r["cut_off"] and 0 < r["in_flight_s"] < 4 for r in recs)
+
+
+_KEY = "sk-leak/7Hq+9&Zr<x>Pw2=Tm4"
+
+
+class _EchoKey(http.server.BaseHTTPRequestHandler):
+    """Echoes the ``Authorization`` key: ``/err/...`` in a 500 body 5 characters before the
+    200-character cut, ``/rep/...`` in the ``X-Replica-Id`` header of a good stream."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+        if self.path.startswith("/err/"):
+            status, ctype, body = 500, "application/json", f"{'x' * 195}{key} bad key"
+        else:  # a good stream
+            chunk = (
+                '{"choices": [{"index": 0, "delta": {"content": "tok"}, "finish_reason": null}]}'
+            )
+            status, ctype, body = 200, "text/event-stream", f"data: {chunk}\n\ndata: [DONE]\n\n"
+        head = (
+            f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nX-Replica-Id: {key}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        self.wfile.write((head + body).encode())  # one write: the error body comes with its head
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+def test_echoed_key_is_scrubbed_before_the_cut_and_records_are_private(tmp_path: Path) -> None:
+    """Issue 13 on the Locust path: the error body is scrubbed, then cut (no 5-character prefix
+    of the key left by a cut-then-scrub), the replica header is scrubbed, Locust's failure text
+    too, and the records file is created 0600."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoKey)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    lf = tmp_path / "echo_locustfile.py"
+    lf.write_text(
+        textwrap.dedent(f"""
+        from locust import constant
+        from chaoslib_infer.locust.user import LLMStreamUser
+
+        class Err(LLMStreamUser):
+            host = {url + "/err"!r}
+            wait_time = constant(30)
+            fixed_count = 1
+
+        class Rep(LLMStreamUser):
+            host = {url + "/rep"!r}
+            wait_time = constant(30)
+            fixed_count = 1
+        """)
+    )
+    records = tmp_path / "records.jsonl"
+    os.environ["CHAOS_INFER_API_KEY"] = _KEY
+    try:
+        res = run_locust(lf, None, 2, 2, tmp_path, "--chaos-records", str(records))
+    finally:
+        del os.environ["CHAOS_INFER_API_KEY"]
+        srv.shutdown()
+        srv.server_close()
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    assert stat.S_IMODE(records.stat().st_mode) == 0o600
+    recs = read_records(records)
+    assert len(recs) == 2 and all(r["replica"] == "[REDACTED]" for r in recs), recs
+    (err,) = [r for r in recs if r["error_class"] == "http_5xx"]
+    assert err["error"] == "HTTP 500: " + ("x" * 195 + "[REDACTED]")[:200]
+    written = records.read_text() + (tmp_path / "locust_failures.csv").read_text()
+    assert _KEY[:5] not in written and "[REDA" in written

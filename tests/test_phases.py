@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -45,6 +46,10 @@ def test_three_phase_cli(engine: str, tmp_path: Path) -> None:
         assert st["p99_e2e_s"] == s["stats"]["p99_e2e_s"]
     assert rep["steps"][-1]["stats"]["requests"] > 30  # 30 req/s for 2 s, Poisson
     assert "single" in p.stdout and "PASS" in p.stdout
+    # Locust-format CSV stats beside each step's records (load.locuststats)
+    for s in rep["steps"]:
+        agg = _aggregated(Path(str(s["records"]).removesuffix(".jsonl") + "_stats.csv"))
+        assert int(agg["Request Count"]) == s["stats"]["requests"], s["step"]
     # server-side metrics scraped at least once per second beside the records
     for s in rep["steps"][1:]:
         assert s["server"]["samples"] >= 2 and s["server"]["max_gap_s"] < 1.0
@@ -81,6 +86,17 @@ def test_soak_cli_short(engine: str, tmp_path: Path) -> None:
     assert rep["lag_p99_s"] >= lags[int(0.98 * len(lags))] - 1e-3
     assert sum(rep["stats"]["mix"].values()) == len(recs)
     assert stream_report(out / "records.jsonl")["p99_e2e_s"] == rep["stats"]["p99_e2e_s"]
+    # Locust-format CSV stats beside the records, as a drill's
+    agg = _aggregated(out / "records_stats.csv")
+    assert int(agg["Request Count"]) == len(recs) and agg["TTFT 50%"] != "N/A"
+    assert (out / "records_stats_history.csv").is_file() and (
+        out / "records_failures.csv"
+    ).is_file()
+
+
+def _aggregated(stats_csv: Path) -> dict[str, str]:
+    with stats_csv.open(newline="") as fh:
+        return next(r for r in csv.DictReader(fh) if r["Name"] == "Aggregated")
 
 
 def test_soak_invalid_when_lag_too_high(engine: str, tmp_path: Path) -> None:

@@ -636,6 +636,86 @@ def test_a_lagging_client_makes_the_drill_inconclusive() -> None:
     assert {r["criterion"]: r for r in loop.rows}["client_lag_p99_s"]["result"] == "unmeasured"
 
 
+def test_a_closed_loop_load_leaves_the_schedule_lag_unmeasured_never_passed() -> None:
+    """Locust's users send when the previous reply is in (intended_at == sent_at): a lag of 0
+    measured nothing. The open-loop client's row passes on the same records; Locust's reads
+    unmeasured with the reason, and the closed-loop warning is a note of the verdict."""
+    recs = steady(T0, T0 + 30)
+    open_loop = judge_drill(facts("oom-kill", recs, OOM_FIG, OOM_GROUND))
+    assert {r["criterion"]: r for r in open_loop.rows}["send_lag_p99_s"]["result"] == "pass"
+    note = "Locust users are closed loop, not an open-loop schedule"
+    closed = judge_drill(facts("oom-kill", recs, OOM_FIG, OOM_GROUND, closed_loop=note))
+    row = {r["criterion"]: r for r in closed.rows}["send_lag_p99_s"]
+    assert row["result"] == "unmeasured" and row["value"] is None
+    assert row["note"] is not None and "closed-loop" in row["note"]
+    assert f"load: {note}" in closed.notes
+    assert closed.state == "passed"  # the note qualifies the figures; it does not void them
+
+
+def test_a_lost_load_worker_makes_the_drill_inconclusive_naming_it() -> None:
+    line = "Locust worker pid 4242 died during the drill (found dead at +12.0 s)"
+    v = judge_drill(facts("oom-kill", steady(T0, T0 + 30), OOM_FIG, OOM_GROUND, load_lost=[line]))
+    assert v.state == "inconclusive"
+    assert v.reasons == [f"the load was not what was planned: {line}"]
+    assert f"load: {line}" in v.notes
+    # a failed criterion does not hide it: inconclusive outranks it, as the client lag does
+    bad = steady(T0, T0 + 30)
+    for r in bad[150:160]:
+        r.update(ok=False, error_class="http_5xx", status=503)
+    v = judge_drill(facts("oom-kill", bad, OOM_FIG, OOM_GROUND, load_lost=[line]))
+    assert v.state == "inconclusive" and any("pid 4242" in r for r in v.reasons)
+
+
+def test_locust_json_with_a_lost_worker_reaches_ground_truth_verdict_and_evidence(
+    tmp_path: Path,
+) -> None:
+    """The Locust control's ``locust.json`` (note, workers_lost) in a drill folder: the evidence
+    carries the note and the lost worker (ground truth, verdict notes and reason, evidence.md),
+    the drill is inconclusive, the schedule lag unmeasured."""
+    from chaoslib_infer.gameday_evidence import drill_evidence
+    from chaoslib_infer.load.records import RecordWriter
+    from chaoslib_infer.locust.control import CO_NOTE, LOCUST_FILE
+
+    drill_dir = tmp_path / "oom-kill"
+    drill_dir.mkdir()
+    with RecordWriter(drill_dir / "records.jsonl") as w:
+        for r in steady(T0, T0 + 30):
+            w.write(r)
+    (drill_dir / LOCUST_FILE).write_text(
+        json.dumps(
+            {
+                "engine": "locust", "locustfile": "lf.py", "users": 8, "processes": 2,
+                "note": CO_NOTE, "worker_pids": [4242, 4243],
+                "workers_lost": [{"pid": 4242, "found_dead_at": T0 + 12.5}],
+            }
+        )
+    )  # fmt: skip
+    target = {"kind": "url", "url": "http://127.0.0.1:1", "engine": "unknown", "replicas": 0}
+    entry = drill_evidence(
+        "oom-kill", "experiments/oom-kill.yaml", "OOM kill", drill_dir, {}, None, target,
+        T0, T0 + 30, kind="oom-kill",
+    )  # fmt: skip
+    load = entry["ground_truth"]["load"]
+    assert load["note"] == CO_NOTE and [w["pid"] for w in load["workers_lost"]] == [4242]
+    assert entry["status"] == "inconclusive"
+    (reason,) = [r for r in entry["reasons"] if "pid 4242" in r]
+    assert reason.startswith("the load was not what was planned: Locust worker pid 4242")
+    assert "+12.5 s from the drill start" in reason
+    assert f"load: {CO_NOTE}" in entry["verdict"]["notes"]
+    rows = {r["criterion"]: r for r in entry["verdict"]["rows"]}
+    assert rows["send_lag_p99_s"]["result"] == "unmeasured"
+    evidence = (drill_dir / "evidence.md").read_text(encoding="utf-8")
+    assert CO_NOTE in evidence and "pid 4242" in evidence
+    # no locust.json: the built-in client's drill has neither
+    (drill_dir / LOCUST_FILE).unlink()
+    entry = drill_evidence(
+        "oom-kill", "experiments/oom-kill.yaml", "OOM kill", drill_dir, {}, None, target,
+        T0, T0 + 30, kind="oom-kill",
+    )  # fmt: skip
+    assert "load" not in entry["ground_truth"]
+    assert not any(n.startswith("load: ") for n in entry["verdict"]["notes"])
+
+
 def test_a_recovery_that_missed_its_deadline_fails_the_drill_not_errors_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -192,6 +192,7 @@ def start_load(
         str(timeout_s),
         "--api",
         api,
+        "--no-locust-stats",  # the drill's evidence writes them, after the scrub
     ]
     if seed is not None:
         cmd += ["--seed", str(seed)]

@@ -8,7 +8,7 @@ game day right after the rollbacks) is read back here, so a re-rendered run keep
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,8 @@ def drill_verdict(
     start: float | None = None,
     end: float | None = None,
     replica_of: dict[str, str] | None = None,
+    closed_loop: str | None = None,
+    load_lost: Sequence[str] = (),
 ) -> Verdict:
     """Judge drill ``name`` from what its run left.
 
@@ -123,6 +125,10 @@ def drill_verdict(
         start, end: drill start and end (unix s), for the replica-count comparison.
         replica_of: request id -> replica from the lab's logs (health disagreement of attempts
             that never got a response header).
+        closed_loop: why the load had no schedule (Locust's closed-loop users), or None
+            (``DrillFacts.closed_loop``: the schedule lag reads unmeasured).
+        load_lost: one line per load worker lost mid-drill (``DrillFacts.load_lost``: each
+            makes the drill inconclusive).
 
     Returns:
         The :class:`~chaoslib_infer.verdict.Verdict`: ``error`` (exit code 2) with one reason
@@ -164,5 +170,7 @@ def drill_verdict(
         stop_reason=(f"{stop.get('guard')}: {stop.get('reason')}" if stop else None),
         serving=_serving(name, ground, figures, lab_events, start, end),
         replica_of=dict(replica_of or {}),
+        closed_loop=closed_loop,
+        load_lost=list(load_lost),
     )
     return judge_drill(facts, criteria)

@@ -14,6 +14,11 @@ Prints one progress line every 5 s to stderr (``sent, ok, failed, in flight``) a
 line to stdout at the end. SIGTERM/SIGINT: stop sending, cancel in-flight attempts (they are
 dropped, not recorded: the service did not fail them), flush the records file, exit 0.
 Exit 2 with one error line on bad arguments or an unwritable output file.
+Beside the records file go Locust-format CSV stats (:mod:`chaoslib_infer.load.locuststats`:
+``--out run/rec.jsonl`` gives ``run/rec_stats.csv``, ``rec_stats_history.csv``,
+``rec_failures.csv``; named in the summary's ``locust_stats``), written after the records are
+flushed, also after a SIGTERM; ``--no-locust-stats`` skips them. A CSV that cannot be written is
+a warning on stderr, not a failure.
 ``$CHAOS_INFER_API_KEY``, when set, is sent as ``Authorization: Bearer`` (unless ``--header``
 sets Authorization): the key stays off the command line.
 Parent watchdog: when the process that started the generator dies (a SIGKILLed runner; the
@@ -52,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--duration-s", type=float, help="schedule length, seconds (with --profile: a hard bound)"
     )
     p.add_argument("--out", required=True, help="records file (JSONL), overwritten")
+    p.add_argument(
+        "--no-locust-stats",
+        action="store_true",
+        help="write no Locust-format CSV stats beside the records",
+    )
     p.add_argument("--max-concurrency", type=int, default=64, help="in-flight cap (default 64)")
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default 32)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="per-attempt total timeout (30)")
@@ -249,6 +259,14 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
         summary = runner.run(run())
     summary["out"] = str(out)
     summary["records"] = writer.count
+    if not args.no_locust_stats:
+        from .locuststats import write_locust_stats
+
+        try:
+            paths = write_locust_stats(out)
+            summary["locust_stats"] = {k: str(v) for k, v in paths.items()}
+        except (OSError, ValueError) as exc:
+            print(f"{PROG}: warning: no Locust CSV stats: {exc}", file=sys.stderr, flush=True)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -9,12 +9,17 @@ over N workers (:mod:`.workers`): local processes with ``--local``, else a Kuber
 Exit status: 0 done (and, with ``--strict``, every check passed and nothing flagged / the soak is
 valid), 1 a check failed or the soak is invalid under ``--strict``, 2 bad input or refused by the
 client-ceiling rule.
+Beside each records file a run leaves in ``--out`` (the soak's ``records.jsonl``, each
+three-phase step's ``<step>.jsonl``) go Locust-format CSV stats (:mod:`.locuststats`:
+``records_stats.csv``, ``..._stats_history.csv``, ``..._failures.csv``), as the drills write them;
+a three-phase run with ``--workers`` keeps its records per worker and writes none.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +89,23 @@ def _out_ok(out: Path) -> None:
         prepare_out_dir(out)
     except ConfigError as exc:
         _fail(str(exc))
+
+
+def _locust_csv(out: Path, report: Mapping[str, Any]) -> None:
+    """Write Locust-format CSV stats (:func:`.locuststats.write_locust_stats`) beside each records
+    file the run left: each step's ``records`` of a three-phase report, and ``out/records.jsonl``
+    (a soak's). A file that cannot be read or written is a warning on stderr, never a failure."""
+    from .locuststats import write_locust_stats
+
+    paths = [Path(str(s["records"])) for s in report.get("steps") or [] if s.get("records")]
+    paths.append(out / "records.jsonl")
+    for path in dict.fromkeys(paths):
+        if not path.is_file():
+            continue
+        try:
+            write_locust_stats(path)
+        except (OSError, ValueError) as exc:
+            click.echo(f"chaos-infer: warning: no Locust CSV stats for {path}: {exc}", err=True)
 
 
 def _ceiling(value: float | None) -> float | None:
@@ -259,6 +281,7 @@ def three_phase(
             "burst_s": burst_s, "max_tokens": max_tokens,
         }  # fmt: skip
         merged = _run_workers("three-phase", target, workers, local, image, namespace, params, out)
+        _locust_csv(out, merged)
         click.echo(render_table(merged))
         click.echo(f"report: {out / 'report.json'}")
         if strict and (not merged["passed"] or merged["flagged"]):
@@ -274,6 +297,7 @@ def three_phase(
         report = run_three_phase(spec, out, lambda m: click.echo(m, err=True))
     except (CeilingRefused, ValueError) as exc:
         _fail(str(exc))
+    _locust_csv(out, report)
     click.echo(render_table(report))
     click.echo(f"report: {out / 'report.json'}")
     if strict and (not report["passed"] or report["flagged"]):
@@ -381,7 +405,9 @@ def soak(
 
 
 def _soak_result(report: dict[str, Any], url: str, strict: bool, out: Path) -> None:
-    """Print a soak report and exit 1 when nothing succeeded (or invalid under --strict)."""
+    """Write the soak's Locust CSV, print its report and exit 1 when nothing succeeded (or
+    invalid under --strict)."""
+    _locust_csv(out, report)
     if report["valid"]:
         click.echo(json.dumps(report["stats"], indent=1))
     else:

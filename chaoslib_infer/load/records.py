@@ -32,6 +32,7 @@ __all__ = [
     "iter_records",
     "perf_to_unix",
     "read_records",
+    "scrub_record",
     "unix_now",
 ]
 
@@ -88,6 +89,19 @@ def perf_to_unix(perf: float) -> float:
     return T0_UNIX + (perf - T0_PERF)
 
 
+def scrub_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its text fields (``error``, ``replica``: a server's words) scrubbed of the
+    secrets this process knows (:func:`chaoslib_infer.safety.redact.scrub`); the same dict when
+    nothing changed, else a shallow copy (the caller's dict is never modified)."""
+    for field in _TEXT_FIELDS:
+        value = record.get(field)
+        if isinstance(value, str) and value:
+            clean = scrub(value)
+            if clean is not value:
+                record = {**record, field: clean}
+    return record
+
+
 class RecordWriter:
     """Append attempt records to a JSONL file, one line per record, flushed after each line.
 
@@ -123,12 +137,7 @@ class RecordWriter:
         Raises:
             ValueError: the writer is closed, or the record is not JSON-serialisable.
         """
-        for field in _TEXT_FIELDS:
-            value = record.get(field)
-            if isinstance(value, str) and value:
-                clean = scrub(value)
-                if clean is not value:
-                    record = {**record, field: clean}
+        record = scrub_record(record)
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         with self._lock:
             if self._fh is None:

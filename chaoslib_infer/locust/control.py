@@ -225,7 +225,7 @@ def start_locust(
     try:
         from chaoslib_infer.safety.allowlist import check_target
 
-        check_target(url)
+        check_target(url, configuration=configuration)  # + the game day's infer_allow
     except InferChaosError as exc:
         raise InterruptExecution(str(exc)) from exc
     run_dir = settings.run_dir(configuration)

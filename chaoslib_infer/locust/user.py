@@ -73,7 +73,7 @@ from chaoslib_infer.load.attempts import (
     exc_msg,
     finish_attempt,
     first_deadline,
-    http_error_class,
+    http_error,
 )
 from chaoslib_infer.load.client import (
     DEFAULT_RETRY_ON,
@@ -84,6 +84,7 @@ from chaoslib_infer.load.client import (
     logical_request_id,
     retry_backoff_delay,
 )
+from chaoslib_infer.load.records import scrub_record
 from chaoslib_infer.load.sse import StreamParser
 
 __all__ = [
@@ -122,7 +123,9 @@ class AppendWriter:
 
     Several processes may append to the same file: each line is written by one system call on a
     descriptor opened with ``O_APPEND``, which Linux serialises on local file systems, so lines
-    never interleave. (``records.RecordWriter`` buffers and is for one process.)
+    never interleave. (``records.RecordWriter`` buffers and is for one process.) As that writer's,
+    the text fields a server sent are scrubbed of known secrets (``records.scrub_record``) and
+    the file is created owner-only (0600).
 
     Args:
         path: the records file; created if missing, never truncated.
@@ -133,7 +136,7 @@ class AppendWriter:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.count = 0
 
     def write(self, record: dict[str, Any]) -> None:
@@ -145,6 +148,7 @@ class AppendWriter:
         """
         if self._fd is None:
             raise ValueError("AppendWriter is closed")
+        record = scrub_record(record)
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         view = memoryview((line + "\n").encode())
         while view:
@@ -479,9 +483,8 @@ class StreamingUser(FastHttpUser):
                 if code and not 200 <= code < 300:
                     snippet = _error_body(resp)
                     parts.append(snippet)
-                    text = snippet[:200].decode("utf-8", "replace").strip()
-                    err = f"HTTP {code}: {text}" if text else f"HTTP {code}"
-                    err_class = http_error_class(code)
+                    # scrubbed of known secrets, then cut (http_error), as the built-in client's
+                    err_class, err = http_error(code, snippet.decode("utf-8", "replace"))
                 elif error is not None or not code:
                     if error is not None and _unwrap(error) is deadline.exc:
                         timed_out = True
@@ -603,8 +606,12 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 def _error_body(resp: Any) -> bytes:
     """The part of an error reply's body already received (its socket was released by the
-    client after the status check; reading never blocks)."""
+    client after the status check; reading never blocks). geventhttpclient reads a non-2xx
+    body into its ``_cached_content`` for its error log (``_conversation_str``): that first."""
     try:
+        cached = getattr(resp, "_cached_content", None)
+        if isinstance(cached, bytes | bytearray) and cached:
+            return bytes(cached[:65536])
         r = resp._response
         return bytes(r._body_buffer[:65536]) if r is not None else b""
     except Exception:  # noqa: BLE001 - a body snippet is best effort

@@ -9,8 +9,9 @@ States (``docs/definitions.md``, "Verdicts"), in order of precedence:
   its SLOs before the fault (reported as such, never blamed on the fault), or a criterion is
   broken; each reason names the figure, its value and its threshold;
 - ``inconclusive``: the drill cannot answer its question: the fault is not confirmed by ground
-  truth, the client fell behind its schedule, a judged window holds too few requests, or a key
-  figure is unmeasured on this target;
+  truth, the client fell behind its schedule, a load worker was lost mid-drill (the load was not
+  what was planned), a judged window holds too few requests, or a key figure is unmeasured on
+  this target;
 - ``passed``: none of the above.
 
 Residue wins over ``aborted`` and ``error`` (a fault left behind fails, whatever else happened).
@@ -101,6 +102,12 @@ class DrillFacts:
         replica_of: request id -> replica from the lab's own logs (engine ledger, HAProxy
             request log), for attempts that never got a response header (a hung engine).
         deadline_s: the judging deadline (s; default the client's first-token timeout).
+        closed_loop: why the load had no schedule of its own (Locust's closed-loop users,
+            ``chaoslib_infer.locust.control.CO_NOTE``), or None for the built-in open-loop
+            client: its records' ``intended_at`` equals ``sent_at``, so the schedule lag reads
+            ``unmeasured`` (never a pass), and the line is one of the verdict's notes.
+        load_lost: one line per load worker lost mid-drill (which, and when it was found dead):
+            the load was not what was planned, and each makes the drill inconclusive.
     """
 
     drill: str
@@ -118,6 +125,8 @@ class DrillFacts:
     serving: tuple[int | None, int | None] = (None, None)
     replica_of: dict[str, str] = field(default_factory=dict)
     deadline_s: float = DEFAULT_DEADLINE_S
+    closed_loop: str | None = None
+    load_lost: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -465,6 +474,10 @@ def _window_info(
 
 #: Criteria on the client itself: a failure makes the drill inconclusive, not failed.
 CLIENT_LAG = frozenset({"send_lag_p99_s", "client_lag_p99_s"})
+#: The schedule-lag row's note under a closed-loop load (``DrillFacts.closed_loop``).
+CLOSED_LOOP_LAG = "not measured: a closed-loop load has no schedule (intended_at equals sent_at)"
+#: How a lost load worker (``DrillFacts.load_lost``) makes the drill inconclusive.
+LOAD_LOST_PREFIX = "the load was not what was planned: "
 #: How :mod:`chaoslib_infer.evidence.verdicts` words a load that could not start or run.
 LOAD_ERROR_PREFIX = "the load could not run: "
 #: How :func:`figure_error_reason` words a figure kind that could not be computed.
@@ -562,6 +575,12 @@ def judge_drill(
     values = _values(facts, tl, w, sel) if w else {}
     rows = [_row(c, *values.get(c.name, (None, None))) for c in crits]
     notes: list[str] = [f"fault: {tl.why}"]
+    if facts.closed_loop:
+        for r in rows:
+            if r["criterion"] == "send_lag_p99_s":  # intended_at == sent_at: nothing measured
+                r.update(value=None, result="unmeasured", note=CLOSED_LOOP_LAG)
+        notes.append(f"load: {facts.closed_loop}")
+    notes += [f"load: {line}" for line in facts.load_lost]
     if tl.confirmed is None:
         notes.append("fault confirmation: no lab ground truth on this target")
     if w.get("fault"):
@@ -646,6 +665,7 @@ def _state(
         incon.append(
             "the client fell behind its schedule: " + _reason(lag) + "; latencies are suspect"
         )
+    incon += [LOAD_LOST_PREFIX + line for line in facts.load_lost]
     if incon:
         return "inconclusive", incon
     failed = [
