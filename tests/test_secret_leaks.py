@@ -7,6 +7,11 @@ the 300-character cut), and as base64 (HTTP Basic), HTML entities and ``quote_pl
 day runs one drill against it while a thread reads every file of the output folder every 20 ms;
 no file ever holds any 8-character run of the key (in any of those forms), no printed line
 either, and every file is private (0600, folders 0700).
+
+The key starts 4 to 6 characters before each cut, so a text cut *before* it is scrubbed keeps
+fewer than 8 characters of it, which the 8-character windows cannot see: every file and printed
+line is also searched for the characters just before the key in each echo (the pad) followed by
+the key's first 4 characters (:func:`_cut_needles`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,15 @@ def _needles(key: str) -> list[bytes]:
     return sorted(o.encode() for o in out)
 
 
+#: The 4 characters just before the key in each echo cut at 200/300 (see :func:`_echo`).
+_PADS = ("xxxx", "yyyy", "key ")
+
+
+def _cut_needles(key: str) -> list[bytes]:
+    """What a cut-then-scrub bug leaves: a pad followed by the key's first 4 characters."""
+    return [(pad + key[:4]).encode() for pad in _PADS]
+
+
 def _echo(key: str, n: int) -> tuple[int, dict[str, str], bytes]:
     """Response number ``n`` (status, headers, body): one echo placement per case."""
     case = 5 if n % 2 == 0 else (n // 2) % 5  # every other reply a success (the warm-up needs one)
@@ -70,6 +84,11 @@ def _echo(key: str, n: int) -> tuple[int, dict[str, str], bytes]:
     events = [chunk % "tok", chunk % key.replace("<", "").replace(">", ""), last]
     body = "".join(f"data: {e}\n\n" for e in events) + "data: [DONE]\n\n"
     return 200, {"Content-Type": "text/event-stream", "X-Replica-Id": "r1"}, body.encode()
+
+
+#: One response number per echo case of :func:`_echo` (a success, then cases 0 to 4).
+_ONE_OF_EACH = (0, 1, 3, 5, 7, 9)
+assert sorted({5 if n % 2 == 0 else (n // 2) % 5 for n in _ONE_OF_EACH}) == [0, 1, 2, 3, 4, 5]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -111,17 +130,52 @@ def test_needles_catch_what_a_cut_leaves() -> None:
     """The test's own detector: it sees a key cut at 200 characters (a prefix >= 8 chars)."""
     cut = (f"{'x' * 190}{KEY}")[:200].encode()
     assert any(n in cut for n in _needles(KEY))
+    for n in _ONE_OF_EACH:  # each echo cut where the client cuts it, before scrubbing: seen
+        status, _headers, body = _echo(KEY, n)
+        text = body.decode()
+        if status == 500:
+            assert any(x in text[:200].encode() for x in _cut_needles(KEY))
+            assert not any(x in text[:200].encode() for x in _needles(KEY))  # the blind spot
+        elif "event: error" in text:
+            data = text.split("data: ", 1)[1]
+            assert any(x in data[:300].encode() for x in _cut_needles(KEY))
+            assert not any(x in data[:300].encode() for x in _needles(KEY))
+        elif '"error"' in text:
+            msg = text.split('"message": "', 1)[1]
+            assert any(x in msg[:300].encode() for x in _cut_needles(KEY))
+            assert not any(x in msg[:300].encode() for x in _needles(KEY))
     basic = base64.b64encode(f"user:{KEY}".encode())
     assert any(n in basic for n in _needles(KEY))
 
 
-@pytest.mark.parametrize("n", range(6))
+@pytest.mark.parametrize("n", _ONE_OF_EACH)
 def test_each_echo_case_is_scrubbed_in_memory(n: int) -> None:
     """Each echo placement, as text the client keeps, holds no 8-character run of the key."""
     _status, headers, body = _echo(KEY, n)
     text = " ".join([*headers.values(), body.decode()])
     clean = redact.redact_text(text, [KEY]).encode()
-    assert [x for x in _needles(KEY) if x in clean] == []
+    assert [x for x in _needles(KEY) + _cut_needles(KEY) if x in clean] == []
+
+
+@pytest.mark.parametrize("n", _ONE_OF_EACH)
+def test_each_echo_case_is_scrubbed_before_the_client_cuts_it(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load client's own error texts (HTTP error line, SSE error event, stream error
+    object) of each echo hold no run of the key, the short prefix a cut leaves included."""
+    from chaoslib_infer.load.attempts import http_error
+    from chaoslib_infer.load.sse import StreamParser
+
+    monkeypatch.setenv(redact.API_KEY_ENV, KEY)
+    status, _headers, body = _echo(KEY, n)
+    if status >= 400:
+        kept = http_error(status, body.decode())[1]
+    else:
+        parser = StreamParser()
+        parser.feed(body)
+        parser.close()
+        kept = f"{parser.error} {parser.garbled} {parser.classify()}"
+    assert [x for x in _needles(KEY) + _cut_needles(KEY) if x in kept.encode()] == [], kept
 
 
 def _scan(out: Path, needles: list[bytes], leaks: list[str], modes: list[str]) -> None:
@@ -227,7 +281,7 @@ def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_ser
         cwd=ROOT,
         env=env,
     )
-    needles = _needles(KEY)
+    needles = _needles(KEY) + _cut_needles(KEY)
     leaks: list[str] = []
     modes: list[str] = []
     scans = 0
