@@ -374,3 +374,128 @@ def test_private_dir(tmp_path: Path) -> None:
     os.chmod(d, 0o755)
     redact.private_dir(d)
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+# ---- certification: the targets' keys (api_key_file, api_key_env) are scrubbed live ----------
+KEY_B = "pk-cert/3Vb+8&Yq<w>Nd5=Rs7"  # a second target's key, from its api_key_env
+
+
+class _CertHandler(_Handler):
+    """The echo server as a provider: health and model routes answer, a request without a key
+    gets 401 (the probe's 'key enforced' check), every other POST is an echo of :func:`_echo`."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = b'{"object": "list", "data": []}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        if not self.headers.get("Authorization"):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"error": {"message": "no key", "type": "invalid_request_error"}}'
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_POST()
+
+
+def test_certification_keys_reach_no_file_at_any_moment(tmp_path: Path) -> None:
+    """Two certification targets, one key from ``api_key_file``, one from ``api_key_env``
+    (neither in ``$CHAOS_INFER_API_KEY``), against a provider that echoes the key it gets in
+    error bodies, headers and streams: no file of the output folder holds a run of either key
+    at any moment of the run (not only after the final scrub), nor any printed line."""
+    _Handler.keys_seen = []
+    _Handler.counter = itertools.count()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CertHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    keyfile = tmp_path / "a.key"
+    keyfile.write_text(KEY + "\n")
+    targets = []
+    for name, source in (("a", {"api_key_file": str(keyfile)}), ("b", {"api_key_env": "CERT_B"})):
+        path = tmp_path / f"{name}.yaml"
+        doc = {"name": name, "profile": "openai", "url": url, "model": "m",
+               "include_usage": False, **source}  # fmt: skip
+        path.write_text(yaml.safe_dump(doc))
+        targets += ["--target", str(path)]
+    plan = tmp_path / "plan.yaml"
+    phases = {p: {"enabled": p == "single"} for p in
+              ("single", "ramp", "burst", "soak", "jitter", "timeouts")}  # fmt: skip
+    phases["single"]["requests"] = 60
+    plan.write_text(yaml.safe_dump({"request": {"max_tokens": 4, "timeout_s": 5.0},
+                                    "slo": {"p95_over_p50": None}, "phases": phases}))  # fmt: skip
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in (redact.API_KEY_ENV, redact.EXTRA_ENV)}
+    env["CERT_B"] = KEY_B
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chaoslib_infer.cli", "certify", *targets, "--plan", str(plan),
+             "--out", str(out)],  # fmt: skip
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env,
+        )  # fmt: skip
+        needles = sorted(
+            {*_needles(KEY), *_cut_needles(KEY), *_needles(KEY_B), *_cut_needles(KEY_B)}
+        )
+        leaks: list[str] = []
+        modes: list[str] = []
+        scans = 0
+        deadline = time.monotonic() + 150
+        while proc.poll() is None and time.monotonic() < deadline:
+            _scan(out, needles, leaks, modes)
+            scans += 1
+            time.sleep(0.02)
+        if proc.poll() is None:
+            proc.kill()
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    _scan(out, needles, leaks, modes)
+    printed = stdout + stderr
+    assert proc.returncode in (0, 1), printed.decode()[-3000:]
+    assert scans > 20
+    assert KEY in _Handler.keys_seen and KEY_B in _Handler.keys_seen  # both sent and echoed
+    assert len(_Handler.keys_seen) >= 100
+    assert [n for n in needles if n in printed] == [], printed.decode()[-3000:]
+    assert sorted(set(leaks)) == [], "\n".join(sorted(set(leaks)))
+    records = (out / "a" / "single" / "records.jsonl").read_text()
+    assert redact.REDACTED in records  # the echoes were recorded, scrubbed
+    assert "HTTP 500: " + "x" * 50 in records
+
+
+def test_run_secrets_are_known_in_memory_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key registered for a run is scrubbed by scrub/clip/RecordWriter inside the block, is
+    dropped from a child's environment, never enters os.environ, and is forgotten afterwards."""
+    from chaoslib_infer.load.records import RecordWriter, read_records
+
+    monkeypatch.delenv(redact.API_KEY_ENV, raising=False)
+    monkeypatch.delenv(redact.EXTRA_ENV, raising=False)
+    monkeypatch.setenv("CERT_B", KEY_B)
+    text = "x" * 195 + KEY + " tail"
+    assert redact.clip(text, 200).endswith(KEY[:5])  # unknown: nothing scrubbed
+    before = dict(os.environ)
+    with redact.run_secrets([KEY, KEY_B, None, "  "]) as vals:
+        assert vals == sorted([KEY, KEY_B])
+        assert dict(os.environ) == before  # nothing written to the environment
+        assert redact.clip(text, 200) == "x" * 195 + redact.REDACTED[:5]
+        assert redact.scrub(f"a {KEY_B[:9]} b") == "a [REDACTED] b"
+        assert KEY in redact.known_secrets() and KEY_B in redact.known_secrets()
+        assert "CERT_B" not in redact.child_env() and "PATH" in redact.child_env()
+        with RecordWriter(tmp_path / "r.jsonl") as w:
+            w.write({"request_id": "a", "error": f"HTTP 401: {KEY[:10]}", "replica": KEY_B})
+        with redact.run_secrets([KEY]):  # nested: still known after the inner block
+            pass
+        assert redact.scrub(KEY) == redact.REDACTED
+    rec = read_records(tmp_path / "r.jsonl")[0]
+    assert rec["error"] == "HTTP 401: [REDACTED]" and rec["replica"] == redact.REDACTED
+    assert redact.scrub(KEY) == KEY and KEY not in redact.known_secrets()  # forgotten
+    assert redact.child_env()["CERT_B"] == KEY_B
