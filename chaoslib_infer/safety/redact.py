@@ -55,6 +55,7 @@ __all__ = [
     "RedactingFilter",
     "child_env",
     "clip",
+    "env_key",
     "known_secrets",
     "private_dir",
     "read_key_file",
@@ -95,6 +96,27 @@ def read_key_file(path: Path) -> str:
     if len(key) < MIN_SECRET_LEN:
         raise ValueError(
             f"API key file {path}: expected a key of at least {MIN_SECRET_LEN} characters"
+        )
+    return key
+
+
+def env_key(env: dict[str, str] | None = None) -> str | None:
+    """The API key set directly in ``$CHAOS_INFER_API_KEY`` (stripped), None when unset or blank.
+
+    Held to the rule for key files (:func:`read_key_file`): a key of 1 to
+    :data:`MIN_SECRET_LEN` - 1 characters would be neither refused nor scrubbed as a run of
+    characters, so it is refused.
+
+    Raises:
+        ValueError: a key shorter than :data:`MIN_SECRET_LEN` (one line, without the key).
+    """
+    key = (os.environ if env is None else env).get(API_KEY_ENV, "").strip()
+    if not key:
+        return None
+    if len(key) < MIN_SECRET_LEN:
+        raise ValueError(
+            f"${API_KEY_ENV}: expected a key of at least {MIN_SECRET_LEN} characters"
+            f" (got {len(key)})"
         )
     return key
 
