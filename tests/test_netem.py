@@ -128,6 +128,7 @@ def test_detection_matches_what_the_kernel_does() -> None:
 # The action's netem path, with stand-ins for ip and tc (runs everywhere, touches no kernel state)
 # --------------------------------------------------------------------------------------------
 _FAKE_TC = """#!/bin/sh
+[ -z "$CHAOS_INFER_API_KEY" ] || echo "tc saw the API key" >> "$FAKE_NET_LOG"
 echo "tc $*" >> "$FAKE_NET_LOG"
 case "$1 $2" in
   "qdisc add") touch "$FAKE_NET_STATE.$4" ;;
@@ -136,6 +137,7 @@ case "$1 $2" in
 esac
 """
 _FAKE_IP = """#!/bin/sh
+[ -z "$CHAOS_INFER_API_KEY" ] || echo "ip saw the API key" >> "$FAKE_NET_LOG"
 if [ "$1" = netns ] && [ "$2" = exec ]; then
   echo "ip netns exec $3" >> "$FAKE_NET_LOG"
   shift 3
@@ -143,6 +145,9 @@ if [ "$1" = netns ] && [ "$2" = exec ]; then
 fi
 exit 1
 """
+
+
+_KEY = "sk-netem-0123456789abcdef"
 
 
 def _fake_lab(tmp_path: Path) -> Path:
@@ -185,6 +190,7 @@ def test_netem_path_with_nodes_adds_and_removes_qdiscs_on_both_veth_ends(
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_NET_LOG", str(log))
     monkeypatch.setenv("FAKE_NET_STATE", str(tmp_path / "qdisc"))
+    monkeypatch.setenv("CHAOS_INFER_API_KEY", _KEY)  # tc, ip and the watchdog never get it
     monkeypatch.setattr(nm, "netem_probe", lambda refresh=False: (True, "stand-in"))
     monkeypatch.setattr(network, "_active_on", lambda lab, name: None)
     lab_dir = _fake_lab(tmp_path)
@@ -208,12 +214,16 @@ def test_netem_path_with_nodes_adds_and_removes_qdiscs_on_both_veth_ends(
     assert network._netem_present(faults[0]) is True
     watchdog = int(faults[0]["watchdog_pid"])
     assert network._is_our_process(watchdog, entry["token"], "sleep")
+    environ = Path(f"/proc/{watchdog}/environ").read_bytes().split(b"\0")
+    assert not [v for v in environ if v.startswith(b"CHAOS_INFER_API_KEY=") or _KEY.encode() in v]
+    assert f"FAKE_NET_LOG={log}".encode() in environ  # the rest of the environment is kept
 
     removed = network.remove_network_jitter(configuration=cfg)
     assert "removed netem from cit1r1, cit1n1" in str(removed["undone"])
     assert "stopped its watchdog" in str(removed["undone"])
     dels = [ln for ln in log.read_text().splitlines() if "qdisc del" in ln]
     assert dels == ["tc qdisc del dev cit1r1 root", "tc qdisc del dev cit1n1 root"]
+    assert "saw the API key" not in log.read_text()  # show/del calls too
     assert network._netem_present(faults[0]) is False
     assert network.fault_active(lab, faults[0]) is False
     assert json.loads((lab_dir / "faults.json").read_text()) == []

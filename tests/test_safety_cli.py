@@ -158,6 +158,49 @@ def test_bad_stop_conditions_and_key_file_are_refused(plan_dir: Path) -> None:
     assert not (plan_dir / "o").exists()
 
 
+@pytest.mark.parametrize("short", ["Q", "Zq9!", "sk-1234"])  # 1, 4 and 7 characters
+def test_short_key_in_the_environment_is_refused(plan_dir: Path, short: str) -> None:
+    """A key under 8 characters set directly in $CHAOS_INFER_API_KEY is refused as a key file's
+    is: one line (without the key), exit 2, before anything starts (dry run or not)."""
+    out = plan_dir / "o"
+    for extra in (["--dry-run"], []):
+        proc = _cli("gameday", str(plan_dir / "plan.yaml"), "--out", str(out), *extra,
+                    cwd=plan_dir, env={"CHAOS_INFER_API_KEY": short})  # fmt: skip
+        line = _one_error_line(proc)
+        assert proc.returncode == 2 and "$CHAOS_INFER_API_KEY" in line and "8 characters" in line
+        assert short not in line  # the key itself is not printed
+        assert not out.exists()
+    proc = _cli("drill", "run", "oom-kill", "--out", str(out), "--dry-run", cwd=plan_dir,
+                env={"CHAOS_INFER_API_KEY": short})  # fmt: skip
+    assert proc.returncode == 2 and "8 characters" in _one_error_line(proc)
+    load = subprocess.run(  # the load generator on its own refuses it too
+        [sys.executable, "-m", "chaoslib_infer.load", "--url", "http://127.0.0.1:9",
+         "--rate", "1", "--duration-s", "1", "--out", str(plan_dir / "r.jsonl")],  # fmt: skip
+        capture_output=True, text=True, timeout=60, cwd=plan_dir,
+        env={**os.environ, "CHAOS_INFER_API_KEY": short},
+    )  # fmt: skip
+    assert load.returncode == 2 and "at least 8 characters" in load.stderr, load.stderr
+    # 8 characters is enough; a key file wins over the environment (not checked then)
+    proc = _cli("gameday", str(plan_dir / "plan.yaml"), "--out", str(out), "--dry-run",
+                cwd=plan_dir, env={"CHAOS_INFER_API_KEY": "sk-12345"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (plan_dir / "key").write_text(KEY)
+    proc = _cli("gameday", str(plan_dir / "plan.yaml"), "--out", str(out), "--dry-run",
+                "--api-key-file", str(plan_dir / "key"), cwd=plan_dir,
+                env={"CHAOS_INFER_API_KEY": short})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_env_key_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chaoslib_infer.safety import redact
+
+    assert redact.env_key({}) is None and redact.env_key({redact.API_KEY_ENV: "  "}) is None
+    assert redact.env_key({redact.API_KEY_ENV: " sk-12345 "}) == "sk-12345"
+    with pytest.raises(ValueError, match="at least 8 characters") as info:
+        redact.env_key({redact.API_KEY_ENV: "sk-1234"})
+    assert "sk-1234" not in str(info.value)
+
+
 def test_rollback_and_report_without_a_run(tmp_path: Path) -> None:
     proc = _cli("rollback", "--state-dir", str(tmp_path / "nolab"), cwd=tmp_path)
     assert proc.returncode == 0 and "nothing to roll back" in proc.stdout

@@ -8,7 +8,9 @@ outside the allowlist), probes each for conformance to its provider profile
 in three priority tiers and ranks them (:mod:`chaoslib_infer.certify.report`), then writes
 ``summary.json``, ``report.html`` (self-contained, plots inlined), ``report.md``, per target
 ``<name>/<phase>/records.jsonl`` and ``timeline.png``, and ``SHA256SUMS``; every file is scrubbed
-of the targets' keys.
+of the targets' keys: live (the keys are registered with the redactor for the run,
+:func:`chaoslib_infer.safety.redact.run_secrets`, so records and error texts never hold one),
+and once more at the end.
 
 Exit status (:func:`certify_command`): 0 every target certified, 1 a target is not certified,
 2 bad input or an unreachable target (one line; evidence already written is kept), 130
@@ -19,6 +21,7 @@ process, so there is nothing to roll back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import signal
@@ -102,7 +105,7 @@ def run_certification(
     from chaoslib_infer.evidence.scorecard import MODEL_QUALITY_NOTE
     from chaoslib_infer.load.client import new_loop
     from chaoslib_infer.platforms.endpoint import probe_target
-    from chaoslib_infer.safety.redact import known_secrets, scrub_tree
+    from chaoslib_infer.safety.redact import known_secrets, run_secrets, scrub_tree
 
     from .report import rank_key, render_report, score_target
     from .run import run_phases
@@ -126,6 +129,10 @@ def run_certification(
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
+    # the targets' keys are scrubbed live (records, error texts) for the run, not only at the end;
+    # in memory only: never in os.environ or a file
+    keys = contextlib.ExitStack()
+    keys.enter_context(run_secrets(t.key for t in targets))
     old = signal.signal(signal.SIGTERM, on_term)
     try:
         probes = {}
@@ -182,6 +189,7 @@ def run_certification(
             write_manifest(out, exclude=())
         except OSError:
             pass
+        keys.close()
 
 
 def certify_command(

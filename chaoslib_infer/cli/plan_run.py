@@ -167,7 +167,7 @@ def run_plan(
     Refused with one line and exit 2, before anything starts: a target outside the allowlist
     (a URL, or a Kubernetes target file's context/namespace: no API call is made), a
     malformed --allow/--slo/stop condition, an experiment that does not load (named), an
-    unreadable API key file; on a real run also an unreachable target and, on Kubernetes, a
+    unreadable API key file, a key (file or ``$CHAOS_INFER_API_KEY``) under 8 characters; on a real run also an unreachable target and, on Kubernetes, a
     node-level drill whose node runs pods of other namespaces
     (:func:`chaoslib_infer.safety.k8s_preflight.check_plan`).
     """
@@ -187,11 +187,13 @@ def run_plan(
             check_target(target_url, allow, the_plan.path)
         if k8s is not None:  # the file's url: allowed by the operator's patterns, not by itself
             check_target(k8s.url, allow, the_plan.path, what=f"{k8s.source}: url")
-        if api_key_file is not None:
-            try:
+        try:
+            if api_key_file is not None:
                 key = redact.read_key_file(api_key_file)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
+            else:  # a key set directly in the environment is held to the same length rule
+                redact.env_key()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     except InferChaosError as exc:
         fail(str(exc))
         return

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.evidence.render import write_atomic
+from chaoslib_infer.safety.redact import child_env
 
 __all__ = ["junit_xml", "tool_versions", "write_manifest", "verify_manifest"]
 
@@ -98,7 +99,9 @@ def tool_versions() -> dict[str, str | None]:
     out["python"] = platform.python_version()
     out["kernel"] = platform.release()
     try:
-        proc = subprocess.run(["haproxy", "-v"], capture_output=True, text=True, timeout=5)
+        proc = subprocess.run(
+            ["haproxy", "-v"], capture_output=True, text=True, timeout=5, env=child_env()
+        )
         out["haproxy"] = proc.stdout.splitlines()[0] if proc.stdout else None
     except (OSError, subprocess.SubprocessError):
         out["haproxy"] = None

@@ -276,7 +276,9 @@ def _iptables_rule(rec: dict[str, Any]) -> list[str]:
 def _iptables(rec: dict[str, Any], op: str) -> subprocess.CompletedProcess[str]:
     argv = ["ip", "netns", "exec", str(rec["netns"]), "iptables", "-w", op, *_iptables_rule(rec)]
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=10, env=processes.lab_child_env()
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LabError(f"iptables in netns {rec['netns']}: {exc}") from exc
 

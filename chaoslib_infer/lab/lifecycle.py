@@ -109,9 +109,14 @@ def up(
     if ready_timeout_s <= 0:
         raise LabError(f"ready_timeout_s must be positive, got {ready_timeout_s}")
     scaling_meta = scaling_options(
-        replicas, standby, autoscale, scale_out_queue, scale_out_after_s,
-        scale_out_cooldown_s, MAX_REPLICAS,
-    )  # fmt: skip
+        replicas,
+        standby,
+        autoscale,
+        scale_out_queue,
+        scale_out_after_s,
+        scale_out_cooldown_s,
+        MAX_REPLICAS,
+    )
     state_dir = Path(state_dir).resolve()
     ledger = state_dir / LEDGER_FILE
     sample_argv = engine_command(engine, "r0", 1, ledger, engine_args)  # validates the name
@@ -260,7 +265,11 @@ def start(lab: Lab, haproxy_bin: str) -> None:
         }
         cfg.write_text(cfg.read_text() + "\n" + lanes_config(meta["lanes"], lane_servers))
     check = subprocess.run(
-        [haproxy_bin, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True, timeout=10
+        [haproxy_bin, "-c", "-q", "-f", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env=lab_child_env(),
     )
     if check.returncode != 0:
         first = (check.stderr or check.stdout).strip().splitlines()[:1]

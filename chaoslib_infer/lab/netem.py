@@ -26,6 +26,8 @@ import subprocess
 import threading
 from typing import Any
 
+from chaoslib_infer.safety.redact import child_env
+
 __all__ = [
     "NETEM_DISTRIBUTIONS",
     "netem_add_args",
@@ -222,7 +224,12 @@ def netem_pod_exec(
 
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        args, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, check=False
+        args,
+        capture_output=True,
+        text=True,
+        timeout=_PROBE_TIMEOUT_S,
+        check=False,
+        env=child_env(),
     )
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.safety.redact import child_env
 
 __all__ = [
     "NS_PREFIX",
@@ -111,7 +112,9 @@ def run_ip(*args: str, ns: str | None = None, check: bool = True, timeout_s: flo
     """
     argv = [find_ip(), *(["-n", ns] if ns else []), *args]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, env=child_env()
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise NetnsError(f"{' '.join(argv[1:])}: {exc}") from exc
     if check and proc.returncode != 0:

@@ -40,6 +40,8 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from chaoslib_infer.safety.redact import env_key
+
 PROG = "python -m chaoslib_infer.load"
 
 
@@ -193,7 +195,10 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
         k, v = h.split(":", 1)
         headers[k.strip()] = v.strip()
     # API key from the environment only (never in argv, where `ps` shows it); see safety/redact.py
-    api_key = os.environ.get("CHAOS_INFER_API_KEY", "").strip()
+    try:
+        api_key = env_key()
+    except ValueError as exc:
+        parser.error(str(exc))
     if api_key and not any(k.lower() == "authorization" for k in headers):
         headers["Authorization"] = f"Bearer {api_key}"
     try:

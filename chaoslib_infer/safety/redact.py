@@ -12,7 +12,10 @@ record, so the game day also scrubs the values it knows to be secret:
 - ``chaos-infer report`` scrubs again (a run killed with SIGKILL never reached its final scrub).
 
 Known secret values (:func:`known_secrets`): ``CHAOS_INFER_API_KEY``; the values of the
-environment variables named in ``CHAOS_INFER_REDACT_ENV`` (comma-separated names); secrets an
+environment variables named in ``CHAOS_INFER_REDACT_ENV`` (comma-separated names); the keys a
+run registers in memory for its duration (:func:`run_secrets`: certification targets' keys,
+read from their ``api_key_env`` / ``api_key_file``, never copied into the environment or a
+file); secrets an
 experiment declares (inline values and ``type: env`` references); configuration entries of
 ``type: env`` whose name or variable looks secret (``key``, ``token``, ``secret``, ``password``).
 Each value is replaced by ``[REDACTED]`` in every form a server or serializer may write it (raw,
@@ -40,7 +43,8 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -51,10 +55,12 @@ __all__ = [
     "RedactingFilter",
     "child_env",
     "clip",
+    "env_key",
     "known_secrets",
     "private_dir",
     "read_key_file",
     "redact_text",
+    "run_secrets",
     "scrub",
     "scrub_file",
     "scrub_tree",
@@ -94,6 +100,27 @@ def read_key_file(path: Path) -> str:
     return key
 
 
+def env_key(env: dict[str, str] | None = None) -> str | None:
+    """The API key set directly in ``$CHAOS_INFER_API_KEY`` (stripped), None when unset or blank.
+
+    Held to the rule for key files (:func:`read_key_file`): a key of 1 to
+    :data:`MIN_SECRET_LEN` - 1 characters would be neither refused nor scrubbed as a run of
+    characters, so it is refused.
+
+    Raises:
+        ValueError: a key shorter than :data:`MIN_SECRET_LEN` (one line, without the key).
+    """
+    key = (os.environ if env is None else env).get(API_KEY_ENV, "").strip()
+    if not key:
+        return None
+    if len(key) < MIN_SECRET_LEN:
+        raise ValueError(
+            f"${API_KEY_ENV}: expected a key of at least {MIN_SECRET_LEN} characters"
+            f" (got {len(key)})"
+        )
+    return key
+
+
 def secrets_from_experiment(experiment: dict[str, Any]) -> list[str]:
     """Secret values an experiment refers to (see the module docstring)."""
     out: list[str] = []
@@ -124,12 +151,55 @@ def secrets_from_experiment(experiment: dict[str, Any]) -> list[str]:
     return out
 
 
+#: Secrets registered for a run (:func:`run_secrets`): value -> number of open registrations.
+#: In this process's memory only: never written to ``os.environ`` (children would inherit it)
+#: nor to a file.
+_RUN_SECRETS: dict[str, int] = {}
+_RUN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def run_secrets(values: Iterable[str | None]) -> Iterator[list[str]]:
+    """Make ``values`` known secrets of this process inside the block (nested blocks add up).
+
+    Inside the block :func:`known_secrets`, :func:`scrub`, :func:`clip` (hence every record a
+    :class:`~chaoslib_infer.load.records.RecordWriter` writes and every error text the load
+    client keeps) and :func:`child_env` treat each value as they treat ``$CHAOS_INFER_API_KEY``,
+    without the value being put in the environment (which child processes inherit) or on disk.
+    Used by certification for its targets' keys. Blank values and None are ignored.
+
+    Yields:
+        The values registered (stripped, non-blank).
+    """
+    vals = sorted({v.strip() for v in values if v and v.strip()})
+    with _RUN_LOCK:
+        for v in vals:
+            _RUN_SECRETS[v] = _RUN_SECRETS.get(v, 0) + 1
+    try:
+        yield vals
+    finally:
+        with _RUN_LOCK:
+            for v in vals:
+                n = _RUN_SECRETS.get(v, 0) - 1
+                if n > 0:
+                    _RUN_SECRETS[v] = n
+                else:
+                    _RUN_SECRETS.pop(v, None)
+
+
+def _registered() -> tuple[str, ...]:
+    with _RUN_LOCK:
+        return tuple(sorted(_RUN_SECRETS))
+
+
 def known_secrets(extra: Iterable[str] = ()) -> list[str]:
-    """The secret values to scrub: env (see the module docstring) plus ``extra``; longest first."""
+    """The secret values to scrub: env and run-registered values (see the module docstring)
+    plus ``extra``; longest first."""
     values = [os.environ.get(API_KEY_ENV, "")]
     for name in re.split(r"[,\s]+", os.environ.get(EXTRA_ENV, "")):
         if name:
             values.append(os.environ.get(name, ""))
+    values += list(_registered())
     values += list(extra)
     uniq = {v.strip() for v in values if v and len(v.strip()) >= MIN_SCRUB_LEN}
     return sorted(uniq, key=len, reverse=True)
@@ -287,11 +357,11 @@ def clip(text: str, limit: int) -> str:
 def _env_secrets() -> tuple[str, ...]:
     names = [API_KEY_ENV, *re.split(r"[,\s]+", os.environ.get(EXTRA_ENV, ""))]
     values = tuple(os.environ.get(n, "") for n in names if n)
-    return _env_secrets_cached(values)
+    return _env_secrets_cached(values, _registered())
 
 
 @functools.lru_cache(maxsize=8)
-def _env_secrets_cached(values: tuple[str, ...]) -> tuple[str, ...]:
+def _env_secrets_cached(values: tuple[str, ...], registered: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(known_secrets())
 
 
@@ -299,13 +369,15 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """A copy of ``env`` (default ``os.environ``) without the secrets this process knows.
 
     For processes that do not talk to the target (the lab's supervisord and everything under it,
-    the memory hog, timers and shims): drops ``CHAOS_INFER_API_KEY`` and the variables named in
-    ``CHAOS_INFER_REDACT_ENV``. (A lab engine's own key, ``CHAOS_INFER_ENGINE_API_KEY``, stays: it
-    is the server's, which the lab engine needs.)
+    the memory hog, timers and shims): drops ``CHAOS_INFER_API_KEY``, the variables named in
+    ``CHAOS_INFER_REDACT_ENV`` and any variable whose value is a key registered for the run
+    (:func:`run_secrets`: a certification target's ``api_key_env``). (A lab engine's own key,
+    ``CHAOS_INFER_ENGINE_API_KEY``, stays: it is the server's, which the lab engine needs.)
     """
     env = dict(os.environ if env is None else env)
     drop = {API_KEY_ENV, *(n for n in re.split(r"[,\s]+", env.get(EXTRA_ENV, "")) if n)}
-    return {k: v for k, v in env.items() if k not in drop}
+    registered = set(_registered())
+    return {k: v for k, v in env.items() if k not in drop and v.strip() not in registered}
 
 
 def private_dir(path: Path) -> Path:

@@ -214,7 +214,12 @@ def _netem_present(record: dict[str, Any]) -> bool:
     for args in _tc_argv(record, "show"):
         try:
             out = subprocess.run(
-                list(args), capture_output=True, text=True, timeout=5.0, check=False
+                list(args),
+                capture_output=True,
+                text=True,
+                timeout=5.0,
+                check=False,
+                env=child_env(),
             )
         except (OSError, subprocess.TimeoutExpired):
             return True
@@ -273,7 +278,12 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
             for args in _tc_argv(record, "del"):
                 try:
                     out = subprocess.run(
-                        list(args), capture_output=True, text=True, timeout=5.0, check=False
+                        list(args),
+                        capture_output=True,
+                        text=True,
+                        timeout=5.0,
+                        check=False,
+                        env=child_env(),
                     )
                 except (OSError, subprocess.TimeoutExpired) as exc:
                     errors.append(str(exc))
@@ -512,6 +522,7 @@ def inject_network_jitter(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=child_env(),  # it outlives the drill: never the API key
         )
         _CHILDREN[watchdog.pid] = watchdog
         record["watchdog_pid"] = watchdog.pid
@@ -521,7 +532,9 @@ def inject_network_jitter(
             _stop_process(watchdog.pid, token, "sleep", 1.0)
             raise ActivityFailed(str(exc)) from exc
         for args in adds:
-            out = subprocess.run(args, capture_output=True, text=True, timeout=10.0, check=False)
+            out = subprocess.run(
+                args, capture_output=True, text=True, timeout=10.0, check=False, env=child_env()
+            )
             if out.returncode != 0:
                 lab.remove_fault(fault_id)
                 raise ActivityFailed(

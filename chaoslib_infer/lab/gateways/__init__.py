@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.safety.redact import child_env
 
 __all__ = [
     "GATEWAYS",
@@ -158,7 +159,9 @@ def write_nginx_config(state_dir: Path, servers: list[dict[str, str]]) -> Path:
 
 def _version(binary: str) -> str | None:
     try:
-        proc = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=5)
+        proc = subprocess.run(
+            [binary, "-v"], capture_output=True, text=True, timeout=5, env=child_env()
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = (proc.stderr or proc.stdout).strip().splitlines()

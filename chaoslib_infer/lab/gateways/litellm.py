@@ -52,6 +52,7 @@ import yaml
 
 from chaoslib_infer.errors import InferChaosError
 from chaoslib_infer.lab.gateways import templating
+from chaoslib_infer.safety.redact import child_env
 
 __all__ = [
     "CONFIG_FILE",
@@ -343,6 +344,7 @@ def version(binary: str) -> str | None:
             capture_output=True,
             text=True,
             timeout=15,
+            env=child_env(),
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -47,6 +47,7 @@ from typing import Any
 from chaoslib_infer.errors import InferChaosError
 from chaoslib_infer.lab.gateways import templating
 from chaoslib_infer.lab.requestlog import SERVERS_FILE, parse_line, read_servers, upstream_tries
+from chaoslib_infer.safety.redact import child_env
 
 __all__ = [
     "ACCESS_LOG",
@@ -198,7 +199,7 @@ def check_config(nginx_bin: str, state_dir: Path, config: Path, source: str) -> 
         f"daemon off; pid {sd / 'nginx-check.pid'};",
     ]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, env=child_env())
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise NginxError(f"{source}: nginx -t could not run: {exc}") from None
     if proc.returncode != 0:
