@@ -88,6 +88,7 @@ from .sse import StreamParser
 
 if TYPE_CHECKING:
     from .rawhttp import RawSession
+    from .trace import TraceRequest
 
 __all__ = [
     "CUT_OFF",
@@ -272,6 +273,12 @@ class LoadSpec:
             raise ValueError(f"prompt_words must be an integer >= 0, got {self.prompt_words!r}")
         if self.prompt_mix is not None:
             self.prompt_mix = parse_prompt_mix(self.prompt_mix)
+
+    @property
+    def trace_requests(self) -> list[TraceRequest]:
+        """The requests of ``trace`` as read by ``trace.read_trace`` when the spec was built, in
+        file order (empty without a trace). The spec's own list: do not modify it."""
+        return self._trace
 
     @property
     def attempt_timeout(self) -> float:
