@@ -190,7 +190,6 @@ OVERSIZE = {
     "drills/network_jitter/actions.py": 622,
     "lab/freeze.py": 613,
     "lab/shim.py": 830,
-    "load/client.py": 930,
     "load/rawhttp.py": 711,
     "load/workers.py": 633,
     "locust/user.py": 755,
