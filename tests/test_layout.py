@@ -191,7 +191,6 @@ OVERSIZE = {
     "lab/freeze.py": 613,
     "load/workers.py": 633,
     "locust/user.py": 755,
-    "platforms/endpoint.py": 650,
     "safety/registry.py": 626,
     "verdict/judge.py": 677,
 }
