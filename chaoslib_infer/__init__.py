@@ -43,9 +43,9 @@ ACTION_MODULES = (
 PROBE_MODULES = (
     "chaoslib_infer.drills.node_loss.probes",
     "chaoslib_infer.drills.network_jitter.probes",
+    "chaoslib_infer.drills.oom_kill.probes",
     "chaoslib_infer.activities.slo",
     "chaoslib_infer.activities.criteria",
-    "chaoslib_infer.activities.lab_probes",
     "chaoslib_infer.activities.health",
     "chaoslib_infer.activities.prometheus",
     "chaoslib_infer.activities.gpu",
@@ -56,6 +56,7 @@ PROBE_MODULES = (
 COMPAT_MODULES = (
     "chaoslib_infer.activities.capacity",
     "chaoslib_infer.activities.k8s",
+    "chaoslib_infer.activities.lab_probes",
     "chaoslib_infer.activities.network",
     "chaoslib_infer.activities.network_probes",
     "chaoslib_infer.activities.node_loss",

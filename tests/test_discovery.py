@@ -46,9 +46,9 @@ def test_discovery_lists_every_public_activity_of_every_activities_module() -> N
             if getattr(module, fn).__module__ == name
         }
     assert seen == expected
-    # the rooms' activities are listed under their rooms: 7 actions, 6 k8s, 2 probes modules
+    # the rooms' activities are listed under their rooms: 7 actions, 6 k8s, 3 probes modules
     rooms = {m for m, _ in seen if m.startswith("chaoslib_infer.drills.")}
-    assert len(rooms) == 15, sorted(rooms)
+    assert len(rooms) == 16, sorted(rooms)
 
 
 def test_compatibility_aliases_reexport_the_rooms_activities() -> None:

@@ -62,3 +62,40 @@ def test_each_room_offers_its_actions_and_the_kubernetes_facade_reexports_them()
         for fn in k8s.__all__:
             assert getattr(k8s_facade, fn) is getattr(k8s, fn), (name, fn)
             assert fn in k8s_facade.__all__
+
+
+def test_the_cli_and_the_runbooks_find_a_drills_files_through_the_registry(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A drill's experiment and runbook are its registry row's, under a stand-in folder
+    ($CHAOS_INFER_EXPERIMENTS, a runbooks folder); an operator's own experiment still lists."""
+    from dataclasses import replace
+    from pathlib import PurePosixPath
+    from types import MappingProxyType
+
+    from click.testing import CliRunner
+
+    from chaoslib_infer.cli.drill import drill
+    from chaoslib_infer.drills import registry
+    from chaoslib_infer.evidence.runbooks import runbook_path
+
+    oom = DRILLS["oom-kill"]
+    assert oom.path_in(tmp_path, "k8s_experiment") == tmp_path / "k8s" / "oom-kill.yaml"
+    assert runbook_path(tmp_path, "oom-kill") == tmp_path / "oom-kill.md"
+    assert runbook_path(tmp_path, "my-own") == tmp_path / "my-own.md"
+    moved = replace(
+        oom,
+        lab_experiment=PurePosixPath("experiments/rooms/oom.yaml"),
+        runbook=PurePosixPath("runbooks/rooms/oom.md"),
+    )
+    monkeypatch.setattr(registry, "DRILLS", MappingProxyType({**DRILLS, "oom-kill": moved}))
+    assert runbook_path(tmp_path, "oom-kill") == tmp_path / "rooms" / "oom.md"
+    (tmp_path / "rooms").mkdir()
+    (tmp_path / "rooms" / "oom.yaml").write_text("title: moved oom\n")
+    (tmp_path / "my-own.yaml").write_text("title: mine\n")
+    monkeypatch.setenv("CHAOS_INFER_EXPERIMENTS", str(tmp_path))
+    out = CliRunner().invoke(drill, ["list"]).output.splitlines()
+    assert [line.split()[0] for line in out] == ["my-own", "oom-kill"]
+    assert out[1].endswith("moved oom")
+    res = CliRunner().invoke(drill, ["run", "nope"])
+    assert "unknown drill 'nope'; known: my-own, oom-kill" in res.output

@@ -6,13 +6,13 @@ A drill's own actions, probes and Kubernetes actions live in its room
 - :mod:`chaoslib_infer.activities.slo`: probes over the live load records (availability, latency
   percentiles, error and timeout rates, the SLO check used by steady-state hypotheses);
 - :mod:`chaoslib_infer.activities.criteria`, :mod:`~chaoslib_infer.activities.health`,
-  :mod:`~chaoslib_infer.activities.lab_probes`, :mod:`~chaoslib_infer.activities.prometheus`,
-  :mod:`~chaoslib_infer.activities.gpu`: the other shared probes;
+  :mod:`~chaoslib_infer.activities.prometheus`, :mod:`~chaoslib_infer.activities.gpu`: the other
+  shared probes;
 - :mod:`chaoslib_infer.activities.lab`: the shared rollback ``clear_lab_faults``;
   :mod:`~chaoslib_infer.activities.engine_faults`, :mod:`~chaoslib_infer.activities.k8s_observe`;
 - helpers the rooms share: :mod:`~chaoslib_infer.activities.lab_common`,
   :mod:`~chaoslib_infer.activities.k8s_common`, :mod:`~chaoslib_infer.activities.gateway_sampler`;
-- compatibility aliases of the moved modules (``capacity``, ``k8s``, ``network``,
+- compatibility aliases of the moved modules (``capacity``, ``k8s``, ``lab_probes``, ``network``,
   ``network_probes``, ``node_loss``, ``node_loss_probes``, ``restarts``, ``upstream``):
   :data:`chaoslib_infer.COMPAT_MODULES`.
 """

@@ -4,14 +4,12 @@ Compatibility alias and façade: each action lives in its drill's room
 (``chaoslib_infer/drills/<drill>/k8s.py``) and is re-exported here, so experiments naming
 ``chaoslib_infer.activities.k8s`` keep running, and the safety checks keyed on this module
 (:mod:`chaoslib_infer.safety.k8s_preflight`, :mod:`chaoslib_infer.safety.k8s_replay`) and
-:mod:`chaoslib_infer.evidence.kinds.k8s_actions` keep finding them. A few old names stay for
-:func:`chaoslib_infer.safety.k8s_preflight.check_plan` (see the end of the module).
+:mod:`chaoslib_infer.evidence.kinds.k8s_actions` keep finding them.
 """
 
 from __future__ import annotations
 
 from chaoslib_infer.activities.k8s_common import ENV_TARGET as ENV_TARGET
-from chaoslib_infer.activities.k8s_common import K8sContext, refuse_bystanders
 from chaoslib_infer.drills.network_jitter.k8s import (
     k8s_network_jitter,
     k8s_remove_network_jitter,
@@ -41,8 +39,6 @@ from chaoslib_infer.drills.upstream_timeout.k8s import (
     k8s_restore_pod_ingress,
     k8s_thaw_model_server,
 )
-from chaoslib_infer.platforms.kubernetes import nodes as k8s_nodes  # noqa: F401 (see below)
-from chaoslib_infer.platforms.kubernetes import pods as k8s_pods  # noqa: F401 (see below)
 
 __all__ = [
     "k8s_block_pod_ingress",
@@ -63,9 +59,3 @@ __all__ = [
     "k8s_thaw_model_server",
     "k8s_uncordon_node",
 ]
-
-# The old module's names that :func:`chaoslib_infer.safety.k8s_preflight.check_plan` reaches for
-# (``_Ctx``, ``_refuse_bystanders``, ``k8s_pods``, ``k8s_nodes``): kept until it uses
-# :mod:`chaoslib_infer.activities.k8s_common` and the platform modules directly.
-_Ctx = K8sContext
-_refuse_bystanders = refuse_bystanders

@@ -1,8 +1,8 @@
 """What the lab actions and probes share: the attached lab, the replica picked, the fault log.
 
-Used by the rooms' lab actions (``chaoslib_infer/drills/<drill>/actions.py``) and the shared
-activities (:mod:`chaoslib_infer.activities.engine_faults`, :mod:`chaoslib_infer.activities.health`,
-:mod:`chaoslib_infer.activities.lab_probes`). The lab is found through ``infer_lab_dir`` in the
+Used by the rooms' lab actions and probes (``chaoslib_infer/drills/<drill>/actions.py``,
+``probes.py``) and the shared activities (:mod:`chaoslib_infer.activities.engine_faults`,
+:mod:`chaoslib_infer.activities.health`). The lab is found through ``infer_lab_dir`` in the
 experiment's configuration (:mod:`chaoslib_infer.settings`); every injected fault is appended to
 the drill's fault log (``<infer_run_dir>/faults.jsonl``) so figures can be computed after the run.
 """

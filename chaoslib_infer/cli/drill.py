@@ -24,12 +24,28 @@ def drill_list() -> None:
     """One line per drill: name and what it checks."""
     import yaml
 
-    for path in sorted(experiments_dir().glob("*.yaml")):
+    for name, path in sorted(_experiments(experiments_dir()).items()):
         try:
             title = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("title", "")
         except yaml.YAMLError:
             title = "(unreadable experiment)"
-        click.echo(f"{path.stem:24} {title}")
+        click.echo(f"{name:24} {title}")
+
+
+def _experiments(folder: Path, k8s: bool = False) -> dict[str, Path]:
+    """``{drill name: experiment}`` in ``folder`` (the lab's experiments folder; with ``k8s``,
+    the Kubernetes one under it): each registry drill whose experiment is there, at its
+    registry path, and any other ``*.yaml`` of that folder by its stem (an operator's own)."""
+    from chaoslib_infer.drills.registry import DRILLS
+
+    what = "k8s_experiment" if k8s else "lab_experiment"
+    known = {name: d.path_in(folder, what) for name, d in DRILLS.items()}
+    found = {name: p for name, p in known.items() if p.is_file()}
+    plain = folder / "k8s" if k8s else folder
+    for path in plain.glob("*.yaml"):
+        if path.stem not in known:
+            found[path.stem] = path
+    return found
 
 
 @drill.command("run")
@@ -65,10 +81,10 @@ def drill_run(
     from chaoslib_infer.plan import DrillSpec, Plan, load_plan
 
     k8s_file = k8s_target_file(target_url)
-    folder = experiments_dir() / "k8s" if k8s_file else experiments_dir()
-    experiment = folder / f"{name}.yaml"
-    if not experiment.is_file():
-        known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+    found = _experiments(experiments_dir(), k8s=k8s_file is not None)
+    experiment = found.get(name)
+    if experiment is None:
+        known = ", ".join(sorted(found))
         fail(f"unknown drill {name!r}; known: {known}")
         return
     try:

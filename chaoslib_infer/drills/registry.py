@@ -4,8 +4,11 @@ One row per drill of the seven-item list, each pointing into its room
 (``chaoslib_infer/drills/<drill>/``). Everything that maps a drill name to its code or files reads
 this table: :mod:`chaoslib_infer.verdict.criteria` (each drill's own criteria),
 :func:`chaoslib_infer.evidence.figures.kind_module` (each drill's figures),
-:mod:`chaoslib_infer.plan` (which plan entries are drills). The file paths are relative to the
-checkout's root (``experiments/``, ``runbooks/``); :func:`Drill.path` resolves one against a root.
+:mod:`chaoslib_infer.plan` (which plan entries are drills), ``chaos-infer drill list|run`` and
+:func:`chaoslib_infer.evidence.runbooks.fill_runbooks` (each drill's experiment and runbook). The
+file paths are relative to the checkout's root (``experiments/``, ``runbooks/``):
+:func:`Drill.path` resolves one against a root, :func:`Drill.path_in` against a stand-in for its
+top folder (``$CHAOS_INFER_EXPERIMENTS``, a runbooks folder).
 
 Importing this module imports each room's ``criteria`` and ``figures`` modules (not its actions,
 which need the Chaos Toolkit).
@@ -83,6 +86,18 @@ class Drill:
             raise ValueError(f"{what!r}: expected lab_experiment, k8s_experiment or runbook")
         rel: PurePosixPath = getattr(self, what)
         return root / rel
+
+    def path_in(self, folder: Path, what: str) -> Path:
+        """``what``'s file under ``folder`` standing in for its top folder (``experiments/`` for
+        the experiments, ``runbooks/`` for the runbook): oom-kill's ``k8s_experiment`` in ``/x``
+        (``$CHAOS_INFER_EXPERIMENTS``) is ``/x/k8s/oom-kill.yaml``.
+
+        Raises:
+            ValueError: ``what`` names none of ``lab_experiment``, ``k8s_experiment``,
+                ``runbook``.
+        """
+        rel = self.path(Path(), what).parts
+        return folder.joinpath(*rel[1:])
 
 
 def _row(name: str, room: ModuleType, criteria: ModuleType, figures: ModuleType) -> Drill:

@@ -27,7 +27,7 @@ from typing import Any
 
 from chaoslib_infer.evidence.render import fmt, write_atomic
 
-__all__ = ["END", "START", "evidence_block", "fill_runbook_text", "fill_runbooks"]
+__all__ = ["END", "START", "evidence_block", "fill_runbook_text", "fill_runbooks", "runbook_path"]
 
 START = "<!-- evidence:start -->"
 END = "<!-- evidence:end -->"
@@ -171,6 +171,18 @@ def fill_runbook_text(text: str, block: str) -> str:
     return f"{section}\n\n{START}{block}{END}\n" + (f"\n{rest}" if rest else "")
 
 
+def runbook_path(runbooks_dir: Path, name: str) -> Path:
+    """The runbook of drill ``name`` in ``runbooks_dir``: its registry row's
+    (:data:`chaoslib_infer.drills.registry.DRILLS`), else ``<name>.md`` (a drill of the
+    operator's own, named by its experiment)."""
+    from chaoslib_infer.drills.registry import DRILLS
+
+    drill = DRILLS.get(name)
+    if drill is not None:
+        return drill.path_in(runbooks_dir, "runbook")
+    return runbooks_dir / f"{name}.md"
+
+
 def fill_runbooks(run_dir: Path, runbooks_dir: Path) -> dict[str, Path]:
     """Fill the Evidence section of every runbook whose drill ran in ``run_dir``.
 
@@ -197,12 +209,16 @@ def fill_runbooks(run_dir: Path, runbooks_dir: Path) -> dict[str, Path]:
         name = str(d.get("name") or "")
         stem = Path(str(d.get("experiment") or "")).stem
         for candidate in (name, stem):
-            if candidate and "/" not in candidate and (runbooks_dir / f"{candidate}.md").is_file():
+            if (
+                candidate
+                and "/" not in candidate
+                and runbook_path(runbooks_dir, candidate).is_file()
+            ):
                 groups.setdefault(candidate, []).append(d)
                 break
     written: dict[str, Path] = {}
     for runbook, drills in groups.items():
-        path = runbooks_dir / f"{runbook}.md"
+        path = runbook_path(runbooks_dir, runbook)
         text = path.read_text(encoding="utf-8")
         new = fill_runbook_text(text, evidence_block(summary, drills, run_dir, runbooks_dir))
         if new != text:

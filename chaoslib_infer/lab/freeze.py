@@ -31,6 +31,9 @@ SIGKILLed, and appends a ``{"event": "fault", "phase": "cleared", "by": "deadman
 lab's ``events.jsonl``; a normal rollback kills the timer. The timer lives outside the lab's
 supervisord, so it also covers a lab whose supervisord died; the record's ``ttl_s`` additionally
 lets the lab's own watchdog (:mod:`chaoslib_infer.safety.deadman`) undo it.
+
+Freezer discovery and the ``/proc`` / control-file helpers live in :mod:`chaoslib_infer.lab.freezer`
+(``find_freezer`` and ``FREEZERS`` are re-exported here).
 """
 
 from __future__ import annotations
@@ -50,7 +53,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.lab import processes, procfs
-from chaoslib_infer.lab.cgroups import MemoryCgroup, join, read_mounts, read_self_cgroups
+from chaoslib_infer.lab.cgroups import MemoryCgroup
+from chaoslib_infer.lab.freezer import FREEZERS as FREEZERS
+from chaoslib_infer.lab.freezer import find_freezer as find_freezer
+from chaoslib_infer.lab.freezer import (
+    is_stopped,
+    pid_cgroup,
+    read_control,
+    same_process,
+    write_control,
+)
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
 from chaoslib_infer.lab.statedir import LabError
 
@@ -76,79 +88,9 @@ __all__ = [
 KIND = "upstream-timeout"
 MODULE = "chaoslib_infer.lab.freeze"
 MODES = ("freeze", "sigstop", "blackhole")
-FREEZERS = ("auto", "v1", "v2")
 DEFAULT_TTL_S = 120.0
 _SETTLE_S = 5.0  # how long a freezer may stay FREEZING/THAWING
 _NETNS = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
-# --------------------------------------------------------------------------------------------
-# /proc helpers
-# --------------------------------------------------------------------------------------------
-def _same_process(pid: int, starttime: int | None) -> bool:
-    st = procfs.start_time(pid)
-    return st is not None and (starttime is None or st == starttime) and procfs.state(pid) != "Z"
-
-
-def _stopped(pid: int) -> bool:
-    """True when ``pid`` is stopped by a signal (state ``T``) or traced (``t``)."""
-    return procfs.state(pid) in ("T", "t")
-
-
-def _write(path: Path, value: str) -> None:
-    try:
-        with open(path, "w") as fh:
-            fh.write(value)
-    except OSError as exc:
-        raise LabError(f"cannot write {value.strip()!r} to {path}: {exc.strerror}") from exc
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
-# --------------------------------------------------------------------------------------------
-# Freezer discovery
-# --------------------------------------------------------------------------------------------
-def _pid_cgroup(pid: int | str, version: int) -> Path | None:
-    """Directory of ``pid``'s freezer cgroup (v1 ``freezer`` controller or v2 unified)."""
-    try:
-        v1, v2 = read_self_cgroups(Path(f"/proc/{pid}/cgroup"))
-        mounts = read_mounts(Path(f"/proc/{pid}/mountinfo"))
-    except OSError:
-        return None
-    for m in mounts:
-        if version == 1 and m.fstype == "cgroup" and "freezer" in m.options and "freezer" in v1:
-            return join(m, v1["freezer"])
-        if version == 2 and m.fstype == "cgroup2" and v2 is not None:
-            return join(m, v2)
-    return None
-
-
-def find_freezer(prefer: str = "auto") -> tuple[int, Path] | None:
-    """Where this process can create freezer cgroups.
-
-    Args:
-        prefer: ``"auto"`` (v1 ``freezer`` controller first, then cgroup v2), ``"v1"`` or ``"v2"``.
-
-    Returns:
-        ``(version, base directory)``, or None when no writable freezer hierarchy exists.
-    """
-    order = {"auto": (1, 2), "v1": (1,), "v2": (2,)}.get(prefer)
-    if order is None:
-        raise LabError(f"freezer must be one of {', '.join(FREEZERS)}, got {prefer!r}")
-    for version in order:
-        base = _pid_cgroup("self", version)
-        if base is None or not os.access(base, os.W_OK):
-            continue
-        marker = "freezer.state" if version == 1 else "cgroup.procs"
-        # v1: the root freezer cgroup has no freezer.state, but its children do
-        if version == 1 or (base / marker).exists():
-            return version, base
-    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,7 +173,7 @@ def prepare(
     version, base = found
     homes = {}
     for p in live:
-        home = _pid_cgroup(p, version)
+        home = pid_cgroup(p, version)
         homes[str(p)] = str(home if home is not None else base)
     rec.update(freezer=version, cgroup=str(base / name), moved=True, homes=homes)
     return rec
@@ -241,11 +183,11 @@ def _freezer_state(rec: dict[str, Any]) -> str | None:
     """``FROZEN`` / ``FREEZING`` / ``THAWED`` (v1 names, also for v2), None without the cgroup."""
     path = Path(str(rec["cgroup"]))
     if int(rec["freezer"]) == 1:
-        return _read(path / "freezer.state")
-    want = _read(path / "cgroup.freeze")
+        return read_control(path / "freezer.state")
+    want = read_control(path / "cgroup.freeze")
     if want is None:
         return None
-    events = _read(path / "cgroup.events") or ""
+    events = read_control(path / "cgroup.events") or ""
     frozen = "frozen 1" in events.splitlines()
     if want == "1":
         return "FROZEN" if frozen else "FREEZING"
@@ -253,7 +195,7 @@ def _freezer_state(rec: dict[str, Any]) -> str | None:
 
 
 def _cgroup_pids(path: Path) -> list[int]:
-    text = _read(path / "cgroup.procs")
+    text = read_control(path / "cgroup.procs")
     return [int(x) for x in text.split()] if text else []
 
 
@@ -297,13 +239,13 @@ def inject(rec: dict[str, Any]) -> float:
     if mode == "sigstop":
         t = time.time()
         targets = [
-            int(p) for p in rec["pids"] if _same_process(int(p), rec["starttimes"].get(str(p)))
+            int(p) for p in rec["pids"] if same_process(int(p), rec["starttimes"].get(str(p)))
         ]
         for p in targets:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGSTOP)
         deadline = time.monotonic() + _SETTLE_S
-        while not all(_stopped(p) or procfs.start_time(p) is None for p in targets):
+        while not all(is_stopped(p) or procfs.start_time(p) is None for p in targets):
             if time.monotonic() > deadline:
                 raise LabError(f"pid(s) {targets} not stopped {_SETTLE_S:g} s after SIGSTOP")
             time.sleep(0.002)
@@ -322,14 +264,14 @@ def inject(rec: dict[str, Any]) -> float:
         except OSError as exc:
             raise LabError(f"cannot create freezer cgroup {path}: {exc.strerror}") from exc
         for p in rec["pids"]:
-            if _same_process(int(p), rec["starttimes"].get(str(p))):
-                _write(path / "cgroup.procs", f"{p}\n")
+            if same_process(int(p), rec["starttimes"].get(str(p))):
+                write_control(path / "cgroup.procs", f"{p}\n")
     if int(rec["freezer"]) == 1:
         t = time.time()
-        _write(path / "freezer.state", "FROZEN")
+        write_control(path / "freezer.state", "FROZEN")
     else:
         t = time.time()
-        _write(path / "cgroup.freeze", "1")
+        write_control(path / "cgroup.freeze", "1")
     deadline = time.monotonic() + _SETTLE_S
     while _freezer_state(rec) != "FROZEN":
         if time.monotonic() > deadline:
@@ -344,7 +286,7 @@ def is_frozen(rec: dict[str, Any]) -> bool:
     mode = rec.get("mode")
     if mode == "sigstop":
         return any(
-            _same_process(int(p), rec["starttimes"].get(str(p))) and _stopped(int(p))
+            same_process(int(p), rec["starttimes"].get(str(p))) and is_stopped(int(p))
             for p in rec.get("pids", [])
         )
     if mode == "blackhole":
@@ -373,8 +315,8 @@ def thaw(rec: dict[str, Any]) -> str | None:
     if mode == "sigstop":
         stopped = []
         for p in rec.get("pids", []):
-            if _same_process(int(p), rec["starttimes"].get(str(p))):
-                if _stopped(int(p)):
+            if same_process(int(p), rec["starttimes"].get(str(p))):
+                if is_stopped(int(p)):
                     stopped.append(int(p))
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(p), signal.SIGCONT)
@@ -398,9 +340,9 @@ def thaw(rec: dict[str, Any]) -> str | None:
     state = _freezer_state(rec)
     if state in ("FROZEN", "FREEZING"):
         if int(rec["freezer"]) == 1:
-            _write(path / "freezer.state", "THAWED")
+            write_control(path / "freezer.state", "THAWED")
         else:
-            _write(path / "cgroup.freeze", "0")
+            write_control(path / "cgroup.freeze", "0")
         deadline = time.monotonic() + _SETTLE_S
         while _freezer_state(rec) not in ("THAWED", None) and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -411,9 +353,9 @@ def thaw(rec: dict[str, Any]) -> str | None:
         for p in _cgroup_pids(path):
             home = homes.get(p, fallback)
             try:
-                _write((home if home.is_dir() else fallback) / "cgroup.procs", f"{p}\n")
+                write_control((home if home.is_dir() else fallback) / "cgroup.procs", f"{p}\n")
             except LabError:
-                _write(fallback / "cgroup.procs", f"{p}\n")
+                write_control(fallback / "cgroup.procs", f"{p}\n")
         deadline = time.monotonic() + _SETTLE_S
         while True:
             try:

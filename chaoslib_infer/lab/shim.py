@@ -18,6 +18,10 @@ Run as ``python -m chaoslib_infer.lab.shim --upstream HOST:PORT --delay-ms 400 -
 [--label TOKEN] [--listen 127.0.0.1:0]``.
 It prints one line ``listening <port> <pid>`` on stdout once it accepts connections.
 
+The HAProxy detour helpers live in :mod:`chaoslib_infer.lab.detour`, the delay distribution and
+its running statistics in :mod:`chaoslib_infer.lab.jitter`, the configuration and the command
+line's parser in :mod:`chaoslib_infer.lab.shim_config`; all are re-exported here.
+
 Semantics (what the figures may rely on):
 
 * **Delay and jitter.** Each chunk read from one side is released to the other side at
@@ -56,13 +60,10 @@ meanwhile HAProxy's checks mark it DOWN and the other replicas take the traffic.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
-import random
 import signal
 import socket
 import struct
@@ -73,8 +74,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.lab.detour import ADMIN_FDRAIN as ADMIN_FDRAIN
+from chaoslib_infer.lab.detour import ADMIN_FMAINT as ADMIN_FMAINT
+from chaoslib_infer.lab.detour import default_server_options as default_server_options
+from chaoslib_infer.lab.detour import delete_detour as delete_detour
+from chaoslib_infer.lab.detour import divert_to_detour as divert_to_detour
+from chaoslib_infer.lab.detour import haproxy_server_addr as haproxy_server_addr
+from chaoslib_infer.lab.detour import haproxy_servers_state as haproxy_servers_state
+from chaoslib_infer.lab.detour import restore_from_detour as restore_from_detour
+from chaoslib_infer.lab.jitter import DISTRIBUTIONS as DISTRIBUTIONS
+from chaoslib_infer.lab.jitter import DelaySampler as DelaySampler
+from chaoslib_infer.lab.jitter import RunningStats as RunningStats
 from chaoslib_infer.lab.recorder import append_event
+from chaoslib_infer.lab.shim_config import DRAIN_S as DRAIN_S
+from chaoslib_infer.lab.shim_config import SHIM_MODULE as SHIM_MODULE
+from chaoslib_infer.lab.shim_config import ShimConfig as ShimConfig
+from chaoslib_infer.lab.shim_config import build_parser as build_parser
+from chaoslib_infer.lab.shim_config import config_from_args as config_from_args
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -93,270 +109,9 @@ __all__ = [
     "restore_from_detour",
 ]
 
-SHIM_MODULE = "chaoslib_infer.lab.shim"
-DISTRIBUTIONS = ("normal", "uniform")
 READ_SIZE = 65536
 CONNECT_TIMEOUT_S = 3.0
 STATS_PERIOD_S = 1.0
-#: seconds a response in flight at removal may take to finish before it is reset
-DRAIN_S = 10.0
-
-
-# --------------------------------------------------------------------------------------------
-# HAProxy runtime API helpers (used by the drill and by the shim's own dead-man restore)
-# --------------------------------------------------------------------------------------------
-#: ``srv_admin_state`` bits (HAProxy ``SRV_ADMF_*``): forced maintenance, forced drain.
-ADMIN_FMAINT = 0x01
-ADMIN_FDRAIN = 0x08
-
-
-#: HAProxy's runtime ``show servers state`` (:func:`chaoslib_infer.lab.haproxy.servers_state`),
-#: under the name this module has always exported.
-haproxy_servers_state = hap.servers_state
-
-
-def haproxy_server_addr(sock_path: Path, backend: str, server: str) -> tuple[str, int]:
-    """Current address of one HAProxy server.
-
-    Returns:
-        ``(addr, port)``.
-
-    Raises:
-        OSError: the socket does not answer.
-        LookupError: no such server.
-    """
-    row = haproxy_servers_state(sock_path, backend).get(server)
-    if row is None:
-        raise LookupError(f"HAProxy has no server {backend}/{server}")
-    return row["srv_addr"], int(row["srv_port"])
-
-
-def _admin(row: dict[str, str] | None) -> int:
-    try:
-        return int((row or {}).get("srv_admin_state", "0"))
-    except ValueError:
-        return 0
-
-
-def _command(sock_path: Path, command: str) -> str:
-    answer = hap.stats_command(sock_path, command).strip()
-    low = answer.lower()
-    if any(
-        w in low for w in ("no such", "unknown", "require", "invalid", "error", "only ", "not ")
-    ):
-        raise RuntimeError(f"HAProxy refused {command!r}: {answer}")
-    return answer
-
-
-def default_server_options(haproxy_cfg: Path) -> list[str]:
-    """Options of the ``default-server`` line of ``haproxy_cfg`` (e.g. ``["inter", "500ms",
-    "fall", "2", "rise", "2", "maxconn", "32"]``): a server added at run time does not inherit
-    them, so the detour copies them to behave (health checks, queueing) like the server it
-    stands in for. [] when there is no such line or no file."""
-    try:
-        text = haproxy_cfg.read_text()
-    except OSError:
-        return []
-    for ln in text.splitlines():
-        words = ln.split()
-        if words[:1] == ["default-server"]:
-            return words[1:]
-    return []
-
-
-def divert_to_detour(
-    sock_path: Path,
-    backend: str,
-    server: str,
-    detour: str,
-    port: int,
-    options: list[str],
-    host: str = "127.0.0.1",
-) -> None:
-    """Send ``backend/server``'s new requests through ``host:port`` (the shim).
-
-    Adds a run-time server ``detour`` at ``host:port`` with ``check`` and ``options``, enables its
-    health checks and makes it ready, then puts ``server`` into maintenance: new requests go to
-    the detour, requests in flight on ``server`` finish normally.
-
-    Why not ``set server ... addr``: HAProxy 2.6 keeps reusing the keep-alive connections
-    attached to client sessions for the *old* address after an address change (measured here:
-    9 of 14 requests to the re-pointed replica bypassed the new address, also after a
-    maint/ready flush of the idle pool); a server in maintenance is never selected, so none of its
-    connections is reused.
-
-    Raises:
-        OSError: the socket does not answer.
-        RuntimeError: HAProxy refused a command, or ``server`` is already in an administrative
-            state (maintenance, drain) that something else owns.
-    """
-    rows = haproxy_servers_state(sock_path, backend)
-    if server not in rows:
-        raise RuntimeError(f"HAProxy has no server {backend}/{server}")
-    if _admin(rows[server]) & (ADMIN_FMAINT | ADMIN_FDRAIN):
-        raise RuntimeError(
-            f"{backend}/{server} is already in maintenance or drain (admin state "
-            f"{rows[server].get('srv_admin_state')}): another fault owns it"
-        )
-    if detour in rows:
-        raise RuntimeError(f"HAProxy already has a server {backend}/{detour}")
-    _command(
-        sock_path, f"add server {backend}/{detour} {host}:{int(port)} check {' '.join(options)}"
-    )
-    hap.stats_command(sock_path, f"enable health {backend}/{detour}")
-    hap.stats_command(sock_path, f"set server {backend}/{detour} state ready")
-    hap.stats_command(sock_path, f"set server {backend}/{server} state maint")
-
-
-def restore_from_detour(sock_path: Path, backend: str, server: str, detour: str) -> bool:
-    """Undo :func:`divert_to_detour`'s routing: ``server`` ready again, ``detour`` in maintenance
-    (it takes no new request; in-flight ones finish). Idempotent.
-
-    Returns:
-        True when traffic was diverted and is now restored; False when there was nothing to do
-        (no detour, or already in maintenance).
-
-    Raises:
-        OSError: the socket does not answer.
-    """
-    rows = haproxy_servers_state(sock_path, backend)
-    det = rows.get(detour)
-    if det is None or _admin(det) & ADMIN_FMAINT:
-        return False
-    if server in rows and _admin(rows[server]) & ADMIN_FMAINT:
-        hap.stats_command(sock_path, f"set server {backend}/{server} state ready")
-    hap.stats_command(sock_path, f"set server {backend}/{detour} state maint")
-    return True
-
-
-def delete_detour(sock_path: Path, backend: str, detour: str, timeout_s: float = 2.0) -> bool:
-    """Delete the run-time server ``detour`` once its connections are gone (HAProxy refuses to
-    delete a server that still has connections; retried until ``timeout_s``).
-
-    Returns:
-        True when it is gone (or never existed); False when it is still there (left in
-        maintenance, where it takes no traffic).
-
-    Raises:
-        OSError: the socket does not answer.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rows = haproxy_servers_state(sock_path, backend)
-        if detour not in rows:
-            return True
-        if not _admin(rows[detour]) & ADMIN_FMAINT:
-            hap.stats_command(sock_path, f"set server {backend}/{detour} state maint")
-        answer = hap.stats_command(sock_path, f"del server {backend}/{detour}")
-        if "deleted" in answer.lower():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
-# --------------------------------------------------------------------------------------------
-# Delay distribution and stats
-# --------------------------------------------------------------------------------------------
-class DelaySampler:
-    """Seeded per-chunk delay: ``normal`` N(delay, jitter) or ``uniform`` delay +- jitter, >= 0."""
-
-    def __init__(
-        self,
-        delay_s: float,
-        jitter_s: float,
-        distribution: str = "normal",
-        seed: int | None = None,
-        loss: float = 0.0,
-    ) -> None:
-        """Args:
-            delay_s: mean delay per chunk, seconds (>= 0).
-            jitter_s: normal: standard deviation; uniform: half-width, seconds (>= 0).
-            distribution: one of :data:`DISTRIBUTIONS`.
-            seed: RNG seed (None: random).
-            loss: probability (0..1) that a chunk is lost (the connection is reset).
-
-        Raises:
-            ValueError: a negative delay or jitter, loss outside 0..1, unknown distribution.
-        """
-        if not (delay_s >= 0 and jitter_s >= 0):
-            raise ValueError(f"delay and jitter must be >= 0, got {delay_s!r}, {jitter_s!r}")
-        if not 0.0 <= loss <= 1.0:
-            raise ValueError(f"loss must be a probability in [0, 1], got {loss!r}")
-        if distribution not in DISTRIBUTIONS:
-            raise ValueError(
-                f"unknown distribution {distribution!r}; the shim supports {', '.join(DISTRIBUTIONS)}"
-            )
-        self.delay_s = float(delay_s)
-        self.jitter_s = float(jitter_s)
-        self.distribution = distribution
-        self.loss = float(loss)
-        self._rng = random.Random(seed)
-
-    def sample(self) -> float:
-        """One delay in seconds (>= 0)."""
-        if self.jitter_s == 0:
-            return self.delay_s
-        if self.distribution == "normal":
-            d = self._rng.gauss(self.delay_s, self.jitter_s)
-        else:
-            d = self._rng.uniform(self.delay_s - self.jitter_s, self.delay_s + self.jitter_s)
-        return d if d > 0 else 0.0
-
-    def lost(self) -> bool:
-        """True with probability ``loss`` (a lost chunk: reset the connection)."""
-        return self.loss > 0 and self._rng.random() < self.loss
-
-
-@dataclass
-class RunningStats:
-    """Welford accumulator: count, mean, stdev (sample), min, max."""
-
-    n: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-    lo: float = math.inf
-    hi: float = -math.inf
-
-    def add(self, x: float) -> None:
-        """Add one observation."""
-        self.n += 1
-        d = x - self.mean
-        self.mean += d / self.n
-        self.m2 += d * (x - self.mean)
-        self.lo = min(self.lo, x)
-        self.hi = max(self.hi, x)
-
-    def as_dict(self) -> dict[str, float | int | None]:
-        """``{"n", "mean_s", "stdev_s", "min_s", "max_s"}`` (None without data)."""
-        if self.n == 0:
-            return {"n": 0, "mean_s": None, "stdev_s": None, "min_s": None, "max_s": None}
-        sd = math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else 0.0
-        return {"n": self.n, "mean_s": self.mean, "stdev_s": sd, "min_s": self.lo, "max_s": self.hi}
-
-
-@dataclass
-class ShimConfig:
-    """Everything one shim process needs (see the module docstring). Times in seconds."""
-
-    upstream_host: str
-    upstream_port: int
-    delay_s: float
-    jitter_s: float
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 0
-    loss: float = 0.0
-    distribution: str = "normal"
-    seed: int | None = None
-    ttl_s: float = 60.0
-    drain_s: float = DRAIN_S
-    stats_path: Path | None = None
-    events_path: Path | None = None
-    haproxy_sock: Path | None = None
-    backend: str | None = None
-    server: str | None = None
-    detour: str | None = None
-    label: str = ""
 
 
 @dataclass
@@ -733,77 +488,6 @@ class JitterShim:
                 sender.cancel()
                 with contextlib.suppress(asyncio.CancelledError, OSError):
                     await sender
-
-
-# --------------------------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------------------------
-def _hostport(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host, int(port)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Argument parser of ``python -m chaoslib_infer.lab.shim``."""
-    p = argparse.ArgumentParser(prog=f"python -m {SHIM_MODULE}", description=__doc__.split("\n")[0])
-    p.add_argument("--upstream", type=_hostport, required=True, help="HOST:PORT to forward to")
-    p.add_argument("--listen", type=_hostport, default=("127.0.0.1", 0), help="HOST:PORT (port 0)")
-    p.add_argument("--delay-ms", type=float, required=True, help="mean delay per chunk, ms")
-    p.add_argument("--jitter-ms", type=float, default=0.0, help="jitter (normal: sigma), ms")
-    p.add_argument("--loss-pct", type=float, default=0.0, help="chunk loss (connection reset), %%")
-    p.add_argument("--distribution", choices=DISTRIBUTIONS, default="normal")
-    p.add_argument("--seed", type=int, default=None, help="RNG seed (default random)")
-    p.add_argument("--ttl-s", type=float, default=60.0, help="dead-man switch: exit after, s")
-    p.add_argument(
-        "--drain-s",
-        type=float,
-        default=DRAIN_S,
-        help="at stop, seconds a response in flight may take to finish before it is reset",
-    )
-    p.add_argument("--stats", type=Path, default=None, help="stats JSON file")
-    p.add_argument("--events", type=Path, default=None, help="lab events.jsonl (restore events)")
-    p.add_argument("--haproxy-sock", type=Path, default=None, help="HAProxy admin socket")
-    p.add_argument("--server", default=None, help="BACKEND/SERVER to restore at stop")
-    p.add_argument("--detour", default=None, help="the run-time server routing to this shim")
-    p.add_argument("--label", default="", help="free text recorded in stats and events")
-    return p
-
-
-def config_from_args(argv: list[str] | None = None) -> ShimConfig:
-    """Parse the CLI into a :class:`ShimConfig` (argparse exits 2 on bad input)."""
-    p = build_parser()
-    a = p.parse_args(argv)
-    backend = server = None
-    if a.server:
-        backend, _, server = a.server.partition("/")
-        if not backend or not server:
-            p.error(f"--server must be BACKEND/SERVER, got {a.server!r}")
-    if not 0 <= a.loss_pct <= 100:
-        p.error(f"--loss-pct must be 0..100, got {a.loss_pct}")
-    if a.delay_ms < 0 or a.jitter_ms < 0 or a.ttl_s <= 0 or a.drain_s < 0:
-        p.error("--delay-ms, --jitter-ms, --drain-s must be >= 0 and --ttl-s > 0")
-    return ShimConfig(
-        upstream_host=a.upstream[0],
-        upstream_port=a.upstream[1],
-        listen_host=a.listen[0],
-        listen_port=a.listen[1],
-        delay_s=a.delay_ms / 1000.0,
-        jitter_s=a.jitter_ms / 1000.0,
-        loss=a.loss_pct / 100.0,
-        distribution=a.distribution,
-        seed=a.seed,
-        ttl_s=a.ttl_s,
-        drain_s=a.drain_s,
-        stats_path=a.stats,
-        events_path=a.events,
-        haproxy_sock=a.haproxy_sock,
-        backend=backend,
-        server=server,
-        detour=a.detour,
-        label=a.label,
-    )
 
 
 async def _amain(config: ShimConfig) -> str:

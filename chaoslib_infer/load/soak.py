@@ -473,7 +473,7 @@ def run_trace_soak(
         idle_timeout_s=timeout_s, max_concurrency=max_concurrency, headers=dict(headers or {}),
         trace=str(trace), trace_speed=speed,
     )  # fmt: skip
-    summary_t = trace_summary(spec._trace, speed)
+    summary_t = trace_summary(spec.trace_requests, speed)
     check_rate(spec.rate_rps, ceiling_rps, 1, "soak")
     out.mkdir(parents=True, exist_ok=True)
     res = run_load_blocking(spec, out / "records.jsonl")

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .mix import PROMPT_WORDS
 
 if TYPE_CHECKING:
-    from .client import LoadSpec
+    from .spec import LoadSpec
 
 __all__ = [
     "BLOCK_SIZE",

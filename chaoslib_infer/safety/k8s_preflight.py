@@ -10,8 +10,8 @@ same question of the cluster before anything starts, so ``chaos-infer gameday --
 
 For each node-level action of the plan's experiments it resolves the node the action would pick
 *now* (its ``pod`` argument, else the first Ready target pod: the action's own choice), lists the
-pods on that node and applies the action's own rule (:func:`chaoslib_infer.activities.k8s.
-_refuse_bystanders`). Three read requests per node-level drill (list the target pods, get the
+pods on that node and applies the action's own rule (:func:`chaoslib_infer.activities.
+k8s_common.refuse_bystanders`). Three read requests per node-level drill (list the target pods, get the
 pod, list the node's pods), none when the plan has no node-level drill. A read the credentials
 do not allow (``deploy/rbac-node-loss.yaml`` not applied) or any other API error is left to the
 action (it fails its drill with one line then); only a positive finding refuses the run. The
@@ -121,9 +121,11 @@ def check_plan(plan: Any, target: Any, configuration: dict[str, Any] | None = No
         return 0
     from chaoslib.exceptions import ActivityFailed
 
-    from chaoslib_infer.activities import k8s
+    from chaoslib_infer.activities.k8s_common import K8sContext, refuse_bystanders
     from chaoslib_infer.errors import InferChaosError
     from chaoslib_infer.platforms.kubernetes import K8sError
+    from chaoslib_infer.platforms.kubernetes import nodes as k8s_nodes
+    from chaoslib_infer.platforms.kubernetes import pods as k8s_pods
     from chaoslib_infer.safety import allowlist
 
     if configuration is None:
@@ -133,20 +135,20 @@ def check_plan(plan: Any, target: Any, configuration: dict[str, Any] | None = No
             allowlist.CONFIG_NAMESPACES: ",".join(namespaces),
         }
     try:
-        ctx = k8s._Ctx(target)
+        ctx = K8sContext(target)
     except (InferChaosError, K8sError, OSError, ValueError):
         return 0  # the preflight's own API check reports an unusable kubeconfig
     for drill, func, args in calls:
         t = ctx.target
         try:
-            before = k8s.k8s_pods.list_pods(ctx.core, t.namespace, t.selector)
-            chosen = k8s.k8s_pods.select_pods(before, 1, [args["pod"]] if args["pod"] else None)
+            before = k8s_pods.list_pods(ctx.core, t.namespace, t.selector)
+            chosen = k8s_pods.select_pods(before, 1, [args["pod"]] if args["pod"] else None)
             name = chosen[0]["metadata"]["name"]
-            node = k8s.k8s_nodes.node_of_pod(ctx.core, t.namespace, name)
+            node = k8s_nodes.node_of_pod(ctx.core, t.namespace, name)
         except (K8sError, IndexError, KeyError):
             continue  # no Ready pod, a 403...: the action says so in its drill
         try:
-            k8s._refuse_bystanders(ctx, node, False, configuration)
+            refuse_bystanders(ctx, node, False, configuration)
         except ActivityFailed as exc:
             raise ConfigError(
                 f"{target.source}: drill {drill} ({func}): {exc}; no drill started"

@@ -32,14 +32,30 @@ ledger (never forgotten) and undo the others.
 from __future__ import annotations
 
 import importlib
-import math
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.lab import procfs
 from chaoslib_infer.lab.processes import is_hog, kill
 from chaoslib_infer.lab.statedir import LabError
+from chaoslib_infer.safety.ledger_fields import (
+    MODE_RE,
+    TOKEN_RE,
+    base_record,
+    check_helper_pid,
+    check_int,
+    check_number,
+    check_own_pid,
+    check_replica,
+    check_replica_list,
+    check_text,
+    lab_nodes,
+    lab_pids,
+    lab_replicas,
+    refusal,
+    shorten,
+)
+from chaoslib_infer.safety.ledger_fields import LedgerRefused as LedgerRefused
 
 if TYPE_CHECKING:
     from chaoslib_infer.lab.fleet import Lab
@@ -69,168 +85,6 @@ FAULT_MODULES: dict[str, frozenset[str]] = {
 #: Kinds recorded without a module (undone by the lab itself): the memory hog.
 MODULE_LESS_KINDS = frozenset({"oom-kill"})
 
-_ID = re.compile(r"^[a-z][a-z0-9-]{0,40}-[0-9a-f]{8}$")
-_TOKEN = re.compile(r"^nj[0-9a-f]{10}$")
-_MODE = re.compile(r"^[a-z][a-z_]{0,31}$")
-_TEXT = re.compile(r"^[\x20-\x7e]{0,200}$")
-_PID_MAX = 1 << 22
-#: fields every rebuilt record keeps (bookkeeping: dates, the dead-man's retry state)
-_COMMON = ("injected_at", "ttl_s", "deadman_retry_at", "deadman_error")
-
-
-class LedgerRefused(LabError):
-    """A ledger record that does not describe a fault of this lab; nothing of it is run."""
-
-
-# --------------------------------------------------------------------------------------------
-# field checks
-# --------------------------------------------------------------------------------------------
-def _refuse(record: dict[str, Any], why: str) -> LedgerRefused:
-    kind = record.get("kind")
-    rid = record.get("id") or record.get("pid")
-    label = " ".join(
-        _short(x) for x in (kind if kind is not None else "record", rid) if x is not None
-    )
-    return LedgerRefused(f"ledger record {label} refused: {why}")
-
-
-def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    text = "".join(c if " " <= c <= "~" else "?" for c in text)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _number(record: dict[str, Any], key: str, required: bool = False) -> float | None:
-    value = record.get(key)
-    if value is None and not required:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _refuse(record, f"{key} must be a number, got {_short(value)}")
-    return float(value)
-
-
-def _int(record: dict[str, Any], key: str, value: Any, lo: int = 0, hi: int = _PID_MAX) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise _refuse(record, f"{key} must be an integer in [{lo}, {hi}], got {_short(value)}")
-    return value
-
-
-def _text(record: dict[str, Any], key: str) -> str | None:
-    """A free-text field kept for messages only (printable ASCII, 200 characters at most)."""
-    value = record.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _TEXT.match(value):
-        raise _refuse(record, f"{key} must be a short printable text")
-    return value
-
-
-def _replicas(lab: Lab) -> dict[str, dict[str, Any]]:
-    return {str(r.get("name")): dict(r) for r in lab.meta.get("replicas") or []}
-
-
-def _replica(record: dict[str, Any], lab: Lab, key: str = "replica", value: Any = None) -> str:
-    name = record.get(key) if value is None else value
-    known = _replicas(lab)
-    if not isinstance(name, str) or name not in known:
-        raise _refuse(
-            record,
-            f"{key} {_short(name)} is not a replica of this lab ({', '.join(known) or 'none'})",
-        )
-    return name
-
-
-def _replica_list(record: dict[str, Any], lab: Lab, key: str) -> list[str]:
-    value = record.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise _refuse(record, f"{key} must be a list of replica names")
-    return [_replica(record, lab, key, v) for v in value]
-
-
-def _nodes(lab: Lab) -> dict[str, dict[str, Any]]:
-    return {str(n.get("name")): dict(n) for n in lab.meta.get("nodes") or []}
-
-
-def _lab_pids(lab: Lab) -> set[int]:
-    """Every process in one of the lab's replica cgroups (``cgroup.procs``), now."""
-    pids: set[int] = set()
-    for rep in lab.meta.get("replicas") or []:
-        try:
-            text = (Path(str(rep.get("cgroup"))) / "cgroup.procs").read_text()
-        except (OSError, ValueError):
-            continue
-        pids.update(int(x) for x in text.split() if x.isdigit())
-    return pids
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rpartition(")")[2].split()
-    return fields if fields and fields[0] not in ("Z", "X") else None
-
-
-def _start_time(pid: int) -> str | None:
-    fields = _stat(pid)
-    return fields[19] if fields and len(fields) > 19 else None
-
-
-def _own_pid(
-    record: dict[str, Any], lab: Lab, key: str, pid: Any, start: Any, owned: set[int]
-) -> int | None:
-    """``pid`` when it is a live process of the lab; None when it is gone or reused (the
-    recorded start time differs): nothing to undo there.
-
-    Raises:
-        LedgerRefused: a live process (same start time, when one is recorded) outside the lab.
-    """
-    pid = _int(record, key, pid, 1)
-    now = _start_time(pid)
-    if now is None:
-        return None
-    if start is not None and str(start) != now:
-        return None  # the recorded process is gone; the pid belongs to someone else now
-    if pid not in owned:
-        raise _refuse(record, f"{key} {pid} is not a process of this lab (not in its cgroups)")
-    return pid
-
-
-def _helper_pid(record: dict[str, Any], key: str) -> int:
-    """A helper's pid (timer, shim, controller): the module recognises it by its command line."""
-    value = record.get(key)
-    return 0 if value in (None, 0) else _int(record, key, value, 1)
-
-
-def _check_id(record: dict[str, Any]) -> str | None:
-    rid = record.get("id")
-    if rid is None:
-        return None
-    if not isinstance(rid, str) or not _ID.match(rid) or not rid.startswith(f"{record['kind']}-"):
-        raise _refuse(record, f"id {_short(rid)} is not a fault id of this lab")
-    return rid
-
-
-def _base(record: dict[str, Any], module: str | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": record["kind"]}
-    if module is not None:
-        out["module"] = module
-    rid = _check_id(record)
-    if rid is not None:
-        out["id"] = rid
-    for key in _COMMON:
-        if key == "deadman_error":
-            if record.get(key) is not None:
-                out[key] = str(record[key])[:300]
-            continue
-        value = _number(record, key)
-        if value is not None:
-            out[key] = value
-    return out
-
 
 # --------------------------------------------------------------------------------------------
 # one rebuilder per kind
@@ -239,30 +93,30 @@ def _freeze(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
     from chaoslib_infer.lab import freeze
     from chaoslib_infer.lab.cgroups import read_mounts
 
-    replica = _replica(record, lab)
+    replica = check_replica(record, lab)
     name = f"chaos-infer-{lab.meta.get('lab_id')}-freeze-{replica}"
     if record.get("name") != name:
-        raise _refuse(record, f"name {_short(record.get('name'))} is not this lab's {name}")
+        raise refusal(record, f"name {shorten(record.get('name'))} is not this lab's {name}")
     mode = record.get("mode")
     if mode not in freeze.MODES:
-        raise _refuse(record, f"mode {_short(mode)} is not one of {', '.join(freeze.MODES)}")
+        raise refusal(record, f"mode {shorten(mode)} is not one of {', '.join(freeze.MODES)}")
     raw_pids = record.get("pids") or []
     starts = record.get("starttimes") or {}
     if not isinstance(raw_pids, list) or not isinstance(starts, dict):
-        raise _refuse(record, "pids must be a list and starttimes a mapping")
-    owned = _lab_pids(lab)
+        raise refusal(record, "pids must be a list and starttimes a mapping")
+    owned = lab_pids(lab)
     pids: list[int] = []
     starttimes: dict[str, int] = {}
     for p in raw_pids:
         start = starts.get(str(p))
         if start is not None:
-            start = _int(record, "starttimes", start, 0, 1 << 62)
-        mine = _own_pid(record, lab, "pid", p, start, owned)
+            start = check_int(record, "starttimes", start, 0, 1 << 62)
+        mine = check_own_pid(record, lab, "pid", p, start, owned)
         if mine is not None:
             pids.append(mine)
             if start is not None:
                 starttimes[str(mine)] = start
-    rep = _replicas(lab)[replica]
+    rep = lab_replicas(lab)[replica]
     out.update(
         replica=replica,
         name=name,
@@ -280,12 +134,12 @@ def _freeze(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
     )
     if mode == "blackhole":
         netns = record.get("netns")
-        spaces = {str(n.get("ns")) for n in _nodes(lab).values()}
+        spaces = {str(n.get("ns")) for n in lab_nodes(lab).values()}
         if netns not in spaces:
-            raise _refuse(record, f"netns {_short(netns)} is not a network namespace of this lab")
-        port = _int(record, "port", record.get("port"), 1, 65535)
+            raise refusal(record, f"netns {shorten(netns)} is not a network namespace of this lab")
+        port = check_int(record, "port", record.get("port"), 1, 65535)
         if port != int(rep.get("port") or 0):
-            raise _refuse(record, f"port {port} is not {replica}'s port {rep.get('port')}")
+            raise refusal(record, f"port {port} is not {replica}'s port {rep.get('port')}")
         out.update(netns=netns, port=port)
         return
     if mode == "sigstop":
@@ -294,21 +148,21 @@ def _freeze(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
     cgroup = record.get("cgroup")
     moved = record.get("moved")
     if freezer not in (1, 2) or not isinstance(cgroup, str) or not isinstance(moved, bool):
-        raise _refuse(record, "freezer must be 1 or 2, cgroup a path and moved a boolean")
+        raise refusal(record, "freezer must be 1 or 2, cgroup a path and moved a boolean")
     path = Path(cgroup)
     if not path.is_absolute() or ".." in path.parts or str(path) != cgroup.rstrip("/"):
-        raise _refuse(record, f"cgroup {_short(cgroup)} is not a plain absolute path")
+        raise refusal(record, f"cgroup {shorten(cgroup)} is not a plain absolute path")
     if not moved:
         if freezer != 2 or cgroup != str(rep.get("cgroup")):
-            raise _refuse(record, f"cgroup {_short(cgroup)} is not {replica}'s own cgroup")
+            raise refusal(record, f"cgroup {shorten(cgroup)} is not {replica}'s own cgroup")
         out.update(freezer=2, cgroup=cgroup)
         return
     if path.name != name:
-        raise _refuse(record, f"cgroup {_short(cgroup)} is not named {name}")
+        raise refusal(record, f"cgroup {shorten(cgroup)} is not named {name}")
     try:
         mounts = read_mounts(Path("/proc/self/mountinfo"))
     except OSError as exc:
-        raise _refuse(record, f"cannot read the cgroup mounts: {exc}") from None
+        raise refusal(record, f"cannot read the cgroup mounts: {exc}") from None
     fstype = "cgroup" if freezer == 1 else "cgroup2"
     mount = next(
         (
@@ -321,11 +175,11 @@ def _freeze(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
         None,
     )
     if mount is None:
-        raise _refuse(record, f"cgroup {_short(cgroup)} is not on a cgroup v{freezer} freezer")
+        raise refusal(record, f"cgroup {shorten(cgroup)} is not on a cgroup v{freezer} freezer")
     homes: dict[str, str] = {}
     raw_homes = record.get("homes") or {}
     if not isinstance(raw_homes, dict):
-        raise _refuse(record, "homes must be a mapping")
+        raise refusal(record, "homes must be a mapping")
     for key, home in raw_homes.items():
         hp = Path(str(home))
         if (
@@ -335,7 +189,7 @@ def _freeze(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
             or not hp.is_relative_to(mount.point)
             or hp.is_symlink()
         ):
-            raise _refuse(record, f"home cgroup {_short(home)} is not on the same freezer")
+            raise refusal(record, f"home cgroup {shorten(home)} is not on the same freezer")
         if str(key) in {str(p) for p in pids}:
             homes[str(key)] = home
     out.update(freezer=freezer, cgroup=cgroup, moved=True, homes=homes)
@@ -344,28 +198,28 @@ def _freeze(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
 def _deadman_pid(record: dict[str, Any], name: str) -> int:
     """The freeze's dead-man timer: kept only when it is this fault's (its command line holds
     the fault's own name); a live timer of another fault is refused, a reused pid dropped."""
-    pid = _helper_pid(record, "deadman_pid")
+    pid = check_helper_pid(record, "deadman_pid")
     if not pid:
         return 0
     cmd = procfs.cmdline(pid)
     if "chaoslib_infer.lab.freeze" in cmd and " deadman " in cmd:
         if name not in cmd:
-            raise _refuse(record, f"deadman_pid {pid} is another fault's dead-man timer")
+            raise refusal(record, f"deadman_pid {pid} is another fault's dead-man timer")
         return pid
     return 0
 
 
 def _node_loss(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
     node = record.get("node")
-    if node not in _nodes(lab):
-        raise _refuse(record, f"node {_short(node)} is not a node of this lab")
+    if node not in lab_nodes(lab):
+        raise refusal(record, f"node {shorten(node)} is not a node of this lab")
     out.update(
         node=node,
-        replicas=_replica_list(record, lab, "replicas"),
-        controller_pid=_helper_pid(record, "controller_pid"),
+        replicas=check_replica_list(record, lab, "replicas"),
+        controller_pid=check_helper_pid(record, "controller_pid"),
     )
     for key in ("fault_at", "killed_at", "down_s", "reschedule_after_s"):
-        value = _number(record, key)
+        value = check_number(record, key)
         if value is not None:
             out[key] = value
 
@@ -376,54 +230,54 @@ def _scaling(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
         quota = record.get("quota")
         out.update(
             replica=None,
-            quota=_int(record, "quota", quota, 1, 4096) if quota is not None else None,
-            stopped=_replica_list(record, lab, "stopped"),
-            kept=_replica_list(record, lab, "kept"),
+            quota=check_int(record, "quota", quota, 1, 4096) if quota is not None else None,
+            stopped=check_replica_list(record, lab, "stopped"),
+            kept=check_replica_list(record, lab, "kept"),
         )
     elif kind == "scale-out":
-        out["replica"] = _replica(record, lab)
-        value = _number(record, "triggered_at")
+        out["replica"] = check_replica(record, lab)
+        value = check_number(record, "triggered_at")
         if value is not None:
             out["triggered_at"] = value
     else:  # traffic-spike: the undo works from the lab's own standby list
         out["replica"] = None
         for key in ("spike_start_at", "spike_end_at"):
-            value = _number(record, key)
+            value = check_number(record, key)
             if value is not None:
                 out[key] = value
 
 
 def _restarts(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
-    replicas = _replica_list(record, lab, "replicas")
+    replicas = check_replica_list(record, lab, "replicas")
     out.update(replicas=replicas, replica=replicas[0] if len(replicas) == 1 else None)
     method = record.get("method")
     if method is not None:
-        out["method"] = _text(record, "method")
+        out["method"] = check_text(record, "method")
 
 
 def _network(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
     from chaoslib_infer.lab import netem as nm
 
-    replica = _replica(record, lab)
+    replica = check_replica(record, lab)
     token = record.get("token")
-    if not isinstance(token, str) or not _TOKEN.match(token):
-        raise _refuse(record, f"token {_short(token)} is not a jitter token")
+    if not isinstance(token, str) or not TOKEN_RE.match(token):
+        raise refusal(record, f"token {shorten(token)} is not a jitter token")
     mechanism = record.get("mechanism")
     out.update(replica=replica, token=token, mechanism=mechanism)
-    drain = _number(record, "drain_s")
+    drain = check_number(record, "drain_s")
     out["drain_s"] = min(max(drain if drain is not None else 2.0, 0.0), 60.0)
     if mechanism == "netem":
         allowed: set[tuple[str | None, str]] = set()
-        for n in _nodes(lab).values():
+        for n in lab_nodes(lab).values():
             allowed.add((None, str(n.get("veth_root"))))
             allowed.add((str(n.get("ns")), str(n.get("veth_node"))))
-        for rep in _replicas(lab).values():
+        for rep in lab_replicas(lab).values():
             dev = rep.get("dev") or rep.get("link_dev")
             if dev:
                 allowed.add((str(rep["netns"]) if rep.get("netns") else None, str(dev)))
         raw = record.get("links")
         if not isinstance(raw, list) or not raw:
-            raise _refuse(record, "links must be a non-empty list of [netns, device]")
+            raise refusal(record, "links must be a non-empty list of [netns, device]")
         links: list[list[str | None]] = []
         for link in raw:
             if (
@@ -431,7 +285,7 @@ def _network(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
                 or len(link) != 2
                 or (link[0], link[1]) not in allowed
             ):
-                raise _refuse(record, f"link {_short(link)} is not a link of this lab")
+                raise refusal(record, f"link {shorten(link)} is not a link of this lab")
             links.append([link[0], link[1]])
         try:
             rebuilt = {
@@ -439,35 +293,35 @@ def _network(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
                 "show_args": [nm.netem_show_args(str(d), ns) for ns, d in links],
             }
         except ValueError as exc:
-            raise _refuse(record, str(exc)) from None
+            raise refusal(record, str(exc)) from None
         for key, argv in rebuilt.items():
             stored = record.get(key)
             if stored is not None and stored != argv:
-                raise _refuse(record, f"{key} is not the lab's own tc command for its links")
-        out.update(links=links, watchdog_pid=_helper_pid(record, "watchdog_pid"))
+                raise refusal(record, f"{key} is not the lab's own tc command for its links")
+        out.update(links=links, watchdog_pid=check_helper_pid(record, "watchdog_pid"))
         return
     if mechanism != "shim":
-        raise _refuse(record, f"mechanism {_short(mechanism)} is not netem or shim")
+        raise refusal(record, f"mechanism {shorten(mechanism)} is not netem or shim")
     detour = f"{replica}-jitter"
     if record.get("detour") not in (None, detour):
-        raise _refuse(record, f"detour {_short(record.get('detour'))} is not {detour}")
-    out.update(detour=detour, shim_pid=_helper_pid(record, "shim_pid"))
-    addr = _text(record, "orig_addr")
+        raise refusal(record, f"detour {shorten(record.get('detour'))} is not {detour}")
+    out.update(detour=detour, shim_pid=check_helper_pid(record, "shim_pid"))
+    addr = check_text(record, "orig_addr")
     if addr is not None:
         out["orig_addr"] = addr
     if record.get("orig_port") is not None:
-        out["orig_port"] = _int(record, "orig_port", record["orig_port"], 1, 65535)
+        out["orig_port"] = check_int(record, "orig_port", record["orig_port"], 1, 65535)
 
 
 def _engine_fault(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
-    replica = _replica(record, lab)
-    rep = _replicas(lab)[replica]
-    port = _int(record, "port", record.get("port"), 1, 65535)
+    replica = check_replica(record, lab)
+    rep = lab_replicas(lab)[replica]
+    port = check_int(record, "port", record.get("port"), 1, 65535)
     if port != int(rep.get("port") or 0):
-        raise _refuse(record, f"port {port} is not {replica}'s port {rep.get('port')}")
+        raise refusal(record, f"port {port} is not {replica}'s port {rep.get('port')}")
     mode = record.get("mode")
-    if mode is not None and (not isinstance(mode, str) or not _MODE.match(mode)):
-        raise _refuse(record, f"mode {_short(mode)} is not an engine fault mode")
+    if mode is not None and (not isinstance(mode, str) or not MODE_RE.match(mode)):
+        raise refusal(record, f"mode {shorten(mode)} is not an engine fault mode")
     try:
         host = lab.replica_host(replica)  # where the replica listens now, from the lab itself
     except (LabError, OSError, ValueError, KeyError):
@@ -480,39 +334,39 @@ def _testfault(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
         raw = record.get("path")
         path = Path(str(raw))
         if not isinstance(raw, str) or not path.is_absolute() or ".." in path.parts:
-            raise _refuse(record, f"path {_short(raw)} is not an absolute path")
+            raise refusal(record, f"path {shorten(raw)} is not an absolute path")
         if path.is_symlink() or (path.exists() and not path.is_file()):
-            raise _refuse(record, f"path {raw} is not a regular file")
+            raise refusal(record, f"path {raw} is not a regular file")
         if path.exists():
             try:
                 content = path.read_text(encoding="utf-8").strip()
             except (OSError, UnicodeDecodeError):
                 content = None
             if not out.get("id") or content != out["id"]:
-                raise _refuse(record, f"{raw} is not this fault's marker (its content differs)")
+                raise refusal(record, f"{raw} is not this fault's marker (its content differs)")
         out["path"] = raw
         return
-    replica = _replica(record, lab)
+    replica = check_replica(record, lab)
     start = record.get("start_time")
     if start is not None and (not isinstance(start, str) or not start.isdigit()):
-        raise _refuse(record, "start_time must be a number of clock ticks")
-    pid = _own_pid(record, lab, "pid", record.get("pid"), start, _lab_pids(lab))
+        raise refusal(record, "start_time must be a number of clock ticks")
+    pid = check_own_pid(record, lab, "pid", record.get("pid"), start, lab_pids(lab))
     out.update(replica=replica, pid=pid or 0, start_time=start)
 
 
 def _hog(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
     from chaoslib_infer.lab.hog import HOG_MODULE
 
-    replica = _replica(record, lab)
-    owned = _lab_pids(lab)
+    replica = check_replica(record, lab)
+    owned = lab_pids(lab)
     pid = record.get("pid")
     if isinstance(pid, int) and not isinstance(pid, bool) and pid not in owned:
         # a hog that has not joined its replica's cgroup yet (its first step): its command line
         # names this lab's cgroup
-        cg = str(_replicas(lab)[replica].get("cgroup"))
+        cg = str(lab_replicas(lab)[replica].get("cgroup"))
         if f"{HOG_MODULE} --cgroup {cg} " in procfs.cmdline(pid) + " ":
             owned = owned | {pid}
-    mine = _own_pid(record, lab, "pid", pid, None, owned)
+    mine = check_own_pid(record, lab, "pid", pid, None, owned)
     out.update(replica=replica, pid=mine or 0, hog_pid=mine or 0)
 
 
@@ -538,7 +392,7 @@ def fault_module(name: Any) -> Any:
     """
     if not isinstance(name, str) or name not in FAULT_MODULES:
         raise LedgerRefused(
-            f"refusing fault module {_short(name)}: not in the registry of fault modules "
+            f"refusing fault module {shorten(name)}: not in the registry of fault modules "
             f"({', '.join(sorted(FAULT_MODULES))})"
         )
     return importlib.import_module(name)
@@ -560,22 +414,22 @@ def validate(lab: Lab, record: Any) -> dict[str, Any]:
             (unknown module or kind, foreign name, pid, namespace, path, mismatched argv).
     """
     if not isinstance(record, dict):
-        raise LedgerRefused(f"ledger record {_short(record)} refused: not a JSON object")
+        raise LedgerRefused(f"ledger record {shorten(record)} refused: not a JSON object")
     kind = record.get("kind")
     if not isinstance(kind, str) or not kind:
-        raise _refuse(record, "no kind")
+        raise refusal(record, "no kind")
     module = record.get("module")
     if module is None:
         if kind not in MODULE_LESS_KINDS:
-            raise _refuse(record, f"kind {_short(kind)} needs a fault module")
-        out = _base(record, None)
+            raise refusal(record, f"kind {shorten(kind)} needs a fault module")
+        out = base_record(record, None)
         _hog(lab, record, out)
         return out
     if not isinstance(module, str) or module not in FAULT_MODULES:
-        raise _refuse(record, f"module {_short(module)} is not in the registry of fault modules")
+        raise refusal(record, f"module {shorten(module)} is not in the registry of fault modules")
     if kind not in FAULT_MODULES[module]:
-        raise _refuse(record, f"kind {_short(kind)} is not a kind of {module}")
-    out = _base(record, module)
+        raise refusal(record, f"kind {shorten(kind)} is not a kind of {module}")
+    out = base_record(record, module)
     _REBUILD[module](lab, record, out)
     return out
 
