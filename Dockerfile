@@ -1,5 +1,6 @@
 # chaoslib-infer: the image a scheduled game day (`chaos-infer schedule`) and the distributed load
-# workers (`chaos-infer load ... --workers N`) run. Build and push it where your cluster pulls from:
+# workers (`chaos-infer load ... --workers N`, and Locust's `locust --worker` pods of a distributed
+# Locust load: the `locust` extra) run. Build and push it where your cluster pulls from:
 #   docker build -t registry.example.com/chaoslib-infer:0.1.0 .
 # No llama.cpp wheel (the local lab's real-engine option is not needed against a cluster).
 FROM python:3.11-slim
@@ -12,7 +13,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /opt/chaoslib-infer
 COPY pyproject.toml README.md ./
 COPY chaoslib_infer ./chaoslib_infer
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir "./[locust]" \
     && useradd --uid 10001 --user-group --create-home --home-dir /home/chaos chaos \
     && mkdir /evidence \
     && chown 10001:10001 /evidence

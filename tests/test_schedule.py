@@ -314,7 +314,7 @@ def test_dockerfile_builds_a_non_root_chaos_infer_image() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'requires-python = ">=3.11"' in pyproject
     runs = " ".join(r for w, r in ins if w == "RUN")
-    assert "pip install --no-cache-dir ." in runs and "llama" not in runs.lower()
+    assert 'pip install --no-cache-dir "./[locust]"' in runs and "llama" not in runs.lower()
     user = [r for w, r in ins if w == "USER"]
     assert user == ["10001:10001"]  # numeric: Kubernetes can verify runAsNonRoot
     assert words.index("USER") < words.index("ENTRYPOINT")

@@ -28,6 +28,16 @@ every 0.5 s; one that dies before the stop is listed in ``<run_dir>/locust.json`
 logged as a warning, and returned by ``stop_locust``. Its attempts in flight at its death have no
 record.
 
+Beyond one machine, ``distributed`` (:mod:`chaoslib_infer.locust.distributed`): the control
+starts Locust's master headless here (``--master --expect-workers N``) and waits for its workers,
+Locust's own ``--worker`` processes, started by the operator on other machines or created as a
+Kubernetes Indexed Job (``distributed.kubernetes``) that is deleted with the drill. The workers'
+records travel to the master with Locust's stats reports (:mod:`chaoslib_infer.locust.relay`),
+and the master writes them into ``records.jsonl``; ``locust.json`` then lists every worker with
+the records it delivered (``workers``) and those lost (``workers_lost``: no heartbeat, or quit
+during the drill; the attempts a killed worker made after its last report, at most ~3 s, are
+lost). See ``docs/locust.md``.
+
 Honest limit, written into ``locust.json`` (``note``) and logged: Locust users are closed loop;
 they are not an open-loop schedule. A user waits for each reply before its next request, so when
 the service slows down fewer requests are offered and latency is under-reported (coordinated
@@ -56,6 +66,12 @@ from chaoslib.exceptions import InterruptExecution
 
 from chaoslib_infer import settings
 from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.locust.distributed import (
+    WORKERS_FILE,
+    Distributed,
+    parse_distributed,
+    summarize,
+)
 
 __all__ = [
     "CO_NOTE",
@@ -83,10 +99,17 @@ _MISSING = re.compile(
 
 
 class _Run:
-    def __init__(self, proc: subprocess.Popen[bytes], run_dir: Path, info: dict[str, Any]):
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        run_dir: Path,
+        info: dict[str, Any],
+        dist: Distributed | None = None,
+    ):
         self.proc = proc
         self.run_dir = run_dir
         self.info = info
+        self.dist = dist
         self.workers: list[int] = []
         self.lost: dict[int, float] = {}
         self.stopping = threading.Event()
@@ -96,6 +119,16 @@ class _Run:
         while not self.stopping.wait(0.5):
             if self.proc.poll() is not None:
                 return
+            if self.dist is not None:  # the master's ledger says which workers were lost
+                for w in self.dist.poll_lost():
+                    log.warning(
+                        "Locust worker %s (%s, index %s) lost during the drill (%s): %s record(s) "
+                        "delivered up to its last report (see %s)",
+                        w.get("worker"), w.get("host"), w.get("index"), w.get("reason"),
+                        w.get("records_delivered"), self.run_dir / LOCUST_FILE,
+                    )  # fmt: skip
+                    self.write()
+                continue
             if not self.workers:
                 self.workers = _children(self.proc.pid)
                 continue
@@ -111,11 +144,21 @@ class _Run:
                     self.write()
 
     def write(self, **extra: Any) -> None:
-        self.info.update(
-            worker_pids=list(self.workers),
-            workers_lost=[{"pid": p, "found_dead_at": t} for p, t in sorted(self.lost.items())],
-            **extra,
-        )
+        if self.dist is not None:
+            workers, lost = summarize(self.dist.ledger())
+            self.info.update(
+                distributed=self.dist.describe(str(self.info["locustfile"])),
+                workers=workers,
+                workers_lost=lost,
+                records_delivered={str(w["worker"]): w["records_delivered"] for w in workers},
+                **extra,
+            )
+        else:
+            self.info.update(
+                worker_pids=list(self.workers),
+                workers_lost=[{"pid": p, "found_dead_at": t} for p, t in sorted(self.lost.items())],
+                **extra,
+            )
         with contextlib.suppress(OSError):
             (self.run_dir / LOCUST_FILE).write_text(json.dumps(self.info, indent=1))
 
@@ -179,6 +222,7 @@ def start_locust(
     extra_args: list[str] | None = None,
     startup_timeout_s: float = 20.0,
     configuration: dict[str, Any] | None = None,
+    distributed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Start Locust headless against the drill's target and wait for its warm-up.
 
@@ -198,6 +242,10 @@ def start_locust(
             attempt has succeeded after ``warmup_s``, wait for the first success up to this long
             from the start before giving up.
         configuration: Chaos Toolkit configuration (target URL, run directory).
+        distributed: Locust's master here and its workers elsewhere
+            (:func:`~chaoslib_infer.locust.distributed.parse_distributed`: ``expect_workers``,
+            ``master_bind_host``, ``master_bind_port``, ``master_host``, ``connect_timeout_s``,
+            ``kubernetes``); the warm-up starts once the workers have connected.
 
     Returns:
         ``{"engine": "locust", "pid", "records", "url", "users", "spawn_rate", "processes",
@@ -218,6 +266,7 @@ def start_locust(
     warm = _positive("warmup_s", warmup_s)
     max_s = max(1, int(_positive("max_duration_s", max_duration_s)))
     stop_s = max(0, int(_positive("stop_timeout_s", stop_timeout_s)))
+    dist = parse_distributed(distributed, processes)
     if importlib.util.find_spec("locust") is None:
         raise InterruptExecution("locust load: locust is not installed (pip install '.[locust]')")
 
@@ -239,6 +288,8 @@ def start_locust(
     ]  # fmt: skip
     if processes > 1:
         cmd += ["--processes", str(processes)]
+    if dist is not None:
+        cmd += dist.master_args(run_dir / WORKERS_FILE)
     cmd += [str(a) for a in (extra_args or [])]
     env = {**os.environ, "CHAOS_INFER_RECORDS": str(records)}
     with (run_dir / "locust.out").open("ab") as out:
@@ -248,14 +299,23 @@ def start_locust(
     info: dict[str, Any] = {
         "engine": "locust", "locustfile": str(lf), "users": users, "spawn_rate": rate,
         "processes": processes, "url": url, "records": str(records), "master_pid": proc.pid,
-        "started_at": time.time(), "max_duration_s": max_s, "note": CO_NOTE,
+        "started_at": time.time(), "max_duration_s": max_s, "stop_timeout_s": stop_s,
+        "note": CO_NOTE,
     }  # fmt: skip
-    run = _Run(proc, run_dir, info)
+    run = _Run(proc, run_dir, info, dist)
     _RUNNING[str(run_dir)] = run
     (run_dir / "load.pid").write_text(str(proc.pid), encoding="utf-8")
     run.write()
     run.thread.start()
     log.warning("locust load: %s", CO_NOTE)
+    if dist is not None:  # the workers first: the users start when they have all connected
+        try:
+            dist.start_job(configuration, max_s, stop_s)
+            dist.wait_for_workers(proc, run_dir, str(lf))
+        except BaseException:
+            stop_locust(configuration)
+            raise
+        run.write()
     t0 = time.monotonic()
     deadline = t0 + warm
     first_ok_by = t0 + max(warm, startup_timeout_s)
@@ -298,7 +358,20 @@ def stop_locust(
     run = _RUNNING.pop(str(run_dir), None)
     if run is None:
         return None
+    try:
+        _stop(run, grace_s)
+    finally:
+        if run.dist is not None:  # the workers' Job goes with the drill, whatever happened
+            run.dist.delete_job()
+            run.write()
+    return dict(run.info)
+
+
+def _stop(run: _Run, grace_s: float) -> None:
+    run_dir = run.run_dir
     proc = run.proc
+    if run.dist is not None:  # the master first stops its workers, who send their last records
+        grace_s = max(grace_s, float(run.info.get("stop_timeout_s") or 0) + 15.0)
     # a last look before the stop, so that a worker killed just before is still counted
     for pid in run.workers:
         if pid not in run.lost and not _alive(pid):
@@ -318,6 +391,9 @@ def stop_locust(
     with contextlib.suppress(OSError):
         text = (run_dir / "locust.log").read_text(encoding="utf-8", errors="replace")
         lines = [ln.strip() for ln in text.splitlines() if _MISSING.search(ln)][:50]
+    if run.dist is not None:
+        run.write()
+        _log_workers(run)
     if run.lost:
         log.warning(
             "locust load: %d of %d worker(s) died during the drill: %s",
@@ -325,7 +401,23 @@ def stop_locust(
         )  # fmt: skip
     run.write(missing_worker_log=lines, exit_code=proc.returncode, stopped_at=time.time())
     (run_dir / "load.pid").unlink(missing_ok=True)
-    return dict(run.info)
+
+
+def _log_workers(run: _Run) -> None:
+    workers = run.info.get("workers") or []
+    for w in workers:
+        log.info(
+            "locust load: worker %s (%s, pid %s) delivered %d record(s) in %d report(s)%s",
+            w.get("index"), w.get("host"), w.get("pid"), w.get("records_delivered") or 0,
+            w.get("reports") or 0, "" if w.get("last_report_delivered") else
+            " (its last report never came)",
+        )  # fmt: skip
+    lost = run.info.get("workers_lost") or []
+    if lost:
+        log.warning(
+            "locust load: %d of %d Locust worker(s) lost during the drill: %s",
+            len(lost), len(workers), ", ".join(f"{w.get('host')} ({w.get('reason')})" for w in lost),
+        )  # fmt: skip
 
 
 def before_experiment_control(
@@ -337,7 +429,7 @@ def before_experiment_control(
     :func:`start_locust`; ``engine`` and unknown keys are ignored)."""
     allowed = {
         "locustfile", "users", "spawn_rate", "processes", "warmup_s", "max_duration_s",
-        "stop_timeout_s", "extra_args", "startup_timeout_s",
+        "stop_timeout_s", "extra_args", "startup_timeout_s", "distributed",
     }  # fmt: skip
     kwargs = {k: v for k, v in arguments.items() if k in allowed}
     if "locustfile" not in kwargs:

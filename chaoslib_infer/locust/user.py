@@ -31,8 +31,11 @@ retry policy (``retry_attempts``, ``retry_backoff_s``, ``retry_on``; same semant
 The records file: ``--chaos-records PATH`` on Locust's command line (added by this module), else
 ``$CHAOS_INFER_RECORDS``, else ``records.jsonl`` in the working directory. Every process
 (``--processes N`` forks, workers on other machines) appends to its own open file descriptor with
-``O_APPEND`` and one ``write`` per line, so the processes of one machine can share one file. A
-worker's attempts still in flight when it is killed have no record.
+``O_APPEND`` and one ``write`` per line, so the processes of one machine can share one file.
+When the master of a distributed run has ``--chaos-records-via-master`` (the drills'
+``distributed`` load), a worker sends its records to the master with Locust's stats reports
+instead, and the master appends them (``chaoslib_infer.locust.relay``). A worker's attempts
+still in flight when it is killed have no record.
 
 ``RecordStreams`` wraps an existing locustfile's user without editing its tasks: its
 ``self.client.post(<.../completions>, json={... "stream": true ...})`` calls are sent by the
@@ -86,6 +89,7 @@ from chaoslib_infer.load.client import (
 )
 from chaoslib_infer.load.records import scrub_record
 from chaoslib_infer.load.sse import StreamParser
+from chaoslib_infer.locust import relay
 
 __all__ = [
     "RECORDS_ENV",
@@ -181,6 +185,9 @@ def records_writer(path: str | os.PathLike[str]) -> AppendWriter:
         w = _WRITERS[key] = AppendWriter(path)
         log.info("chaoslib-infer: recording attempts to %s (pid %d)", w.path, os.getpid())
     return w
+
+
+relay.use_writer(records_writer)  # the master of a distributed run appends its workers' records
 
 
 def _next_request_id() -> str:
@@ -331,7 +338,7 @@ class StreamingUser(FastHttpUser):
             or os.environ.get(RECORDS_ENV)
             or _DEFAULT_RECORDS
         )
-        self.records = records_writer(path)
+        self.records = relay.records_sink(environment, path)  # a worker: to its master
 
     @classmethod
     def build_spec(cls, host: str) -> LoadSpec:
