@@ -12,8 +12,8 @@ in-memory outbox instead of a file. Every stats report Locust sends to its maste
 (with the worker's pid, how many records it has made and sent, and its clock), beside Locust's own
 stats. When the worker's users have stopped (``events.test_stop``: the master's ``stop``, or the
 worker's own SIGTERM / Ctrl-C, which first stops the users), the rest, attempts cut at the stop
-included, goes out at once in a last report (``_send_stats``, what Locust itself sends on
-``quit``), marked ``stopped``, before the worker tells the master it stopped or quit: zmq keeps
+included, goes out at once in a custom message of its own (``runner.send_message``, Locust's
+public API), marked ``stopped``, before the worker tells the master it stopped or quit: zmq keeps
 the order of one connection, so the last records arrive first.
 
 **Master** (``--master``): every report's records are appended to the run's records file
@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 
 #: The key of a stats report's data dict that carries a worker's records.
 REPORT_KEY = "chaos_infer"
-#: Custom message with the last records, when the runner has no ``_send_stats`` (other Locust).
+#: Custom message with the last records (sent when the worker's users have stopped).
 FLUSH_MESSAGE = "chaos_infer_records"
 #: The master's ledger of its workers (beside the records file unless --chaos-workers-file).
 WORKERS_FILE = "locust_workers.json"
@@ -206,11 +206,8 @@ def _on_test_stop(environment: Any, **_kw: Any) -> None:
         return
     box.stopped = True
     try:
-        send = getattr(runner, "_send_stats", None)
-        if callable(send):  # Locust's own last report: its stats and our records together
-            send()
-        else:
-            runner.send_message(FLUSH_MESSAGE, {REPORT_KEY: box.batch()})
+        # Locust's public custom-message API (not its private last-report call)
+        runner.send_message(FLUSH_MESSAGE, {REPORT_KEY: box.batch()})
     except Exception as exc:  # noqa: BLE001 - an RPC error must not turn into a Locust error
         log.warning("chaoslib-infer: the last records could not be sent to the master: %s", exc)
 
