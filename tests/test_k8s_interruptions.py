@@ -137,9 +137,15 @@ def _hpa_cut(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
     return _state_file(run, "quota-cut") is not None and hpa["spec"]["maxReplicas"] == 2
 
 
-def _tainted(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
-    taints = [t for n in fake.list("", "nodes") for t in n["spec"].get("taints") or []]
-    return _state_file(run, "node-taint") is not None and bool(taints)
+def _drained(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
+    """The default node-loss: the node cordoned and a model pod evicted (Eviction API)."""
+    state = _state_file(run, "node-loss") or {}
+    node = fake.get("", "nodes", str(state.get("node"))) or {"spec": {}}
+    evicted = [
+        r for r in sent
+        if r.method == "POST" and r.path.endswith("/eviction") and f"/namespaces/{NS}/" in r.path
+    ]  # fmt: skip
+    return bool(node["spec"].get("unschedulable")) and bool(evicted)
 
 
 def _hog_running(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
@@ -176,7 +182,7 @@ def _spiking(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
 
 CASES: dict[str, Case] = {
     "quota-cut": Case(_hpa_cut, f"{K8S}:k8s_cut_quota", ("hold_s",), "quota-cut"),
-    "node-loss": Case(_tainted, f"{K8S}:k8s_taint_model_node", ("settle_s",), "node-taint"),
+    "node-loss": Case(_drained, f"{K8S}:k8s_drain_model_node", ("settle_s",), "node-loss"),
     "oom-kill": Case(
         _hog_running,
         "!chaoslib_infer.platforms.kubernetes.oom:watch_restart",

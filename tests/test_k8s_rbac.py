@@ -60,8 +60,9 @@ def covered(req: Request, bound: list[tuple[str | None, dict[str, Any]]]) -> boo
     return False
 
 
-def _exercise(tmp_path: Path) -> list[Request]:
-    """Every action and rollback once, on their success paths."""
+def _exercise(tmp_path: Path) -> tuple[list[Request], list[Request]]:
+    """Every action and rollback once, on their success paths: ``(all requests, those of the
+    default node-loss: drain and uncordon, on a node of its own and, opted in, on a shared one)``."""
     with FakeK8s(schedule_delay_s=0.05, ready_delay_s=0.05) as fake:
         make_cluster(fake, pdb_min_available=2)
         kc = fake.write_kubeconfig(tmp_path / "kubeconfig")
@@ -70,15 +71,17 @@ def _exercise(tmp_path: Path) -> list[Request]:
         k8s.k8s_simultaneous_restarts(count=1, poll_s=0.02, target_file=target, configuration=cfg)
         k8s.k8s_cut_quota(gpus=1, replicas=2, target_file=target, configuration=cfg)
         k8s.k8s_restore_quota(target_file=target, configuration=cfg)
+        n0 = len(fake.requests)
         k8s.k8s_drain_model_node(poll_s=0.02, target_file=target, configuration=cfg)
         k8s.k8s_uncordon_node(target_file=target, configuration=cfg)
         _exercise_bystander_drain(fake, target, cfg)
+        drain = list(fake.requests[n0:])
         k8s.k8s_network_jitter(target_file=target, configuration=cfg)
         k8s.k8s_remove_network_jitter(target_file=target, configuration=cfg)
         _exercise_load_workers(fake, target, tmp_path)
         _exercise_faults(fake, target, cfg)
         _exercise_observation(fake, kc, tmp_path, cfg)
-        return list(fake.requests)
+        return list(fake.requests), drain
 
 
 def _exercise_bystander_drain(fake: FakeK8s, target: str, cfg: dict[str, Any]) -> None:
@@ -213,7 +216,8 @@ def test_rbac_covers_every_call_and_lists_nothing_unused(tmp_path: Path) -> None
     """Every request of this exercise and of the whole suite (ALL_REQUESTS): the default file
     covers all but the node-level ones, which the opt-in files cover; no file grants a verb
     nothing uses; only the delete variant's file grants create on nodes."""
-    seen = _exercise(tmp_path) + [r for r in ALL_REQUESTS if r.verb]
+    mine, drain = _exercise(tmp_path)
+    seen = mine + [r for r in ALL_REQUESTS if r.verb]
     assert len(seen) > 20
     default = [r for r in seen if _node_level(r) is None]
     loss = [r for r in seen if _node_level(r) == "loss"]
@@ -233,6 +237,12 @@ def test_rbac_covers_every_call_and_lists_nothing_unused(tmp_path: Path) -> None
     assert _listed(with_loss) - _listed(base) - _used(loss) == set()
     assert _listed(with_delete) - _listed(with_loss) - _used(delete) == set()
     assert ("", "nodes", "create") not in _listed(with_loss)
+    # the default node-loss (drain through the Eviction API) needs exactly rbac-node-loss.yaml:
+    # all of it (cordon/uncordon, the node's pods cluster-wide, evictions, an evicted
+    # bystander's get) and nothing of rbac-node-delete.yaml
+    assert [(r.verb, r.path) for r in drain if not covered(r, with_loss)] == []
+    assert {r.resource for r in drain if r.method == "POST"} == {"pods/eviction"}
+    assert _listed(with_loss) - _listed(base) - _used(drain) == set()
 
 
 def test_coverage_check_can_fail() -> None:
