@@ -57,6 +57,7 @@ import yaml
 
 __all__ = [
     "ALL_REQUESTS",
+    "OPEN_FAKES",
     "ExecCall",
     "ExecReply",
     "FakeK8s",
@@ -66,8 +67,12 @@ __all__ = [
     "write_target",
 ]
 
-#: Every request any FakeK8s of this test session received (for the RBAC coverage test).
+#: Every request any FakeK8s of this test session received, added when it closes (for the RBAC
+#: coverage test, which tests/conftest.py runs last so that every other fake has closed).
 ALL_REQUESTS: list[Request] = []
+#: ``id()`` of each FakeK8s started and not closed yet: empty means ALL_REQUESTS holds every
+#: request sent so far.
+OPEN_FAKES: set[int] = set()
 
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
@@ -327,18 +332,20 @@ class FakeK8s:
         return f"http://{host}:{port}"
 
     def __enter__(self) -> FakeK8s:
+        OPEN_FAKES.add(id(self))
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         for t in self._timers:
             t.cancel()
-        if self.rbac_subject:
-            ALL_REQUESTS.extend(self.requests)
         for job_thread in getattr(self, "_job_threads", []):
             job_thread.join(timeout=30)
         self._server.shutdown()
         self._server.server_close()
+        if self.rbac_subject:  # after the shutdown: no request can arrive any more
+            ALL_REQUESTS.extend(self.requests)
+        OPEN_FAKES.discard(id(self))
 
     def write_kubeconfig(self, path: Path, contexts: tuple[str, ...] = ("kind-lab",)) -> Path:
         """Write a kubeconfig whose contexts all point at this server; the first is current."""

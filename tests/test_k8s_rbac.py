@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fake_k8s import ALL_REQUESTS, FakeK8s, Request, make_cluster, write_target
+from fake_k8s import ALL_REQUESTS, OPEN_FAKES, FakeK8s, Request, make_cluster, write_target
 
 from chaoslib_infer.activities import k8s
 
@@ -212,11 +212,21 @@ def _used(reqs: list[Request]) -> set[tuple[str, str, str]]:
     return {(r.group, r.resource, v) for r in reqs for v in (r.verb, *r.also_verbs)}
 
 
-def test_rbac_covers_every_call_and_lists_nothing_unused(tmp_path: Path) -> None:
+@pytest.mark.k8s_rbac_last
+def test_rbac_covers_every_call_and_lists_nothing_unused(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Every request of this exercise and of the whole suite (ALL_REQUESTS): the default file
     covers all but the node-level ones, which the opt-in files cover; no file grants a verb
-    nothing uses; only the delete variant's file grants create on nodes."""
+    nothing uses; only the delete variant's file grants create on nodes.
+
+    tests/conftest.py runs this test last, so every other test's fake API server has closed and
+    added its requests; run alone, the exercise below still drives every action and rollback."""
     mine, drain = _exercise(tmp_path)
+    # nothing runs after this test and every fake started so far has closed: ALL_REQUESTS is
+    # every request the session sent (its other files' and this exercise's)
+    assert request.session.items[-1] is request.node
+    assert OPEN_FAKES == set()
     seen = mine + [r for r in ALL_REQUESTS if r.verb]
     assert len(seen) > 20
     default = [r for r in seen if _node_level(r) is None]
