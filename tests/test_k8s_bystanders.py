@@ -208,8 +208,8 @@ def test_preflight_follows_the_drill_opt_in_and_the_daemonset_exception(
 
 
 def test_preflight_sees_a_node_fault_named_by_its_room(tmp_path: Path, fake: FakeK8s) -> None:
-    """An experiment may name node-loss's room (``chaoslib_infer.drills.node_loss.k8s``) instead
-    of the ``activities.k8s`` alias: the bystander preflight must refuse it just the same."""
+    """The shipped experiment names node-loss's room (``chaoslib_infer.drills.node_loss.k8s``);
+    an older one names the ``activities.k8s`` alias: the bystander preflight refuses both."""
 
     from chaoslib_infer.errors import ConfigError
     from chaoslib_infer.plan import load_plan
@@ -218,12 +218,12 @@ def test_preflight_sees_a_node_fault_named_by_its_room(tmp_path: Path, fake: Fak
 
     root = Path(__file__).resolve().parent.parent
     text = (root / "experiments/k8s/node-loss.yaml").read_text()
-    assert "module: chaoslib_infer.activities.k8s\n" in text
+    assert "module: chaoslib_infer.drills.node_loss.k8s\n" in text
     exp = tmp_path / "node-loss.yaml"
     exp.write_text(
         text.replace(
-            "module: chaoslib_infer.activities.k8s\n",
             "module: chaoslib_infer.drills.node_loss.k8s\n",
+            "module: chaoslib_infer.activities.k8s\n",
         )
     )
     plan = _plan(tmp_path, experiment=exp)
