@@ -203,7 +203,8 @@ def run_gameday(
             applied over the plan's (a name without a drill applies to the drills that have it).
         k8s_target: a :class:`~chaoslib_infer.platforms.kubernetes.target.K8sTarget` (already
             checked against its allowlist): no lab is brought up, traffic goes to its ``url``
-            (allowed because the target file names it), and every drill gets
+            (which the command line has checked against the operator's URL patterns: a target
+            file never allows itself), and every drill gets
             ``infer_k8s_target`` = its file.
 
     Returns:

@@ -34,6 +34,7 @@ from chaoslib_infer.errors import ConfigError
 
 __all__ = [
     "CONFIG_DIR",
+    "NODE_DELETE_FUNCS",
     "NODE_FUNCS",
     "ScheduleSpec",
     "build_schedule",
@@ -55,6 +56,9 @@ NODE_FUNCS = frozenset(
         "k8s_restore_node",
     }
 )
+#: The delete-Node variant's actions: a plan using one also gets ``rbac-node-delete.yaml``
+#: (``create`` on nodes), which no other plan carries.
+NODE_DELETE_FUNCS = frozenset({"k8s_delete_model_node", "k8s_restore_node"})
 _NODE_ROLE = "chaos-infer-node-loss"
 _WORKERS_ROLE = "chaos-infer-load-workers"
 _RBAC_TARGET_NS = "llm"  # the placeholder target namespace in deploy/rbac.yaml
@@ -134,11 +138,15 @@ def _functions(experiment: dict[str, Any]) -> set[str]:
     return out
 
 
-def _rbac(target_ns: str, own_ns: str, with_nodes: bool) -> list[dict[str, Any]]:
+def _rbac(
+    target_ns: str, own_ns: str, with_nodes: bool, with_delete: bool = False
+) -> list[dict[str, Any]]:
     """The default RBAC, plus the opt-in node-loss file (``rbac-node-loss.yaml`` beside it) for a
-    plan whose drills touch nodes."""
+    plan whose drills touch nodes, and ``rbac-node-delete.yaml`` for one that deletes a Node."""
     path = rbac_path()
     paths = [path, path.with_name("rbac-node-loss.yaml")] if with_nodes else [path]
+    if with_nodes and with_delete:
+        paths.append(path.with_name("rbac-node-delete.yaml"))
     docs: list[dict[str, Any]] = []
     for one in paths:
         try:
@@ -314,7 +322,8 @@ def build_schedule(spec: ScheduleSpec) -> list[dict[str, Any]]:
         },
     }
     with_nodes = bool(funcs & NODE_FUNCS)
-    return [*_rbac(target.namespace, spec.namespace, with_nodes), config_map, cron_job]
+    with_delete = bool(funcs & NODE_DELETE_FUNCS)
+    return [*_rbac(target.namespace, spec.namespace, with_nodes, with_delete), config_map, cron_job]
 
 
 def dump_documents(docs: list[dict[str, Any]], header: str = "") -> str:

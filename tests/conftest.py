@@ -29,6 +29,23 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "k8s_rbac_last: run after every other test of the session (the RBAC test checks every "
+        "request the suite sent to the fake Kubernetes API)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Move the tests marked ``k8s_rbac_last`` to the end of the session: by then every fake API
+    server of the other files has closed and added its requests to ``fake_k8s.ALL_REQUESTS``
+    (module fixtures are torn down before the next file's first test)."""
+    last = [i for i in items if i.get_closest_marker("k8s_rbac_last")]
+    if last:
+        items[:] = [i for i in items if not i.get_closest_marker("k8s_rbac_last")] + last
+
+
 @pytest.fixture(autouse=True)
 def _take_down_leftover_labs(tmp_path: Path) -> Iterator[None]:
     yield

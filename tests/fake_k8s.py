@@ -9,7 +9,8 @@ implements what the actions use, the way the real API server answers:
   ``status.phase``), POST, PUT (unconditional or with a matching ``resourceVersion``, else 409),
   PATCH (``application/merge-patch+json`` per RFC 7386 and ``application/strategic-merge-patch+json``
   with merge-by-name for container lists), DELETE; ``/api/v1/pods`` across namespaces;
-- ``pods/eviction`` (POST): 429 ``TooManyRequests`` when a PodDisruptionBudget selecting the pod
+- ``pods/eviction`` (POST): 400 for a body that is not a ``policy/v1`` Eviction naming the URL's
+  pod and namespace; 429 ``TooManyRequests`` when a PodDisruptionBudget selecting the pod
   allows no disruption, else the pod is deleted (201 Status Success);
 - ``pods/ephemeralcontainers`` (PATCH): the new containers get a terminated status with exit code 0
   (as ``tc`` exits at once); 403 when :attr:`FakeK8s.pod_security` is ``"baseline"`` or
@@ -56,6 +57,7 @@ import yaml
 
 __all__ = [
     "ALL_REQUESTS",
+    "OPEN_FAKES",
     "ExecCall",
     "ExecReply",
     "FakeK8s",
@@ -65,8 +67,12 @@ __all__ = [
     "write_target",
 ]
 
-#: Every request any FakeK8s of this test session received (for the RBAC coverage test).
+#: Every request any FakeK8s of this test session received, added when it closes (for the RBAC
+#: coverage test, which tests/conftest.py runs last so that every other fake has closed).
 ALL_REQUESTS: list[Request] = []
+#: ``id()`` of each FakeK8s started and not closed yet: empty means ALL_REQUESTS holds every
+#: request sent so far.
+OPEN_FAKES: set[int] = set()
 
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
@@ -326,18 +332,20 @@ class FakeK8s:
         return f"http://{host}:{port}"
 
     def __enter__(self) -> FakeK8s:
+        OPEN_FAKES.add(id(self))
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         for t in self._timers:
             t.cancel()
-        if self.rbac_subject:
-            ALL_REQUESTS.extend(self.requests)
         for job_thread in getattr(self, "_job_threads", []):
             job_thread.join(timeout=30)
         self._server.shutdown()
         self._server.server_close()
+        if self.rbac_subject:  # after the shutdown: no request can arrive any more
+            ALL_REQUESTS.extend(self.requests)
+        OPEN_FAKES.discard(id(self))
 
     def write_kubeconfig(self, path: Path, contexts: tuple[str, ...] = ("kind-lab",)) -> Path:
         """Write a kubeconfig whose contexts all point at this server; the first is current."""
@@ -1136,6 +1144,9 @@ class FakeK8s:
         if sub == "exec":
             return self._exec_check(req, current)
         if sub == "eviction" and req.method == "POST":
+            bad = _bad_eviction(req.body, key_ns, name)
+            if bad is not None:
+                return 400, _status(400, "BadRequest", bad)
             refusal = self._pdb_refusal(current)
             if refusal is not None:
                 return 429, refusal
@@ -1447,6 +1458,21 @@ def _model_pod(name: str, node: str, rs: str, ns: str = "llm") -> dict[str, Any]
             },
         }
     )
+
+
+def _bad_eviction(body: Any, ns: str, name: str) -> str | None:
+    """What the API server refuses (400) in an Eviction POSTed to ``pods/{name}/eviction``: not a
+    ``policy/v1`` (or ``v1beta1``) Eviction, or a name/namespace other than the URL's."""
+    if not isinstance(body, dict) or body.get("kind") != "Eviction":
+        return "the body of pods/eviction must be an Eviction"
+    if body.get("apiVersion") not in ("policy/v1", "policy/v1beta1"):
+        return f"Eviction apiVersion {body.get('apiVersion')!r} is not served"
+    meta = body.get("metadata") or {}
+    if meta.get("name") != name:
+        return f"name in URL does not match name in Eviction object: {meta.get('name')!r}"
+    if meta.get("namespace") not in (None, "", ns):
+        return f"the namespace of the Eviction {meta.get('namespace')!r} does not match {ns!r}"
+    return None
 
 
 def make_cluster(

@@ -164,7 +164,7 @@ def test_cli_preflight_refuses_a_shared_node_with_one_line_before_anything_start
     assert r.exit_code == 2, r.output
     (line,) = r.stderr.splitlines()
     assert line.startswith("chaos-infer: error: ") and "Traceback" not in r.output
-    assert "drill node-loss (k8s_taint_model_node)" in line and "no drill started" in line
+    assert "drill node-loss (k8s_drain_model_node)" in line and "no drill started" in line
     assert (
         f"node {node} also runs 1 pod(s) outside the allowed namespaces: team-b/their-app-0" in line
     )
@@ -196,13 +196,20 @@ def test_preflight_follows_the_drill_opt_in_and_the_daemonset_exception(
     n = len(fake.requests)
     assert check_plan(opted, target) == 0 and len(fake.requests) == n  # not asked: no API call
     plain = load_plan(Path(__file__).resolve().parent.parent / "drills" / "gameday-k8s.yaml")
-    assert [c[:2] for c in node_fault_calls(plain)] == [("node-loss", "k8s_taint_model_node")]
+    assert [c[:2] for c in node_fault_calls(plain)] == [("node-loss", "k8s_drain_model_node")]
+    # the opt-in variants, chosen by naming their experiment in the plan, are checked the same
+    variants = Path(__file__).resolve().parent.parent / "experiments/k8s/variants"
+    for name, func in (("taint", "k8s_taint_model_node"), ("delete", "k8s_delete_model_node")):
+        chosen = load_plan(_plan(tmp_path, experiment=variants / f"node-loss-{name}.yaml"))
+        assert [c[:2] for c in node_fault_calls(chosen)] == [("node-loss", func)]
+        with pytest.raises(ConfigError, match=rf"\({func}\).*team-b/their-app-0"):
+            check_plan(chosen, target)
     assert _writes(fake) == []
 
 
 def test_preflight_sees_a_node_fault_named_by_its_room(tmp_path: Path, fake: FakeK8s) -> None:
-    """An experiment may name node-loss's room (``chaoslib_infer.drills.node_loss.k8s``) instead
-    of the ``activities.k8s`` alias: the bystander preflight must refuse it just the same."""
+    """The shipped experiment names node-loss's room (``chaoslib_infer.drills.node_loss.k8s``);
+    an older one names the ``activities.k8s`` alias: the bystander preflight refuses both."""
 
     from chaoslib_infer.errors import ConfigError
     from chaoslib_infer.plan import load_plan
@@ -211,17 +218,17 @@ def test_preflight_sees_a_node_fault_named_by_its_room(tmp_path: Path, fake: Fak
 
     root = Path(__file__).resolve().parent.parent
     text = (root / "experiments/k8s/node-loss.yaml").read_text()
-    assert "module: chaoslib_infer.activities.k8s\n" in text
+    assert "module: chaoslib_infer.drills.node_loss.k8s\n" in text
     exp = tmp_path / "node-loss.yaml"
     exp.write_text(
         text.replace(
-            "module: chaoslib_infer.activities.k8s\n",
             "module: chaoslib_infer.drills.node_loss.k8s\n",
+            "module: chaoslib_infer.activities.k8s\n",
         )
     )
     plan = _plan(tmp_path, experiment=exp)
     assert [c[:2] for c in node_fault_calls(load_plan(plan))] == [
-        ("node-loss", "k8s_taint_model_node")
+        ("node-loss", "k8s_drain_model_node")
     ]
     target_file, _cfg, _victim = _setup(tmp_path, fake)
     _bystander(fake, "team-b", "their-app-0", node=_first_ready_node(fake))

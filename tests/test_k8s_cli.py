@@ -300,17 +300,51 @@ def test_every_lab_drill_has_a_kubernetes_experiment_of_the_same_shape() -> None
         assert exp["method"][0]["provider"]["func"] == "k8s_start_observation", path.name
         assert exp["rollbacks"][-1]["provider"]["func"] == "k8s_stop_observation", path.name
         modules = {act["provider"]["module"] for s in ("method", "rollbacks") for act in exp[s]}
-        assert modules <= {
-            "chaoslib_infer.activities.k8s",
-            "chaoslib_infer.activities.k8s_observe",
-        }, path.name
+        # each drill's actions from its own room; the activities.k8s facade is for old experiments
+        room = f"chaoslib_infer.drills.{path.stem.replace('-', '_')}.k8s"
+        assert modules <= {room, "chaoslib_infer.activities.k8s_observe"}, (path.name, modules)
 
 
 def test_every_kubernetes_experiment_validates_and_its_functions_exist() -> None:
-    problems = [line for p in sorted(K8S_EXPERIMENTS.glob("*.yaml")) for line in _problems(p)]
+    paths = sorted(K8S_EXPERIMENTS.glob("*.yaml")) + sorted(K8S_EXPERIMENTS.glob("variants/*.yaml"))
+    assert len(paths) == len(DRILLS) + 2
+    problems = [line for p in paths for line in _problems(p)]
     assert problems == [], "\n".join(problems)
-    for path in sorted(K8S_EXPERIMENTS.glob("*.yaml")):
+    for path in paths:
         ensure_experiment_is_valid(load_experiment(str(path), settings={}))
+
+
+@pytest.mark.parametrize(
+    "variant, action, rollback",
+    [
+        ("taint", "k8s_taint_model_node", "k8s_remove_node_taint"),
+        ("delete", "k8s_delete_model_node", "k8s_restore_node"),
+    ],
+)
+def test_node_loss_drains_by_default_and_its_variants_differ_only_in_the_fault(
+    variant: str, action: str, rollback: str
+) -> None:
+    """The default node-loss drains (Eviction API); the opt-in variants are the same experiment
+    (hypothesis, load, observation, configuration) with their own action and rollback only."""
+    default = yaml.safe_load((K8S_EXPERIMENTS / "node-loss.yaml").read_text())
+    other = yaml.safe_load((K8S_EXPERIMENTS / "variants" / f"node-loss-{variant}.yaml").read_text())
+
+    def funcs(exp: dict[str, Any], section: str) -> list[str]:
+        return [a["provider"]["func"] for a in exp[section]]
+
+    assert funcs(default, "method")[1] == "k8s_drain_model_node"
+    assert funcs(default, "rollbacks") == ["k8s_uncordon_node", "k8s_stop_observation"]
+    assert "drained through the Eviction API" in default["title"]
+    assert funcs(other, "method")[1] == action
+    assert funcs(other, "rollbacks") == [rollback, "k8s_stop_observation"]
+    assert f"{variant} variant" in other["title"]
+    assert default["method"][1]["provider"]["arguments"] == other["method"][1]["provider"][
+        "arguments"
+    ] == {"allow_bystanders": "${allow_bystanders}"}  # fmt: skip
+    for exp in (default, other):
+        exp.pop("title"), exp.pop("description")
+        del exp["method"][1], exp["rollbacks"][0]
+    assert default == other
 
 
 def test_problem_finder_names_a_missing_function(tmp_path: Path) -> None:

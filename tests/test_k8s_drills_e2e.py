@@ -40,6 +40,7 @@ from chaoslib_infer.load.ceiling import sim_engine
 ROOT = Path(__file__).resolve().parent.parent
 K8S_EXPERIMENTS = ROOT / "experiments" / "k8s"
 NS = "llm"
+STRATEGIC = "application/strategic-merge-patch+json"
 SPIKE_AT_S = 9.0  # traffic-spike: the baseline phase before the spike (seconds of the profile)
 
 # a baseline of >= 50 requests, so each drill is judged, not inconclusive (docs/definitions.md)
@@ -244,24 +245,43 @@ class Seen:
 
 
 def _check_node_loss(r: Seen) -> None:
-    taint = r.outputs["taint-model-node"]
-    node = taint["node"]
+    """The default node-loss: cordon, then drain through the Eviction API (no taint, no delete)."""
+    drain = r.outputs["drain-model-node"]
+    node = drain["node"]
     on_node = sorted(n for n, p in r.pods0.items() if p["spec"]["nodeName"] == node)
-    assert taint["taint"] == {
-        "key": "chaos-infer.io/node-loss",
-        "value": "true",
-        "effect": "NoExecute",
-    }
-    rec = taint["recovery"]
+    assert on_node
+    # the exact calls: one policy/v1 Eviction per model pod of the node, each accepted ...
+    evictions = r.fake.calls("POST", "/eviction")
+    assert [(q.path, q.body, q.status) for q in evictions] == [
+        (
+            f"/api/v1/namespaces/{NS}/pods/{pod}/eviction",
+            {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": NS}},
+            201,
+        )
+        for pod in on_node
+    ]  # fmt: skip
+    # ... the DaemonSet pod of the node skipped, not evicted
+    assert drain["drain"]["skipped"] == [
+        {"namespace": "monitoring", "pod": f"node-exporter-{node}", "reason": "DaemonSet"}
+    ]
+    assert sorted(e["pod"] for e in drain["drain"]["evicted"]) == on_node
+    assert drain["drain"]["refused"] == [] and drain["drain"]["still_terminating"] == []
+    # the node: cordoned, then uncordoned by the rollback; no taint, no delete, no create
+    writes = [q for q in r.fake.requests if q.resource == "nodes" and q.verb != "get"]
+    assert [(q.method, q.path, q.body, q.content_type) for q in writes] == [
+        ("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}}, STRATEGIC),
+        ("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": None}}, STRATEGIC),
+    ]
+    assert _strip_rv(r.fake.get("", "nodes", node)) == _strip_rv(r.nodes0[node])  # uncordoned
+    rec = drain["recovery"]
     assert sorted(p["pod"] for p in rec["pods"]) == on_node and rec["unrecovered"] == []
     # the fake schedules after 0.1 s and readies 0.2 s later; polled every 0.25 s
     assert 0.3 - 0.05 <= rec["max_total_recovery_s"] <= 0.3 + 0.25 + 1.0, rec
-    assert _strip_rv(r.fake.get("", "nodes", node)) == _strip_rv(r.nodes0[node])  # taint removed
     now = {p["metadata"]["name"]: p for p in r.fake.pods(NS, "app=vllm")}
     assert len(now) == 3 and not set(now) & set(on_node)
     assert all(p["spec"]["nodeName"] != node for p in now.values())
     assert r.outputs["ready-endpoints-after-node-loss"] == 3
-    assert any(f["kind"] == "k8s-node-taint" and f.get("phase") == "cleared" for f in r.faults)
+    assert [f.get("phase") for f in r.faults if f["kind"] == "k8s-node-loss"] == [None, "cleared"]
 
 
 def _check_oom_kill(r: Seen) -> None:
@@ -362,3 +382,32 @@ CHECKS: dict[str, Callable[..., None]] = {
     "upstream-timeout": _check_upstream_timeout,
     "quota-cut": _check_quota_cut,
 }
+
+
+def test_fake_refuses_an_eviction_that_is_not_the_urls_pod() -> None:
+    """The fake answers a malformed eviction 400 as the API server does (so the exact-call
+    checks above see only evictions a real cluster would accept)."""
+    import urllib.error
+    import urllib.request
+
+    with FakeK8s() as fake:
+        make_cluster(fake)
+        pod = sorted(p["metadata"]["name"] for p in fake.pods(NS, "app=vllm"))[0]
+        url = f"{fake.url}/api/v1/namespaces/{NS}/pods/{pod}/eviction"
+
+        def post(body: dict[str, Any]) -> int:
+            req = urllib.request.Request(
+                url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(req) as resp:
+                    return int(resp.status)
+            except urllib.error.HTTPError as exc:
+                return int(exc.code)
+
+        good = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}}
+        assert post({**good, "metadata": {"name": "other"}}) == 400
+        assert post({**good, "kind": "DeleteOptions"}) == 400
+        assert post({**good, "metadata": {"name": pod, "namespace": "team-b"}}) == 400
+        assert fake.get("", "pods", pod, NS) is not None  # nothing evicted
+        assert post(good) == 201 and fake.get("", "pods", pod, NS) is None

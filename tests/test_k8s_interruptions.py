@@ -58,7 +58,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RAISE_AFTER = Path(__file__).resolve().parent / "_raise_after.py"
 NS = "llm"
 INTERRUPTIONS = ("sigint", "sigterm", "exception", "sigkill")
-K8S = "chaoslib_infer.activities.k8s"
+#: the Kubernetes room of a drill: where its experiment's actions live (and are patched)
+ROOM = "chaoslib_infer.drills.{}.k8s"
 #: the processes of every scripted container before and after (tini, the server, its worker)
 PROCS = {1: "S", 7: "S", 9: "S"}
 COMMON_VARS = {"load_warmup_s": 2, "window_s": 1, "load_rate_rps": 12}
@@ -137,9 +138,15 @@ def _hpa_cut(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
     return _state_file(run, "quota-cut") is not None and hpa["spec"]["maxReplicas"] == 2
 
 
-def _tainted(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
-    taints = [t for n in fake.list("", "nodes") for t in n["spec"].get("taints") or []]
-    return _state_file(run, "node-taint") is not None and bool(taints)
+def _drained(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
+    """The default node-loss: the node cordoned and a model pod evicted (Eviction API)."""
+    state = _state_file(run, "node-loss") or {}
+    node = fake.get("", "nodes", str(state.get("node"))) or {"spec": {}}
+    evicted = [
+        r for r in sent
+        if r.method == "POST" and r.path.endswith("/eviction") and f"/namespaces/{NS}/" in r.path
+    ]  # fmt: skip
+    return bool(node["spec"].get("unschedulable")) and bool(evicted)
 
 
 def _hog_running(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
@@ -175,8 +182,12 @@ def _spiking(fake: FakeK8s, k: Kubelet, run: Path, sent: list[Request]) -> bool:
 
 
 CASES: dict[str, Case] = {
-    "quota-cut": Case(_hpa_cut, f"{K8S}:k8s_cut_quota", ("hold_s",), "quota-cut"),
-    "node-loss": Case(_tainted, f"{K8S}:k8s_taint_model_node", ("settle_s",), "node-taint"),
+    "quota-cut": Case(
+        _hpa_cut, f"{ROOM.format('quota_cut')}:k8s_cut_quota", ("hold_s",), "quota-cut"
+    ),
+    "node-loss": Case(
+        _drained, f"{ROOM.format('node_loss')}:k8s_drain_model_node", ("settle_s",), "node-loss"
+    ),
     "oom-kill": Case(
         _hog_running,
         "!chaoslib_infer.platforms.kubernetes.oom:watch_restart",
@@ -185,10 +196,17 @@ CASES: dict[str, Case] = {
         window="hog",
     ),
     "network-jitter": Case(
-        _jittered, f"{K8S}:k8s_network_jitter", ("hold_s", "settle_s"), "network-jitter"
+        _jittered,
+        f"{ROOM.format('network_jitter')}:k8s_network_jitter",
+        ("hold_s", "settle_s"),
+        "network-jitter",
     ),
     "upstream-timeout": Case(
-        _frozen, f"{K8S}:k8s_freeze_model_server", ("hold_s",), "upstream-freeze", window="freeze"
+        _frozen,
+        f"{ROOM.format('upstream_timeout')}:k8s_freeze_model_server",
+        ("hold_s",),
+        "upstream-freeze",
+        window="freeze",
     ),
     "simultaneous-restarts": Case(
         _pods_deleted,

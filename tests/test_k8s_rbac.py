@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fake_k8s import ALL_REQUESTS, FakeK8s, Request, make_cluster, write_target
+from fake_k8s import ALL_REQUESTS, OPEN_FAKES, FakeK8s, Request, make_cluster, write_target
 
 from chaoslib_infer.activities import k8s
 
@@ -60,8 +60,9 @@ def covered(req: Request, bound: list[tuple[str | None, dict[str, Any]]]) -> boo
     return False
 
 
-def _exercise(tmp_path: Path) -> list[Request]:
-    """Every action and rollback once, on their success paths."""
+def _exercise(tmp_path: Path) -> tuple[list[Request], list[Request]]:
+    """Every action and rollback once, on their success paths: ``(all requests, those of the
+    default node-loss: drain and uncordon, on a node of its own and, opted in, on a shared one)``."""
     with FakeK8s(schedule_delay_s=0.05, ready_delay_s=0.05) as fake:
         make_cluster(fake, pdb_min_available=2)
         kc = fake.write_kubeconfig(tmp_path / "kubeconfig")
@@ -70,15 +71,17 @@ def _exercise(tmp_path: Path) -> list[Request]:
         k8s.k8s_simultaneous_restarts(count=1, poll_s=0.02, target_file=target, configuration=cfg)
         k8s.k8s_cut_quota(gpus=1, replicas=2, target_file=target, configuration=cfg)
         k8s.k8s_restore_quota(target_file=target, configuration=cfg)
+        n0 = len(fake.requests)
         k8s.k8s_drain_model_node(poll_s=0.02, target_file=target, configuration=cfg)
         k8s.k8s_uncordon_node(target_file=target, configuration=cfg)
         _exercise_bystander_drain(fake, target, cfg)
+        drain = list(fake.requests[n0:])
         k8s.k8s_network_jitter(target_file=target, configuration=cfg)
         k8s.k8s_remove_network_jitter(target_file=target, configuration=cfg)
         _exercise_load_workers(fake, target, tmp_path)
         _exercise_faults(fake, target, cfg)
         _exercise_observation(fake, kc, tmp_path, cfg)
-        return list(fake.requests)
+        return list(fake.requests), drain
 
 
 def _exercise_bystander_drain(fake: FakeK8s, target: str, cfg: dict[str, Any]) -> None:
@@ -209,11 +212,22 @@ def _used(reqs: list[Request]) -> set[tuple[str, str, str]]:
     return {(r.group, r.resource, v) for r in reqs for v in (r.verb, *r.also_verbs)}
 
 
-def test_rbac_covers_every_call_and_lists_nothing_unused(tmp_path: Path) -> None:
+@pytest.mark.k8s_rbac_last
+def test_rbac_covers_every_call_and_lists_nothing_unused(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Every request of this exercise and of the whole suite (ALL_REQUESTS): the default file
     covers all but the node-level ones, which the opt-in files cover; no file grants a verb
-    nothing uses; only the delete variant's file grants create on nodes."""
-    seen = _exercise(tmp_path) + [r for r in ALL_REQUESTS if r.verb]
+    nothing uses; only the delete variant's file grants create on nodes.
+
+    tests/conftest.py runs this test last, so every other test's fake API server has closed and
+    added its requests; run alone, the exercise below still drives every action and rollback."""
+    mine, drain = _exercise(tmp_path)
+    # nothing runs after this test and every fake started so far has closed: ALL_REQUESTS is
+    # every request the session sent (its other files' and this exercise's)
+    assert request.session.items[-1] is request.node
+    assert OPEN_FAKES == set()
+    seen = mine + [r for r in ALL_REQUESTS if r.verb]
     assert len(seen) > 20
     default = [r for r in seen if _node_level(r) is None]
     loss = [r for r in seen if _node_level(r) == "loss"]
@@ -233,6 +247,12 @@ def test_rbac_covers_every_call_and_lists_nothing_unused(tmp_path: Path) -> None
     assert _listed(with_loss) - _listed(base) - _used(loss) == set()
     assert _listed(with_delete) - _listed(with_loss) - _used(delete) == set()
     assert ("", "nodes", "create") not in _listed(with_loss)
+    # the default node-loss (drain through the Eviction API) needs exactly rbac-node-loss.yaml:
+    # all of it (cordon/uncordon, the node's pods cluster-wide, evictions, an evicted
+    # bystander's get) and nothing of rbac-node-delete.yaml
+    assert [(r.verb, r.path) for r in drain if not covered(r, with_loss)] == []
+    assert {r.resource for r in drain if r.method == "POST"} == {"pods/eviction"}
+    assert _listed(with_loss) - _listed(base) - _used(drain) == set()
 
 
 def test_coverage_check_can_fail() -> None:

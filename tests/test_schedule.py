@@ -345,3 +345,29 @@ def test_hadolint_can_fail(tmp_path: Path) -> None:
     assert _HADOLINT is not None
     p = subprocess.run([_HADOLINT, str(bad)], capture_output=True, text=True)
     assert p.returncode != 0 and "DL3007" in p.stdout  # the latest tag
+
+
+def test_only_the_delete_variant_gets_create_on_nodes(tmp_path: Path, target: Path) -> None:
+    """The default node-loss (drain) gets rbac-node-loss.yaml only; a plan that chose the
+    delete variant also gets rbac-node-delete.yaml (nodes create/delete)."""
+    names: dict[str, set[str]] = {}
+    for variant, exp in (
+        ("drain", ROOT / "experiments/k8s/node-loss.yaml"),
+        ("delete", ROOT / "experiments/k8s/variants/node-loss-delete.yaml"),
+    ):
+        plan = tmp_path / f"plan-{variant}.yaml"
+        drill = {"name": "node-loss", "experiment": str(exp)}
+        plan.write_text(yaml.safe_dump({"platform": "kubernetes", "drills": [drill]}))
+        docs = _schedule(tmp_path, target, "--plan", str(plan))
+        names[variant] = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
+        verbs = {
+            v
+            for d in docs
+            if d["kind"] == "ClusterRole"
+            for rule in d["rules"]
+            if "nodes" in rule["resources"]
+            for v in rule["verbs"]
+        }
+        assert ("create" in verbs) is (variant == "delete"), (variant, verbs)
+    assert NODE_ROLE in names["drain"] and "chaos-infer-node-delete" not in names["drain"]
+    assert names["delete"] == names["drain"] | {"chaos-infer-node-delete"}

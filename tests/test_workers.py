@@ -287,3 +287,50 @@ def test_k8s_target_outside_allowlist_refused_before_any_call(tmp_path: Path) ->
         )  # fmt: skip
         assert r.exit_code == 2 and "context 'prod-1' is not in the allowlist" in r.stderr
         assert fake.requests == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["three-phase", "--single-n", "5", "--step-s", "1"],
+        ["soak", "--rate", "5", "--duration", "1s"],
+        ["soak", "--trace", "TRACE"],
+        ["soak", "--rate", "5", "--duration", "1s", "--workers", "2"],
+        ["three-phase", "--single-n", "5", "--step-s", "1", "--workers", "2"],
+    ],
+    ids=["three-phase", "soak", "trace", "soak-workers", "three-phase-workers"],
+)
+def test_k8s_target_url_outside_the_operator_allowlist_is_refused_before_any_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """A target file does not allow its own url: ``load ... --target FILE.yaml`` checks it
+    against the operator's URL patterns, as the game day does (one line, exit 2, nothing sent,
+    no API call, no output folder)."""
+    monkeypatch.delenv("CHAOS_INFER_ALLOW", raising=False)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 8, "output_length": 4}\n')
+    args = [str(trace) if a == "TRACE" else a for a in args]
+    with FakeK8s() as fake:
+        kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+        target = write_target(tmp_path / "t.yaml", kubeconfig, url="https://llm.example.com/v1")
+        out = tmp_path / "o"
+        r = CliRunner().invoke(
+            main, ["load", args[0], "--target", str(target), "--out", str(out), *args[1:]]
+        )
+        assert r.exit_code == 2, r.output
+        (line,) = r.stderr.strip().splitlines()
+        assert line == (
+            f"chaos-infer: error: {target}: url https://llm.example.com/v1 is outside the "
+            "allowlist (default: loopback only); to reach it, allow it explicitly: --allow "
+            "https://llm.example.com:443 (or CHAOS_INFER_ALLOW, or the plan's allow: list)"
+        )
+        assert fake.requests == [] and not out.exists()
+        # the operator's pattern lets it through: the run goes on to its next check (here an
+        # --out that is a file, refused before any load)
+        monkeypatch.setenv("CHAOS_INFER_ALLOW", "https://llm.example.com:443")
+        out.write_text("")
+        r = CliRunner().invoke(
+            main, ["load", args[0], "--target", str(target), "--out", str(out), *args[1:]]
+        )
+        assert r.exit_code == 2 and "allowlist" not in r.output and str(out) in r.stderr, r.output
+        assert fake.requests == []

@@ -1,8 +1,9 @@
 """``chaos-infer load`` commands: ``three-phase``, ``soak``, ``ceiling``.
 
 The target is ``--target URL`` (default the lab's HAProxy front at ``http://127.0.0.1:8800``),
-``--target TARGET.yaml`` (a Kubernetes target file: traffic goes to its ``url``, allowed because the
-file, checked against its own allowlist, names it) or ``--lab-dir DIR`` (a running lab: its front
+``--target TARGET.yaml`` (a Kubernetes target file: traffic goes to its ``url``, which must match the
+operator's URL allowlist like any target: ``CHAOS_INFER_ALLOW``, loopback by default; a target file
+never allows itself) or ``--lab-dir DIR`` (a running lab: its front
 URL, and every replica's ``/metrics`` is scraped). ``--workers N`` splits a three-phase or soak run
 over N workers (:mod:`.workers`): local processes with ``--local``, else a Kubernetes Indexed Job in
 ``--namespace`` on the target file's cluster, one merged result either way.
@@ -48,16 +49,25 @@ def _allowed(url: str) -> None:
 
 
 def _k8s_target(target: str | None) -> Any:
-    """The Kubernetes target named by ``--target FILE.yaml`` (allowlist checked), or None."""
+    """The Kubernetes target named by ``--target FILE.yaml``, or None.
+
+    Its context and namespace are checked against the operator's allowlist (the file only
+    narrows it), and so is its ``url``, where the load goes: against the operator's URL patterns
+    (``CHAOS_INFER_ALLOW``; loopback by default), as the game day does. A refusal is one line and
+    exit 2, before any API call or request.
+    """
     if not target or "://" in target or not target.lower().endswith((".yaml", ".yml")):
         return None
     from chaoslib_infer.errors import InferChaosError
     from chaoslib_infer.platforms.kubernetes.target import load_target
+    from chaoslib_infer.safety.allowlist import check_target
 
     try:
-        return load_target(target)
+        k8s = load_target(target)
+        check_target(k8s.url, what=f"{k8s.source}: url")
     except InferChaosError as exc:
         _fail(str(exc))
+    return k8s
 
 
 def _resolve(target: str | None, lab_dir: Path | None) -> tuple[str, list[str]]:
