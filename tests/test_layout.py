@@ -189,7 +189,6 @@ MAX_LINES = 600
 OVERSIZE = {
     "drills/network_jitter/actions.py": 622,
     "locust/user.py": 755,
-    "verdict/judge.py": 677,
 }
 
 
