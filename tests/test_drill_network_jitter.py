@@ -246,6 +246,7 @@ def test_sigint_during_jitter_rolls_back(tmp_path: Path) -> None:
 
 def test_shim_dead_man_points_haproxy_back_by_itself(tmp_path: Path) -> None:
     from chaoslib_infer.drills.network_jitter import actions as network
+    from chaoslib_infer.drills.network_jitter import plumbing
     from chaoslib_infer.lab.fleet import HAPROXY_SOCK, Lab
     from chaoslib_infer.lab.shim import haproxy_servers_state
 
@@ -271,9 +272,9 @@ def test_shim_dead_man_points_haproxy_back_by_itself(tmp_path: Path) -> None:
             network.inject_network_jitter(replica="r1", mechanism="shim", configuration=cfg)
         # nobody removes it: the shim's TTL fires, it restores the routing and exits
         deadline = time.monotonic() + 10
-        while network._pid_alive(int(entry["shim_pid"])) and time.monotonic() < deadline:
+        while plumbing.pid_alive(int(entry["shim_pid"])) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not network._pid_alive(int(entry["shim_pid"]))
+        assert not plumbing.pid_alive(int(entry["shim_pid"]))
         after = haproxy_servers_state(sock, "engines")
         assert sorted(after) == ["r0", "r1"]  # the detour was deleted
         assert after["r1"]["srv_admin_state"] == "0"

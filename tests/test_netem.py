@@ -179,6 +179,7 @@ def test_netem_path_with_nodes_adds_and_removes_qdiscs_on_both_veth_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from chaoslib_infer.drills.network_jitter import actions as network
+    from chaoslib_infer.drills.network_jitter import plumbing
     from chaoslib_infer.lab.fleet import Lab
 
     bindir = tmp_path / "bin"
@@ -211,9 +212,9 @@ def test_netem_path_with_nodes_adds_and_removes_qdiscs_on_both_veth_ends(
     faults = json.loads((lab_dir / "faults.json").read_text())
     assert [f["kind"] for f in faults] == ["network-jitter"]
     assert network.fault_active(lab, faults[0]) is True
-    assert network._netem_present(faults[0]) is True
+    assert plumbing.netem_present(faults[0]) is True
     watchdog = int(faults[0]["watchdog_pid"])
-    assert network._is_our_process(watchdog, entry["token"], "sleep")
+    assert plumbing.is_our_process(watchdog, entry["token"], "sleep")
     environ = Path(f"/proc/{watchdog}/environ").read_bytes().split(b"\0")
     assert not [v for v in environ if v.startswith(b"CHAOS_INFER_API_KEY=") or _KEY.encode() in v]
     assert f"FAKE_NET_LOG={log}".encode() in environ  # the rest of the environment is kept
@@ -224,13 +225,13 @@ def test_netem_path_with_nodes_adds_and_removes_qdiscs_on_both_veth_ends(
     dels = [ln for ln in log.read_text().splitlines() if "qdisc del" in ln]
     assert dels == ["tc qdisc del dev cit1r1 root", "tc qdisc del dev cit1n1 root"]
     assert "saw the API key" not in log.read_text()  # show/del calls too
-    assert network._netem_present(faults[0]) is False
+    assert plumbing.netem_present(faults[0]) is False
     assert network.fault_active(lab, faults[0]) is False
     assert json.loads((lab_dir / "faults.json").read_text()) == []
     deadline = time.monotonic() + 3
-    while network._pid_alive(watchdog) and time.monotonic() < deadline:
+    while plumbing.pid_alive(watchdog) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not network._pid_alive(watchdog)
+    assert not plumbing.pid_alive(watchdog)
     events = [json.loads(x) for x in (lab_dir / "events.jsonl").read_text().splitlines()]
     phases = [e["phase"] for e in events if e.get("event") == "network-jitter"]
     assert phases == ["applied", "removed"]

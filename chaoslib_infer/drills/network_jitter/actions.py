@@ -24,22 +24,16 @@ crossing the jittery link: the ground truth of the fault window.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import select
 import shlex
-import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer.activities.lab_common import attach_lab, last_fault, log_fault, pick_replica
 from chaoslib_infer.lab import netem as nm
-from chaoslib_infer.lab import processes, procfs
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
 from chaoslib_infer.lab.shim import (
@@ -54,6 +48,22 @@ from chaoslib_infer.lab.shim import (
 )
 from chaoslib_infer.safety.redact import child_env
 
+from .plumbing import (
+    BACKEND,
+    CHILDREN,
+    HAPROXY_SOCK,
+    Link,
+    is_our_process,
+    netem_present,
+    replica_links,
+    start_shim,
+    stop_process,
+    tc_argv,
+)
+from .plumbing import (
+    SHIM_START_TIMEOUT_S as SHIM_START_TIMEOUT_S,
+)
+
 __all__ = ["inject_network_jitter", "remove_network_jitter"]
 
 FAULT_KIND = "network-jitter"
@@ -61,13 +71,7 @@ FAULT_KIND = "network-jitter"
 #: of :data:`chaoslib_infer.safety.registry.FAULT_MODULES`, re-exporting :func:`fault_active` and
 #: :func:`undo_fault` from here, so records written before the move are still undone.
 FAULT_MODULE = "chaoslib_infer.activities.network"
-BACKEND = "engines"
-HAPROXY_SOCK = "haproxy.sock"
 MECHANISMS = ("auto", "netem", "shim")
-SHIM_START_TIMEOUT_S = 10.0
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
-#: Shim processes started by this process (reaped on undo; keeps Popen from warning at exit).
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,87 +95,6 @@ def _event(lab: Lab, phase: str, record: dict[str, Any], by: str, **extra: Any) 
     return t
 
 
-def _pid_alive(pid: int) -> bool:
-    """True if ``pid`` runs and is not a zombie (our own zombies are reaped)."""
-    if pid <= 0:
-        return False
-    proc = _CHILDREN.get(pid)
-    if proc is not None and proc.poll() is not None:
-        _CHILDREN.pop(pid, None)
-        return False
-    return processes.alive(pid)
-
-
-def _is_our_process(pid: int, token: str, marker: str) -> bool:
-    """``pid`` runs and its command line carries both ``marker`` and this fault's ``token``."""
-    if not pid or not _pid_alive(pid):
-        return False
-    cmd = procfs.cmdline(pid)
-    return marker in cmd and bool(token) and token in cmd
-
-
-def _signal(pid: int, sig: int) -> None:
-    """Signal ``pid``, and its process group when it leads one (started with a new session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
-            return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-
-
-def _stop_process(pid: int, token: str, marker: str, grace_s: float) -> bool:
-    """SIGTERM, wait ``grace_s``, SIGKILL. Only a process of this fault. Returns True if stopped."""
-    if not _is_our_process(pid, token, marker):
-        return False
-    _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while _pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if _pid_alive(pid):
-        _signal(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-    proc = _CHILDREN.pop(pid, None)
-    if proc is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=1.0)
-    return True
-
-
-Link = tuple[str | None, str]
-
-
-def _replica_links(lab: Lab, replica: str) -> list[Link]:
-    """The ``(netns, dev)`` devices that carry ``replica``'s traffic, for netem; [] on loopback.
-
-    - A replica entry in ``lab.json`` with ``dev`` (and ``netns``): that device.
-    - A lab with network-namespace nodes (``lab.json`` ``nodes``: ``name``, ``ns``, ``veth_root``,
-      ``veth_node``; the replica's current node from ``placement.json``, else its ``node`` key):
-      both ends of the node's veth pair, the root side (egress: requests to the node) and the
-      node side inside its namespace (egress: responses), so both directions are delayed as the
-      shim delays both. Every replica on that node shares the link.
-    """
-    rep = next((r for r in lab.meta.get("replicas", []) if r.get("name") == replica), None)
-    if rep is None:
-        return []
-    dev = rep.get("dev") or rep.get("link_dev")
-    if dev:
-        return [(str(rep["netns"]) if rep.get("netns") else None, str(dev))]
-    nodes = lab.meta.get("nodes") or []
-    if not nodes:
-        return []
-    node = rep.get("node")
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-        placement = json.loads((lab.state_dir / "placement.json").read_text())
-        node = placement["replicas"][replica].get("node") or node
-    for n in nodes:
-        if n.get("name") == node and n.get("ns") and n.get("veth_node") and n.get("veth_root"):
-            return [(None, str(n["veth_root"])), (str(n["ns"]), str(n["veth_node"]))]
-    return []
-
-
 def _num(name: str, value: Any, lo: float = 0.0, hi: float | None = None) -> float:
     try:
         v = float(value)
@@ -193,43 +116,6 @@ def _active_on(lab: Lab, replica: str) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------------------
 # undo contract (Lab.add_fault "module")
 # --------------------------------------------------------------------------------------------
-def _tc_argv(record: dict[str, Any], what: str) -> list[list[str]]:
-    """The ``tc qdisc show`` / ``del`` argv of every link of ``record``, rebuilt from its
-    ``links`` (``[[netns or None, device], ...]``) by :mod:`chaoslib_infer.lab.netem`: a stored
-    argv is never run (the ledger is data; see :mod:`chaoslib_infer.safety.registry`).
-
-    Raises:
-        LabError: a bad device or namespace name.
-    """
-    build = nm.netem_show_args if what == "show" else nm.netem_del_args
-    try:
-        return [build(str(dev), ns) for ns, dev in record.get("links") or []]
-    except (ValueError, TypeError) as exc:
-        raise LabError(f"network-jitter record {record.get('id')}: {exc}") from None
-
-
-def _netem_present(record: dict[str, Any]) -> bool:
-    """True while ``tc qdisc show`` lists a netem qdisc on any of the fault's devices (an
-    unanswered query counts as present: never hide a fault)."""
-    for args in _tc_argv(record, "show"):
-        try:
-            out = subprocess.run(
-                list(args),
-                capture_output=True,
-                text=True,
-                timeout=5.0,
-                check=False,
-                env=child_env(),
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return True
-        if out.returncode != 0 and "Cannot find device" not in out.stderr:
-            return True
-        if "netem" in out.stdout:
-            return True
-    return False
-
-
 def fault_active(lab: Lab, record: dict[str, Any]) -> bool:
     """Whether a ``network-jitter`` fault is still in place (``Lab.status`` active faults).
 
@@ -237,11 +123,11 @@ def fault_active(lab: Lab, record: dict[str, Any]) -> bool:
     netem: ``tc qdisc show`` on the device still lists a netem qdisc.
     """
     if record.get("mechanism") == "netem":
-        return _netem_present(record) or _is_our_process(
+        return netem_present(record) or is_our_process(
             int(record.get("watchdog_pid") or 0), str(record.get("token")), "sleep"
         )
     token = str(record.get("token") or "")
-    if _is_our_process(int(record.get("shim_pid") or 0), token, SHIM_MODULE):
+    if is_our_process(int(record.get("shim_pid") or 0), token, SHIM_MODULE):
         return True
     sock = lab.state_dir / HAPROXY_SOCK
     if not sock.exists():
@@ -273,9 +159,9 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     done: list[str] = []
     replica = str(record.get("replica"))
     if record.get("mechanism") == "netem":
-        if _netem_present(record):
+        if netem_present(record):
             errors = []
-            for args in _tc_argv(record, "del"):
+            for args in tc_argv(record, "del"):
                 try:
                     out = subprocess.run(
                         list(args),
@@ -290,11 +176,11 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
                     continue
                 if out.returncode != 0:
                     errors.append(out.stderr.strip())
-            if _netem_present(record):
+            if netem_present(record):
                 raise LabError(f"tc could not remove netem on {replica}: {'; '.join(errors)}")
             _event(lab, "removed", record, "undo")
             done.append("removed netem from " + ", ".join(str(x[1]) for x in record["links"]))
-        if _stop_process(int(record.get("watchdog_pid") or 0), token, "sleep", 1.0):
+        if stop_process(int(record.get("watchdog_pid") or 0), token, "sleep", 1.0):
             done.append("stopped its watchdog")
         return f"network-jitter on {replica}: " + ", ".join(done) if done else None
 
@@ -311,7 +197,7 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
             )
             done.append(f"HAProxy routes {replica} directly again")
     grace = float(record.get("drain_s") or DRAIN_S) + 3.0
-    if _stop_process(int(record.get("shim_pid") or 0), token, SHIM_MODULE, grace):
+    if stop_process(int(record.get("shim_pid") or 0), token, SHIM_MODULE, grace):
         done.append(f"stopped shim pid {record.get('shim_pid')}")
     if sock.exists() and detour:
         with contextlib.suppress(OSError):
@@ -327,80 +213,6 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
 # --------------------------------------------------------------------------------------------
 # injection
 # --------------------------------------------------------------------------------------------
-def _start_shim(
-    lab: Lab,
-    replica: str,
-    upstream: tuple[str, int],
-    token: str,
-    delay_ms: float,
-    jitter_ms: float,
-    loss_pct: float,
-    distribution: str,
-    seed: int | None,
-    ttl_s: float,
-    drain_s: float,
-) -> tuple[subprocess.Popen[bytes], int, Path]:
-    logs = lab.state_dir / "logs"
-    logs.mkdir(exist_ok=True)
-    stats = logs / f"shim-{replica}-{token}.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        SHIM_MODULE,
-        "--upstream",
-        f"{upstream[0]}:{upstream[1]}",
-        "--delay-ms",
-        f"{delay_ms:g}",
-        "--jitter-ms",
-        f"{jitter_ms:g}",
-        "--loss-pct",
-        f"{loss_pct:g}",
-        "--distribution",
-        distribution,
-        "--ttl-s",
-        f"{ttl_s:g}",
-        "--drain-s",
-        f"{drain_s:g}",
-        "--stats",
-        str(stats),
-        "--events",
-        str(lab.state_dir / EVENTS_FILE),
-        "--haproxy-sock",
-        str(lab.state_dir / HAPROXY_SOCK),
-        "--server",
-        f"{BACKEND}/{replica}",
-        "--detour",
-        f"{replica}-jitter",
-        "--label",
-        token,
-    ]
-    if seed is not None:
-        cmd += ["--seed", str(int(seed))]
-    env = child_env()  # lab children never get the API key
-    env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_PARENT, *filter(None, [env.get("PYTHONPATH")])])
-    with open(logs / f"shim-{replica}.log", "ab") as err:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            env=env,
-            start_new_session=True,
-        )
-    _CHILDREN[proc.pid] = proc
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], SHIM_START_TIMEOUT_S)
-    line = proc.stdout.readline().decode(errors="replace").split() if ready else []
-    proc.stdout.close()
-    if len(line) < 2 or line[0] != "listening":
-        _stop_process(proc.pid, token, SHIM_MODULE, 1.0)
-        tail = (logs / f"shim-{replica}.log").read_text(errors="replace").strip().splitlines()
-        raise ActivityFailed(
-            f"jitter shim for {replica} did not start: {tail[-1] if tail else 'no output'}"
-        )
-    return proc, int(line[1]), stats
-
-
 def inject_network_jitter(
     replica: str = "auto",
     delay_ms: float = 400.0,
@@ -468,7 +280,7 @@ def inject_network_jitter(
     drain = _num("drain_s", drain_s)
     if mechanism not in MECHANISMS:
         raise ActivityFailed(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
-    links: list[Link] = [(netns, dev)] if dev else _replica_links(lab, name)
+    links: list[Link] = [(netns, dev)] if dev else replica_links(lab, name)
     if mechanism == "netem":
         ok, why = nm.netem_probe()
         if not ok:
@@ -524,12 +336,12 @@ def inject_network_jitter(
             start_new_session=True,
             env=child_env(),  # it outlives the drill: never the API key
         )
-        _CHILDREN[watchdog.pid] = watchdog
+        CHILDREN[watchdog.pid] = watchdog
         record["watchdog_pid"] = watchdog.pid
         try:
             fault_id = lab.add_fault(record)
         except LabError as exc:
-            _stop_process(watchdog.pid, token, "sleep", 1.0)
+            stop_process(watchdog.pid, token, "sleep", 1.0)
             raise ActivityFailed(str(exc)) from exc
         for args in adds:
             out = subprocess.run(
@@ -553,7 +365,7 @@ def inject_network_jitter(
         if detour in rows:
             raise ActivityFailed(f"HAProxy already has a detour {BACKEND}/{detour} (stale fault?)")
         addr, port = rows[name]["srv_addr"], int(rows[name]["srv_port"])
-        proc, shim_port, stats = _start_shim(
+        proc, shim_port, stats = start_shim(
             lab, name, (addr, port), token, delay, jitter, loss, distribution, seed, ttl, drain
         )
         record = {
@@ -570,7 +382,7 @@ def inject_network_jitter(
         try:
             fault_id = lab.add_fault(record)
         except LabError as exc:
-            _stop_process(proc.pid, token, SHIM_MODULE, 1.0)
+            stop_process(proc.pid, token, SHIM_MODULE, 1.0)
             raise ActivityFailed(str(exc)) from exc
         try:
             options = default_server_options(lab.state_dir / "haproxy.cfg")

@@ -1,0 +1,244 @@
+"""The verdict's state and its reasons: each criterion's judged row, the order of precedence of
+the states (:mod:`chaoslib_infer.verdict.judge`, "States"), and the game day's exit code.
+
+Split out of :mod:`chaoslib_infer.verdict.judge` (issue 12), which re-exports its public names.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from chaoslib_infer.measure.metrics import logical_stats, window_stats
+
+from .criteria import Criterion
+from .facts import DrillFacts, format_value, num
+from .timeline import Timeline
+
+__all__ = [
+    "CLIENT_LAG",
+    "FIGURE_ERROR_PREFIX",
+    "LOAD_ERROR_PREFIX",
+    "LOAD_LOST_PREFIX",
+    "NEVER",
+    "OPS",
+    "baseline_defects",
+    "decide_state",
+    "exit_code",
+    "figure_error_reason",
+    "judged_row",
+    "reason",
+    "request_stats",
+]
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    "<": operator.lt,
+    ">=": operator.ge,
+    ">": operator.gt,
+}
+
+#: Criteria on the client itself: a failure makes the drill inconclusive, not failed.
+CLIENT_LAG = frozenset({"send_lag_p99_s", "client_lag_p99_s"})
+#: How a lost load worker (``DrillFacts.load_lost``) makes the drill inconclusive.
+LOAD_LOST_PREFIX = "the load was not what was planned: "
+#: How :mod:`chaoslib_infer.evidence.verdicts` words a load that could not start or run.
+LOAD_ERROR_PREFIX = "the load could not run: "
+#: How :func:`figure_error_reason` words a figure kind that could not be computed.
+FIGURE_ERROR_PREFIX = "figures of "
+
+
+def figure_error_reason(kind: str, error: str) -> str:
+    """The reason line of a figure kind whose computation raised.
+
+    Args:
+        kind: the fault kind whose figures failed (``"oom-kill"``, ``"k8s-actions"``, ...).
+        error: the exception as ``"Type: first line of its message"``
+            (:func:`chaoslib_infer.evidence.figures.drill_figures`' ``figure_errors``).
+
+    Returns:
+        ``"figures of KIND could not be computed: ERROR"`` on one line (only the first line of a
+        multi-line ``error`` is kept).
+    """
+    line = next(iter(str(error).strip().splitlines()), "") or "unknown error"
+    return f"{FIGURE_ERROR_PREFIX}{kind} could not be computed: {line}"
+
+
+#: A note that starts with this marks a point the drill never reached (never recovered, never
+#: scaled out while it shed): a failure, with the note as its reason, never "unmeasured".
+NEVER = "never "
+
+
+def request_stats(
+    records: Sequence[Mapping[str, Any]], a: float | None, b: float | None
+) -> dict[str, Any]:
+    """Logical-request statistics (what users feel: a request that succeeded on a retry
+    succeeded), with the attempts' send lag."""
+    logical = logical_stats(list(records), a, b)
+    attempts = window_stats(list(records), a, b)
+    logical["p99_send_lag_s"] = attempts.get("p99_send_lag_s")
+    logical["p99_client_lag_s"] = attempts.get("p99_client_lag_s")
+    logical["attempt_requests"] = attempts.get("requests")
+    return logical
+
+
+def judged_row(c: Criterion, value: float | None, note: str | None) -> dict[str, Any]:
+    """One criterion's row of the verdict (:class:`~chaoslib_infer.verdict.facts.Verdict`
+    ``rows``): ``value`` None with a ``note`` reads ``n/a``, or ``fail`` when the note starts
+    with :data:`NEVER` and the criterion has a threshold."""
+    if value is None and note is not None:
+        result = "fail" if note.startswith(NEVER) and c.threshold is not None else "n/a"
+    elif c.threshold is None:
+        result = "not judged" if value is not None else "unmeasured"
+    elif value is None:
+        result = "unmeasured"
+    else:
+        result = "pass" if OPS[c.op](value, c.threshold) else "fail"
+    return {
+        "criterion": c.name,
+        "label": c.label,
+        "window": c.window,
+        "value": value,
+        "op": c.op,
+        "threshold": c.threshold,
+        "unit": c.unit,
+        "key": c.key,
+        "result": result,
+        "note": note,
+    }
+
+
+def reason(row: Mapping[str, Any]) -> str:
+    """A failed row as one reason line: ``"LABEL: VALUE OP THRESHOLD (CRITERION)"`` (``OP`` the
+    broken side), or ``"LABEL: NOTE (CRITERION)"`` for a row with a note and no value."""
+    if row["value"] is None and row.get("note"):
+        return f"{row['label']}: {row['note']} ({row['criterion']})"
+    value = format_value(row["value"], row["unit"])
+    thr = format_value(row["threshold"], row["unit"])
+    fails = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[row["op"]]
+    return f"{row['label']}: {value} {fails} {thr} ({row['criterion']})"
+
+
+def baseline_defects(
+    tl: Timeline,
+    w: dict[str, tuple[float, float]],
+    crits: Sequence[Criterion],
+    sel: Callable[[str], list[dict[str, Any]]],
+) -> list[str]:
+    """One reason line per whole-drill SLO criterion (availability, timeout and error rates,
+    p99) the baseline window (``w["baseline"]``, records through ``sel``) already breaks."""
+    if "baseline" not in w or tl.fault_at is None:
+        return []
+    stats = request_stats(sel("baseline"), None, None)
+    by = {c.name: c for c in crits}
+    out = []
+    for name, key in (
+        ("availability", "availability"),
+        ("timeout_rate", "timeout_rate"),
+        ("error_rate", "error_rate"),
+        ("p99_e2e_s", "p99_e2e_s"),
+    ):
+        c = by.get(name)
+        v = num(stats.get(key))
+        if c is None or c.threshold is None or v is None:
+            continue
+        if not OPS[c.op](v, c.threshold):
+            row = judged_row(c, v, None)
+            row["label"] = c.label.replace("(whole drill)", "(baseline)")
+            out.append(reason(row))
+    return out
+
+
+def decide_state(
+    facts: DrillFacts,
+    tl: Timeline,
+    rows: list[dict[str, Any]],
+    info: dict[str, dict[str, Any]],
+    w: dict[str, tuple[float, float]],
+    mins: Mapping[str, int],
+    crits: Sequence[Criterion],
+    sel: Callable[[str], list[dict[str, Any]]],
+) -> tuple[str, list[str]]:
+    """The verdict's ``(state, reasons)`` in the states' order of precedence
+    (:mod:`chaoslib_infer.verdict.judge`): ``rows`` the judged rows, ``info`` and ``w`` the
+    windows (``{name: {"start", "end", "requests"}}``, ``{name: (start, end)}``), ``mins`` the
+    minimum requests per window, ``sel`` each window's records."""
+    # a figure that could not be computed is listed under the states that outrank "error" too
+    figure = [e for e in facts.errors if e.startswith(FIGURE_ERROR_PREFIX)]
+    if facts.residue:
+        residue = [f"fault left behind after the rollbacks: {r}" for r in facts.residue]
+        return "failed", [*residue, *figure]
+    load = [e for e in facts.errors if e.startswith(LOAD_ERROR_PREFIX)]
+    if load:  # the load control interrupts the run when it cannot start: the tool failed
+        return "error", list(facts.errors)
+    if facts.stop_reason or facts.journal_status == "aborted":
+        return "aborted", [f"stopped: {facts.stop_reason or 'the run was interrupted'}", *figure]
+    if facts.errors:
+        return "error", list(facts.errors)
+    if not w:
+        return "inconclusive", ["no request was recorded: the drill measured nothing"]
+    base = baseline_defects(tl, w, crits, sel)
+    base += [line for phase, line in facts.hypothesis_failures if phase == "before"]
+    if base:
+        return "failed", [
+            "the service did not meet its SLOs before the fault (not blamed on the fault): "
+            + "; ".join(base)
+        ]
+    incon: list[str] = []
+    if tl.confirmed is False:
+        incon.append(f"fault not confirmed by ground truth: {tl.why}")
+    n_base = int(info.get("baseline", {}).get("requests") or 0)
+    if n_base < mins["baseline"]:
+        incon.append(
+            f"baseline holds {n_base} requests (< {mins['baseline']}): too few to see a defect of "
+            "a few percent"
+        )
+    n_fault = int(info.get("fault", {}).get("requests") or 0)
+    if "fault" in info and n_fault < mins["fault"]:
+        incon.append(f"fault window holds {n_fault} requests (< {mins['fault']})")
+    for lag in (r for r in rows if r["criterion"] in CLIENT_LAG and r["result"] == "fail"):
+        incon.append(
+            "the client fell behind its schedule: " + reason(lag) + "; latencies are suspect"
+        )
+    incon += [LOAD_LOST_PREFIX + line for line in facts.load_lost]
+    if incon:
+        return "inconclusive", incon
+    failed = [reason(r) for r in rows if r["result"] == "fail" and r["criterion"] not in CLIENT_LAG]
+    for phase, line in facts.hypothesis_failures:
+        if phase != "before":
+            failed.append(f"steady-state hypothesis {phase} the fault deviated: {line}")
+    failed += [f"during the fault: {line}" for line in facts.findings]
+    if failed:
+        return "failed", failed
+    unmeasured = [r for r in rows if r["key"] and r["result"] == "unmeasured"]
+    if unmeasured:
+        return "inconclusive", [
+            f"{r['label']} is unmeasured on this target ({r['criterion']}): the drill cannot "
+            "answer its question"
+            for r in unmeasured
+        ]
+    return "passed", []
+
+
+def exit_code(states: Sequence[str]) -> int:
+    """The game day's exit code from its drills' states (``README.md``, "Exit codes").
+
+    Returns:
+        0 every drill passed; 1 a drill failed; 2 a drill errored (none failed); 130 a drill was
+        aborted (none failed or errored); 3 a drill was inconclusive (all others passed); 3 too
+        when there is no drill at all (nothing was shown to work). The game day exits 1, not
+        130, when the abort was a stop condition (``chaoslib_infer.gameday``, verdict
+        ``STOPPED``).
+    """
+    if not states:
+        return 3
+    if "failed" in states:
+        return 1
+    if "error" in states:
+        return 2
+    if "aborted" in states:
+        return 130
+    if "inconclusive" in states:
+        return 3
+    return 0
