@@ -186,9 +186,7 @@ MAX_LINES = 600
 
 #: Today's over-size modules, each with its line count as a ceiling: it may shrink (lower the
 #: number, or drop the row once under ``MAX_LINES``), never grow past it.
-OVERSIZE = {
-    "locust/user.py": 755,
-}
+OVERSIZE: dict[str, int] = {}
 
 
 def test_no_module_grows_past_its_size_ceiling() -> None:
