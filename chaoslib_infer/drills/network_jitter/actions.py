@@ -56,6 +56,7 @@ from .plumbing import (
     is_our_process,
     netem_present,
     replica_links,
+    run_tc,
     start_shim,
     stop_process,
     tc_argv,
@@ -163,14 +164,7 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
             errors = []
             for args in tc_argv(record, "del"):
                 try:
-                    out = subprocess.run(
-                        list(args),
-                        capture_output=True,
-                        text=True,
-                        timeout=5.0,
-                        check=False,
-                        env=child_env(),
-                    )
+                    out = run_tc(args)
                 except (OSError, subprocess.TimeoutExpired) as exc:
                     errors.append(str(exc))
                     continue
@@ -344,9 +338,7 @@ def inject_network_jitter(
             stop_process(watchdog.pid, token, "sleep", 1.0)
             raise ActivityFailed(str(exc)) from exc
         for args in adds:
-            out = subprocess.run(
-                args, capture_output=True, text=True, timeout=10.0, check=False, env=child_env()
-            )
+            out = run_tc(args, timeout_s=10.0)
             if out.returncode != 0:
                 lab.remove_fault(fault_id)
                 raise ActivityFailed(

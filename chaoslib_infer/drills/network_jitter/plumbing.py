@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ __all__ = [
     "netem_present",
     "pid_alive",
     "replica_links",
+    "run_tc",
     "signal_process",
     "start_shim",
     "stop_process",
@@ -149,19 +151,24 @@ def tc_argv(record: dict[str, Any], what: str) -> list[list[str]]:
         raise LabError(f"network-jitter record {record.get('id')}: {exc}") from None
 
 
+def run_tc(args: Sequence[str], timeout_s: float = 5.0) -> subprocess.CompletedProcess[str]:
+    """Run one ``tc`` argv (text output, exit status not checked), its environment without the
+    API key (``child_env``).
+
+    Raises:
+        OSError: ``tc`` cannot be started. subprocess.TimeoutExpired: it ran past ``timeout_s``.
+    """
+    return subprocess.run(
+        list(args), capture_output=True, text=True, timeout=timeout_s, check=False, env=child_env()
+    )
+
+
 def netem_present(record: dict[str, Any]) -> bool:
     """True while ``tc qdisc show`` lists a netem qdisc on any of the fault's devices (an
     unanswered query counts as present: never hide a fault)."""
     for args in tc_argv(record, "show"):
         try:
-            out = subprocess.run(
-                list(args),
-                capture_output=True,
-                text=True,
-                timeout=5.0,
-                check=False,
-                env=child_env(),
-            )
+            out = run_tc(args)
         except (OSError, subprocess.TimeoutExpired):
             return True
         if out.returncode != 0 and "Cannot find device" not in out.stderr:
