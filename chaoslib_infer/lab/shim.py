@@ -40,7 +40,7 @@ Semantics (what the figures may rely on):
   "shim:<reason>"`` in ``--events``) if the drill's undo has not done it yet, then ends the
   connections as removing a qdisc would not cut them: idle keep-alive connections are closed
   at once (FIN), a response in flight is let finish (the shim reads HTTP/1.1 chunked framing:
-  a request sent up makes a connection busy, the chunked terminator ``0\r\n\r\n`` coming down
+  a request received makes a connection busy, the chunked terminator ``0\r\n\r\n`` coming down
   ends it) for at most ``--drain-s`` seconds (10), only what is still busy then is reset, and
   the detour is deleted. (Before, every connection left after 2 s was reset, idle or not: a
   long stream cut at removal was retried by the client and counted as a duplicate generation
@@ -396,7 +396,9 @@ class JitterShim:
                 return
             uwriter = conn.up = up_w
             up = asyncio.create_task(
-                self._pump(creader, up_w, s.up, lambda d: self._sent_up(conn, d))
+                # busy as soon as request bytes arrive, not once their delay let them go up:
+                # a request held in the delay queue at the removal is in flight, not idle
+                self._pump(creader, up_w, s.up, received=lambda d: self._sent_up(conn, d))
             )
             down = asyncio.create_task(
                 self._pump(ureader, cwriter, s.down, lambda d: self._sent_down(conn, d))
@@ -436,9 +438,11 @@ class JitterShim:
         writer: asyncio.StreamWriter,
         direction: _Direction,
         written: Callable[[bytes], None] | None = None,
+        received: Callable[[bytes], None] | None = None,
     ) -> None:
         """Copy one direction, releasing each chunk at its (order-preserving) jittered time
-        (``written(data)`` after each chunk is handed to ``writer``)."""
+        (``received(data)`` as each chunk is read, before its delay; ``written(data)`` after it
+        is handed to ``writer``)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, float, bytes | None]] = asyncio.Queue()
 
@@ -481,6 +485,8 @@ class JitterShim:
                 last_due = max(now + d, last_due)
                 direction.chunks += 1
                 direction.bytes += len(data)
+                if received is not None:
+                    received(data)
                 queue.put_nowait((last_due, now, data))
             await sender
         finally:
