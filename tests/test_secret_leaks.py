@@ -200,6 +200,28 @@ def _scan(out: Path, needles: list[bytes], leaks: list[str], modes: list[str]) -
                     leaks.append(f"{path.relative_to(out)}: {needle!r}")
 
 
+def _watch(
+    proc: subprocess.Popen[bytes],
+    out: Path,
+    needles: list[bytes],
+    leaks: list[str],
+    modes: list[str],
+) -> tuple[int, bytes, bytes]:
+    """Scan ``out`` every 20 ms while ``proc`` runs (150 s at most, then it is killed), once more
+    at the end; returns the number of scans, stdout and stderr."""
+    scans = 0
+    deadline = time.monotonic() + 150
+    while proc.poll() is None and time.monotonic() < deadline:
+        _scan(out, needles, leaks, modes)
+        scans += 1
+        time.sleep(0.02)
+    if proc.poll() is None:
+        proc.kill()
+    stdout, stderr = proc.communicate(timeout=30)
+    _scan(out, needles, leaks, modes)
+    return scans, stdout, stderr
+
+
 def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_server: str) -> None:
     exp = {
         "version": "1.0.0",
@@ -284,16 +306,7 @@ def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_ser
     needles = _needles(KEY) + _cut_needles(KEY)
     leaks: list[str] = []
     modes: list[str] = []
-    scans = 0
-    deadline = time.monotonic() + 150
-    while proc.poll() is None and time.monotonic() < deadline:
-        _scan(out, needles, leaks, modes)
-        scans += 1
-        time.sleep(0.02)
-    if proc.poll() is None:
-        proc.kill()
-    stdout, stderr = proc.communicate(timeout=30)
-    _scan(out, needles, leaks, modes)
+    scans, stdout, stderr = _watch(proc, out, needles, leaks, modes)
     assert proc.returncode in (0, 1, 3), (stdout + stderr).decode()[-3000:]
     assert scans > 20
     assert KEY in _Handler.keys_seen  # the key was sent and echoed
@@ -445,19 +458,10 @@ def test_certification_keys_reach_no_file_at_any_moment(tmp_path: Path) -> None:
         )
         leaks: list[str] = []
         modes: list[str] = []
-        scans = 0
-        deadline = time.monotonic() + 150
-        while proc.poll() is None and time.monotonic() < deadline:
-            _scan(out, needles, leaks, modes)
-            scans += 1
-            time.sleep(0.02)
-        if proc.poll() is None:
-            proc.kill()
-        stdout, stderr = proc.communicate(timeout=30)
+        scans, stdout, stderr = _watch(proc, out, needles, leaks, modes)
     finally:
         srv.shutdown()
         srv.server_close()
-    _scan(out, needles, leaks, modes)
     printed = stdout + stderr
     assert proc.returncode in (0, 1), printed.decode()[-3000:]
     assert scans > 20
