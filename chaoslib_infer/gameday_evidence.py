@@ -199,8 +199,9 @@ def drill_evidence(
         # no engine ledger (a cluster, a URL, llama.cpp): a count of 0 would read as "no
         # duplicates"; the figure is unmeasured
         figures["duplicates"] = None
-        if "duplicate_generations" in figures:
-            figures["duplicate_generations"] = None
+        for ledger_figure in ("duplicate_generations", "wasted_tokens", "wasted_completion_tokens"):
+            if ledger_figure in figures:
+                figures[ledger_figure] = None
     records = (
         read_records(drill_dir / "records.jsonl") if (drill_dir / "records.jsonl").exists() else []
     )

@@ -121,6 +121,19 @@ def test_drill_counts_duplicate_generations_exactly_and_fails_on_them(tmp_path: 
     assert fig["duplicate_generations"] == len(dups) == fig["duplicates"]
     assert gt["duplicate_requests_in_ledger"] == len(dups)  # ledger alone: all traffic is ours
     assert fig["extra_generations"] == sum(gens[rid] - 1 for rid in dups)
+    # the tokens the duplicates wasted: every generation of a duplicated request but its
+    # largest, from the engine's own end lines (each duplicate's generations all ended)
+    ends: dict[str, list[int]] = {}
+    for e in _jsonl(out / "lab" / "ledger.jsonl"):
+        if e.get("event") == "generation_end" and e["request_id"] in dups:
+            ends.setdefault(e["request_id"], []).append(e["prompt_tokens"] + e["completion_tokens"])
+    assert all(len(ends[rid]) == gens[rid] for rid in dups)
+    truth = sum(sum(v) - max(v) for v in ends.values())
+    assert fig["wasted_tokens"] == truth > 0
+    assert (
+        f"tokens of generations paid twice (prompt + completion): {truth} > 0 (wasted_tokens)"
+        in drill["reasons"]
+    )
     assert set(gt["generations_by_request"]) <= dups
     assert all(gens[rid] == n for rid, n in gt["generations_by_request"].items())
     for rid in dups:  # each duplicate comes from a retry after an attempt timed out
@@ -186,6 +199,8 @@ def test_duplicate_budget_from_the_command_line_and_the_experiment(tmp_path: Pat
         "duplicate_generations=200",
         "--criterion",
         "network-jitter:extra_generations=off",
+        "--criterion",
+        "wasted_tokens=1000000",
         env={"CHAOS_INFER_MAX_DUPLICATES": "200", **_short_jitter_plan(tmp_path / "plan", 8)},
     )
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
@@ -197,6 +212,7 @@ def test_duplicate_budget_from_the_command_line_and_the_experiment(tmp_path: Pat
     assert rows["duplicate_generations"]["result"] == "pass"
     assert 0 < rows["duplicate_generations"]["value"] <= 200
     assert rows["extra_generations"]["result"] == "not judged"
+    assert rows["wasted_tokens"]["result"] == "pass" and rows["wasted_tokens"]["value"] > 0
     journal = json.loads((out / DRILL / "journal.json").read_text())
     probe = next(
         p

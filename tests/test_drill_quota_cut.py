@@ -108,6 +108,9 @@ def test_quota_cut_to_the_planned_instances_carries_the_load(tmp_path: Path) -> 
     rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
     assert rows["instances_held"]["value"] == 1.0 and rows["instances_held"]["result"] == "pass"
     assert rows["serving_after_vs_baseline"]["result"] == "pass"  # r2 is back after the drill
+    # the after window holds enough requests to compare its P99 with the baseline's
+    assert drill["verdict"]["windows"]["after"]["requests"] >= 10
+    assert rows["p99_after_vs_baseline"]["result"] == "pass", rows["p99_after_vs_baseline"]
     fig, gt = drill["figures"], drill["ground_truth"]
     records = read_records(out / "quota-cut" / "records.jsonl")
 

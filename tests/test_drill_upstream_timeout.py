@@ -133,6 +133,8 @@ def test_upstream_timeout_drill_fails_on_hung_requests_and_figures_match_ground_
     assert any(r.startswith("longest wait of a request in the fault window: ") for r in reasons)
     rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
     assert rows["ejection_s"]["result"] == "pass"  # it was ejected, just not fast enough
+    assert drill["verdict"]["windows"]["after"]["requests"] >= 10  # thawed: P99 judged after
+    assert rows["p99_after_vs_baseline"]["value"] is not None, rows["p99_after_vs_baseline"]
     assert rows["health_disagreement_s"]["value"] is not None
     fault = _after_run_checks(out)
     records = read_records(out / "upstream-timeout" / "records.jsonl")

@@ -323,11 +323,21 @@ async def test_ledger_and_metrics(tmp_path: Path) -> None:
             )
         await c.post("/v1/chat/completions", content=b"nope")  # no generation, no ledger line
         metrics = await c.get("/metrics", headers={"X-Request-Id": "m"})
-    lines = [json.loads(x) for x in ledger.read_text().splitlines()]
+    every = [json.loads(x) for x in ledger.read_text().splitlines()]
+    lines = [x for x in every if x["event"] == "generation"]
     assert [x["request_id"] for x in lines] == ["L0", "L1", "L2"]
     for x in lines:
         assert x["event"] == "generation" and x["replica"] == "rT" and x["pid"] == os.getpid()
         assert abs(x["t"] - time.time()) < 60
+    # each generation's end: the tokens it cost (ground truth for wasted tokens)
+    ends = [x for x in every if x["event"] == "generation_end"]
+    assert [(x["request_id"], x["completion_tokens"], x["outcome"]) for x in ends] == [
+        ("L0", 2, "done"),
+        ("L1", 2, "done"),
+        ("L2", 2, "done"),
+    ]
+    assert all(x["prompt_tokens"] > 0 and x["replica"] == "rT" for x in ends)
+    assert len(every) == 6
     assert metrics.headers["x-request-id"] == "m" and metrics.headers["x-replica-id"] == "rT"
     text = metrics.text
     for name in VLLM_METRICS:
@@ -453,6 +463,7 @@ def test_subprocess_disconnect_frees_kv_and_memory(server: dict[str, Any]) -> No
         "POST",
         url + "/v1/completions",
         json={"prompt": prompt, "max_tokens": 500, "stream": True},
+        headers={"X-Request-Id": "gone-1"},
         timeout=10,
     ) as r:
         it = r.iter_raw()
@@ -475,3 +486,8 @@ def test_subprocess_disconnect_frees_kv_and_memory(server: dict[str, Any]) -> No
     assert _metric(m, "vllm:kv_cache_usage_perc") == 0.0
     assert 'finished_reason="abort"' in m
     assert _rss_bytes(pid) - baseline < 20 * 2**20  # KV bytes went back to the OS
+    # the cut-short generation's end line: what it cost before the client went away
+    ledger = [json.loads(x) for x in server["ledger"].read_text().splitlines()]
+    (end,) = [x for x in ledger if x["request_id"] == "gone-1" and x["event"] == "generation_end"]
+    assert end["outcome"] == "cancelled" and end["pid"] == pid
+    assert 3 <= end["completion_tokens"] < 500 and end["prompt_tokens"] > 3000

@@ -5,6 +5,7 @@ These tests start real processes on loopback and need root (memory cgroups) and 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from labutil import alive_pids as _pids_alive
 
 from chaoslib_infer.load.records import read_records
@@ -157,6 +159,16 @@ def test_chaos_cli_runs_the_experiment_against_a_running_lab(tmp_path: Path) -> 
     assert up.returncode == 0, up.stderr
     try:
         env = {"CHAOS_INFER_LAB_DIR": str(lab_dir), "CHAOS_INFER_RUN_DIR": str(run_dir)}
+        # one criterion as a probe of its own, ahead of the drill-criteria one: the kernel OOM
+        # kill the ground truth confirms (chaoslib stops a hypothesis at its first failing probe)
+        exp = yaml.safe_load((ROOT / "experiments" / "oom-kill.yaml").read_text())
+        probes = exp["steady-state-hypothesis"]["probes"]
+        one = copy.deepcopy(next(p for p in probes if p["name"] == "drill-criteria-hold"))
+        one["name"] = "oom-kills-confirmed"
+        one["provider"]["arguments"]["criterion"] = "oom_kills"
+        probes.insert(len(probes) - 1, one)
+        exp_path = tmp_path / "oom-kill.yaml"
+        exp_path.write_text(yaml.safe_dump(exp, sort_keys=False))
         chaos = Path(sys.executable).parent / "chaos"
         proc = subprocess.run(
             [
@@ -165,7 +177,7 @@ def test_chaos_cli_runs_the_experiment_against_a_running_lab(tmp_path: Path) -> 
                 "run",
                 "--journal-path",
                 str(tmp_path / "journal.json"),
-                str(ROOT / "experiments" / "oom-kill.yaml"),
+                str(exp_path),
             ],
             capture_output=True,
             text=True,
@@ -185,6 +197,14 @@ def test_chaos_cli_runs_the_experiment_against_a_running_lab(tmp_path: Path) -> 
             if p["activity"]["name"] == "drill-criteria-hold"
         )
         assert crit["output"]["state"] == "failed" and crit["tolerance_met"] is False
+        (kills,) = [
+            p
+            for p in journal["steady_states"]["after"]["probes"]
+            if p["activity"]["name"] == "oom-kills-confirmed"
+        ]
+        assert kills["tolerance_met"] is True and kills["output"]["criterion"] == "oom_kills"
+        assert kills["output"]["result"] == "pass" and kills["output"]["value"] >= 1
+        assert kills["output"]["threshold"] == 1
         assert any("(warmup_ratio)" in r for r in crit["output"]["reasons"]), crit["output"]
         assert journal["rollbacks"][0]["status"] == "succeeded"
         status = json.loads(_cli("lab", "status", "--json", "--state-dir", str(lab_dir)).stdout)

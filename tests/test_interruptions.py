@@ -125,8 +125,8 @@ def _shorten_holds(exp: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def light_plan(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A copy of drills/gameday.yaml and experiments/ with a 2 s load warm-up and short holds
-    (:func:`_shorten_holds`); returns the env."""
+    """A copy of drills/gameday.yaml and experiments/ with a 2 s load warm-up, short holds
+    (:func:`_shorten_holds`) and no load past the rollbacks; returns the env."""
     base = tmp_path_factory.mktemp("plan")
     exp_dir = base / "experiments"
     exp_dir.mkdir()
@@ -134,6 +134,9 @@ def light_plan(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         exp = yaml.safe_load((ROOT / "experiments" / f"{name}.yaml").read_text())
         control = next(c for c in exp["controls"] if c["name"] == "background-load")
         control["provider"]["arguments"]["warmup_s"] = WARMUP_S
+        # no load after the rollbacks: these cases judge the rollbacks and the residue, not the
+        # after window (the ``exception`` cases ran the drill to its end: 6-10 s each)
+        control["provider"]["arguments"]["observe_after_s"] = 0
         _shorten_holds(exp)
         (exp_dir / f"{name}.yaml").write_text(yaml.safe_dump(exp, sort_keys=False))
     plan = yaml.safe_load((ROOT / "drills" / "gameday.yaml").read_text())

@@ -294,9 +294,13 @@ def test_every_lab_drill_has_a_kubernetes_experiment_of_the_same_shape() -> None
             "chaoslib_infer.controls.load"
         ]
         probes = exp["steady-state-hypothesis"]["probes"]
-        assert {p["provider"]["arguments"]["metric"] for p in probes} == {
+        slo = [p for p in probes if p["provider"]["func"] == "slo_check"]
+        assert {p["provider"]["arguments"]["metric"] for p in slo} == {
             "availability", "error_rate", "timeout_rate", "p50_e2e_s", "p99_e2e_s"
         }  # fmt: skip
+        # and the drill's own fault-window criteria, so `chaos run` deviates on them too
+        assert probes[-1]["name"] == "drill-criteria-hold", path.name
+        assert probes[-1]["provider"]["arguments"] == {"drill": path.stem}, path.name
         assert exp["method"][0]["provider"]["func"] == "k8s_start_observation", path.name
         assert exp["rollbacks"][-1]["provider"]["func"] == "k8s_stop_observation", path.name
         modules = {act["provider"]["module"] for s in ("method", "rollbacks") for act in exp[s]}

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from chaoslib_infer.drills.network_jitter.figures import wasted_tokens
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.bundle import junit_xml
 from chaoslib_infer.load.client import cut_off_record, write_inflight
@@ -225,6 +226,69 @@ def test_duplicate_generations_judged_and_unmeasured_without_a_ledger(
         assert "duplicate generations is unmeasured" in v.reasons[0]
         rows = {r["criterion"]: r for r in v.rows}
         assert rows["duplicate_generations"]["value"] is None  # never 0
+
+
+def _gen(rid: str, t: float) -> dict[str, Any]:
+    return {"t": t, "event": "generation", "replica": "r1", "request_id": rid, "pid": 1}
+
+
+def _end(rid: str, t: float, prompt: int, completion: int) -> dict[str, Any]:
+    return {
+        "t": t,
+        "event": "generation_end",
+        "replica": "r1",
+        "request_id": rid,
+        "pid": 1,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "outcome": "done",
+    }
+
+
+def test_wasted_tokens_from_the_ledger_fail_the_jitter_drill_and_read_unmeasured_without_ends() -> (
+    None
+):
+    # "a" ran twice: cut after 5 tokens (the client gave up), then in full (32): the cut one is
+    # waste, its prefill included; "b" ran once; "x" is another client's
+    ledger = [
+        _gen("a", T0 + 1), _end("a", T0 + 2, 10, 5),
+        _gen("a", T0 + 3), _end("a", T0 + 4, 10, 32),
+        _gen("b", T0 + 1), _end("b", T0 + 2, 10, 32),
+        _gen("x", T0 + 1), _gen("x", T0 + 2), _end("x", T0 + 3, 99, 99),
+    ]  # fmt: skip
+    waste = wasted_tokens(ledger, {"a", "b"})
+    assert (waste["wasted_tokens"], waste["wasted_completion_tokens"]) == (15, 5)
+    fig = {"duplicate_generations": 1, "extra_generations": 1, "retries": 1, **waste}
+    v = judge_drill(
+        facts("network-jitter", steady(T0, T0 + 30), fig, JITTER_GROUND),
+        {"duplicate_generations": "off", "extra_generations": "off"},
+    )
+    assert v.state == "failed"
+    assert v.reasons == [
+        "tokens of generations paid twice (prompt + completion): 15 > 0 (wasted_tokens)"
+    ]
+    # a budget that covers them passes
+    ok = judge_drill(
+        facts("network-jitter", steady(T0, T0 + 30), fig, JITTER_GROUND),
+        {"duplicate_generations": "off", "extra_generations": "off", "wasted_tokens": 20},
+    )
+    assert ok.state == "passed", ok.reasons
+    # no duplicates: 0 tokens wasted, measured
+    assert wasted_tokens(ledger, {"b"})["wasted_tokens"] == 0
+    # an engine that writes no end lines: unmeasured, never 0
+    starts_only = [e for e in ledger if e["event"] == "generation"]
+    assert wasted_tokens(starts_only, {"b"})["wasted_tokens"] is None
+    # a duplicated request whose generation has no end (its process was killed): unmeasured
+    killed = [e for e in ledger if not (e["event"] == "generation_end" and e["t"] == T0 + 2)]
+    w = wasted_tokens(killed, {"a", "b"})
+    assert w["wasted_tokens"] is None and w["duplicate_generations_without_end"] == 1
+    v = judge_drill(
+        facts("network-jitter", steady(T0, T0 + 30), {**fig, **w}, JITTER_GROUND),
+        {"duplicate_generations": "off", "extra_generations": "off"},
+    )
+    row = next(r for r in v.rows if r["criterion"] == "wasted_tokens")
+    assert (row["value"], row["result"]) == (None, "unmeasured")
+    assert v.state == "passed"  # not the key criterion: the row says unmeasured, never PASS
 
 
 def test_threshold_override_and_off() -> None:
@@ -967,3 +1031,21 @@ def test_survivors_sharing_the_load_pass_max_survivor_share() -> None:
     assert v.state == "passed", v.reasons
     assert rows["max_survivor_share"]["result"] == "pass"
     assert rows["max_survivor_share"]["value"] == pytest.approx(2 / 3, abs=0.02)
+
+
+def test_one_criterion_probe_refuses_unknown_and_whole_drill_criteria(tmp_path: Path) -> None:
+    from chaoslib_infer.activities.criteria import drill_criteria
+
+    cfg = {"infer_run_dir": str(tmp_path / "run"), "infer_lab_dir": str(tmp_path / "no-lab")}
+    with pytest.raises(ValueError, match="unknown criterion 'nope'; fault-window ones: .*hung"):
+        drill_criteria("upstream-timeout", "nope", cfg)
+    # judged over the whole drill: complete only at the end of the run, never a probe's answer
+    with pytest.raises(ValueError, match="'duplicate_generations' is judged over the drill"):
+        drill_criteria("network-jitter", "duplicate_generations", cfg)
+    # a fault-window criterion before any fault: nothing to judge yet, the probe passes
+    assert drill_criteria("upstream-timeout", "hung_requests", cfg) == {
+        "passed": True,
+        "state": "no fault yet",
+        "reasons": [],
+        "judged": False,
+    }

@@ -55,22 +55,54 @@ def _overrides(configuration: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def drill_criteria(drill: str, configuration: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Judge the fault-window criteria of ``drill`` on the run so far.
+def _fault_criterion(drill: str, criterion: str, overrides: dict[str, Any]) -> None:
+    """Check that ``criterion`` is one of ``drill``'s fault-window criteria.
+
+    Raises:
+        ValueError: it names no criterion of ``drill``, or one judged over another window.
+    """
+    crits = {c.name: c for c in criteria_for(drill, overrides)}
+    c = crits.get(criterion)
+    if c is None:
+        known = ", ".join(sorted(n for n, x in crits.items() if x.window == "fault"))
+        raise ValueError(f"{drill}: unknown criterion {criterion!r}; fault-window ones: {known}")
+    if c.window != "fault":
+        raise ValueError(
+            f"{drill}: criterion {criterion!r} is judged over the {c.window} window, which is "
+            "complete only at the end of the run: the game day's verdict judges it"
+        )
+
+
+def drill_criteria(
+    drill: str, criterion: str | None = None, configuration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Judge the fault-window criteria of ``drill`` (or only ``criterion``) on the run so far.
+
+    One probe for all of them reports every broken criterion at once (chaoslib stops the
+    hypothesis at its first failing probe); one probe per criterion
+    (``arguments: {drill: upstream-timeout, criterion: hung_requests}``) names the broken one in
+    the journal.
 
     Args:
         drill: which of the seven drills (``oom-kill`` ...): its criteria table.
+        criterion: one fault-window criterion of ``drill`` to judge alone (None: all).
         configuration: Chaos Toolkit configuration (``infer_run_dir``, ``infer_lab_dir``,
-            ``infer_criteria`` overrides, ``infer_judge_deadline_s``).
+            ``infer_criteria`` overrides, ``infer_judge_deadline_s``; with
+            ``infer_k8s_target`` the run is on a cluster and no local lab is read).
 
     Returns:
         ``{"passed", "state", "reasons", "judged"}``: ``passed`` is False only when the verdict
         of the fault window is ``failed``; ``judged`` is False before any fault was logged.
+        With ``criterion``, also its row: ``"criterion"``, ``"value"``, ``"threshold"``,
+        ``"result"`` (``pass``, ``fail``, ``unmeasured``, ``not judged``, ``n/a``).
 
     Raises:
         ValueError: an ``infer_criteria`` override is malformed or names no criterion of
-            ``drill``.
+            ``drill``; ``criterion`` is not a fault-window criterion of ``drill``.
     """
+    overrides = _overrides(configuration)
+    if criterion is not None:
+        _fault_criterion(drill, criterion, overrides)
     run_dir = settings.run_dir(configuration)
     faults = read_jsonl(run_dir / "faults.jsonl")
     if not faults:
@@ -78,7 +110,10 @@ def drill_criteria(drill: str, configuration: dict[str, Any] | None = None) -> d
     events: list[dict[str, Any]] = []
     ledger: list[dict[str, Any]] = []
     served = None
+    on_cluster = bool((configuration or {}).get("infer_k8s_target"))
     try:
+        if on_cluster:  # never a local lab's events: they are not this target's
+            raise LabError("a cluster run")
         lab = Lab.attach(settings.lab_dir(configuration))
         events = lab.events()
         ledger = read_jsonl(lab.state_dir / LEDGER_FILE)
@@ -92,10 +127,9 @@ def drill_criteria(drill: str, configuration: dict[str, Any] | None = None) -> d
     judged = judged_records(
         records, read_inflight(path.with_name(INFLIGHT_FILE)), time.time(), deadline
     )
-    overrides = _overrides(configuration)
     # only the fault window is complete at this point of the run
     for c in criteria_for(drill, overrides):
-        if c.window != "fault":
+        if c.window != "fault" or (criterion is not None and c.name != criterion):
             overrides[c.name] = None
     facts = DrillFacts(
         drill=drill,
@@ -106,9 +140,19 @@ def drill_criteria(drill: str, configuration: dict[str, Any] | None = None) -> d
         ledger_measured=any(e.get("event", "generation") == "generation" for e in ledger),
     )
     verdict = judge_drill(facts, overrides)
-    return {
+    out: dict[str, Any] = {
         "passed": verdict.state != "failed",
         "state": verdict.state,
         "reasons": verdict.reasons,
         "judged": True,
     }
+    if criterion is not None:
+        row = next((r for r in verdict.rows if r["criterion"] == criterion), {})
+        out.update(
+            criterion=criterion,
+            value=row.get("value"),
+            threshold=row.get("threshold"),
+            result=row.get("result", "unmeasured"),
+            passed=row.get("result") != "fail",
+        )
+    return out

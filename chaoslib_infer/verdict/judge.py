@@ -262,6 +262,8 @@ def _values(
             fig.get(name, fig.get("duplicates") if name == "duplicate_generations" else None)
         )
         out[name] = (value if facts.ledger_measured else None, None)
+    # None (no generation_end lines, or a duplicate without one) reads "unmeasured", never 0
+    out["wasted_tokens"] = (num(fig.get("wasted_tokens")) if facts.ledger_measured else None, None)
     if "fault" in w:
         a, b = w["fault"]
         recs = sel("fault")

@@ -17,6 +17,14 @@ CRITERIA: list[Criterion] = [
         "duplicate_generations", "duplicate generations", "<=", 0.0, "count", "drill", key=True
     ),
     Criterion("extra_generations", "generations paid twice (extra)", "<=", 0.0, "count", "drill"),
+    Criterion(
+        "wasted_tokens",
+        "tokens of generations paid twice (prompt + completion)",
+        "<=",
+        0.0,
+        "tokens",
+        "drill",
+    ),
     Criterion("retries", "client retries", "<=", None, "count", "drill"),
     Criterion(
         "retry_amplification",

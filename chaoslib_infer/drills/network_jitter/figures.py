@@ -93,6 +93,62 @@ def generation_counts(
     return counts
 
 
+def wasted_tokens(ledger: list[dict[str, Any]], ids: set[str]) -> dict[str, Any]:
+    """Tokens the engine spent on duplicate generations of the requests ``ids``.
+
+    A logical request generated ``n > 1`` times is paid ``n`` times for one answer: every
+    generation but the largest one (prompt + completion tokens, from the engine's
+    ``generation_end`` ledger lines, contracts.md §1) is waste. Prefill counts: a retry
+    recomputes the whole prompt.
+
+    Args:
+        ledger: engine ledger lines (``generation`` and ``generation_end`` events; others are
+            skipped).
+        ids: this run's logical request ids (other clients' traffic is ignored).
+
+    Returns:
+        ``{"wasted_tokens": int | None, "wasted_completion_tokens": int | None,
+        "duplicate_generations_without_end": int}``: the totals are None (unmeasured, never 0)
+        when the ledger holds generations but no ``generation_end`` line at all (an engine that
+        does not write them), or when a duplicated request has a generation without its end
+        line (a killed process, a generation still running): the waste is not known then.
+    """
+    starts: dict[str, int] = {}
+    ends: dict[str, list[tuple[int, int]]] = {}
+    any_end = False
+    for e in ledger:
+        rid, event = e.get("request_id"), e.get("event", "generation")
+        if event == "generation_end":
+            any_end = True
+        if not isinstance(rid, str) or rid not in ids:
+            continue
+        if event == "generation":
+            starts[rid] = starts.get(rid, 0) + 1
+        elif event == "generation_end":
+            pt, ct = e.get("prompt_tokens"), e.get("completion_tokens")
+            if isinstance(pt, int) and isinstance(ct, int):
+                ends.setdefault(rid, []).append((pt, ct))
+    missing = sum(max(0, n - len(ends.get(rid, []))) for rid, n in starts.items() if n > 1)
+    if (starts and not any_end) or missing:
+        return {
+            "wasted_tokens": None,
+            "wasted_completion_tokens": None,
+            "duplicate_generations_without_end": missing,
+        }
+    total = completion = 0
+    for rid, n in starts.items():
+        if n < 2:
+            continue
+        gens = sorted(ends[rid], key=lambda g: g[0] + g[1])
+        total += sum(pt + ct for pt, ct in gens[:-1])
+        completion += sum(ct for _, ct in gens[:-1])
+    return {
+        "wasted_tokens": total,
+        "wasted_completion_tokens": completion,
+        "duplicate_generations_without_end": 0,
+    }
+
+
 def _shim_stats(path: Any) -> dict[str, Any] | None:
     if not path:
         return None
@@ -124,7 +180,10 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     - ``duplicate_generations``: logical requests of this run generated more than once by the
       engine (attempt records against the generation ledger; exact in the lab);
       ``duplicate_generations_during_jitter``: those whose first attempt was sent in the window;
-      ``extra_generations``: generations beyond the first, summed over this run's requests.
+      ``extra_generations``: generations beyond the first, summed over this run's requests;
+      ``wasted_tokens`` (prompt + completion) and ``wasted_completion_tokens``: the tokens of
+      those extra generations (:func:`wasted_tokens`; None where the engine writes no
+      ``generation_end`` lines).
     - ``p99_e2e_during_jitter_s``, ``p99_ttft_during_jitter_s``: attempt percentiles (seconds,
       successful attempts; ``censored_fraction_during_jitter`` beside them);
       ``p99_request_e2e_during_jitter_s``: per logical request, first send to final end (retries
@@ -173,6 +232,9 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
         1 for rid, n in mine.items() if n > 1 and start <= first_sent.get(rid, -1.0) < w_end
     )
     figures["extra_generations"] = sum(n - 1 for n in mine.values() if n > 1)
+    waste = wasted_tokens(run_ledger, ids)
+    figures["wasted_tokens"] = waste["wasted_tokens"]
+    figures["wasted_completion_tokens"] = waste["wasted_completion_tokens"]
     during = window_stats(records, start, w_end)
     logical = logical_stats(records, start, w_end)
     figures["requests_during_jitter"] = int(logical.get("requests") or 0)
@@ -208,6 +270,7 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
             1 for e in in_window if e.get("replica") == replica
         ),
         "duplicate_requests_in_ledger": sum(1 for n in counts_run.values() if n > 1),
+        "duplicate_generations_without_end": waste["duplicate_generations_without_end"],
         "generations_by_request": {
             rid: counts_run[rid] for rid in sorted(window_ids) if counts_run.get(rid, 0) > 1
         },

@@ -121,6 +121,7 @@ class GenerationResponse:
         m.prompt_tokens.labels(cfg.model).inc(job.prompt_tokens)
         kv = KvHold(eng)
         produced: list[str] = []
+        outcome = "error"
         try:
             kv.grow(job.prompt_tokens)
             t0 = loop.time()
@@ -153,13 +154,16 @@ class GenerationResponse:
             else:
                 reason = "stop" if self.mode == "empty" else "abort"
             m.success.labels(cfg.model, reason).inc()
+            outcome = "done"
         except asyncio.CancelledError:
+            outcome = "cancelled"
             if self.disconnected:
                 m.success.labels(cfg.model, "abort").inc()
             raise
         finally:
             m.generation_tokens.labels(cfg.model).inc(len(produced))
             kv.release()
+            eng.record_generation_end(job.request_id, job.prompt_tokens, len(produced), outcome)
         return produced
 
     def _garble_how(self, index: int) -> str | None:

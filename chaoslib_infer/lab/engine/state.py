@@ -103,6 +103,30 @@ class Engine:
             return 0.0
         return self.config.warmup_penalty_s * (n - i) / n  # linear decay: full, ..., 1/n
 
+    def record_generation_end(
+        self, request_id: str, prompt_tokens: int, completion_tokens: int, outcome: str
+    ) -> None:
+        """Append the ledger line of a generation that ended (ground truth for wasted tokens).
+
+        Line: ``{"t", "event": "generation_end", "replica", "request_id", "pid",
+        "prompt_tokens", "completion_tokens", "outcome"}``: the prompt this generation prefilled
+        and the tokens it produced (counts), ``outcome`` ``"done"`` (every token produced, or
+        the fault's cut), ``"cancelled"`` (the client went away) or ``"error"``. A process
+        killed mid-generation writes none (contracts.md §1).
+        """
+        self._ledger_line(
+            {
+                "t": time.time(),
+                "event": "generation_end",
+                "replica": self.config.replica_id,
+                "request_id": request_id,
+                "pid": os.getpid(),
+                "prompt_tokens": int(prompt_tokens),
+                "completion_tokens": int(completion_tokens),
+                "outcome": outcome,
+            }
+        )
+
     def _ledger_line(self, entry: dict[str, Any]) -> None:
         if self._ledger_fd is not None:
             os.write(self._ledger_fd, (json.dumps(entry) + "\n").encode())
