@@ -100,7 +100,7 @@ class LoadSpec:
             schedule (``schedule.profile_schedule``), ``duration_s`` and ``rate_rps``.
         trace: path of a recorded trace (``trace.read_trace``: Mooncake / AIPerf JSONL); when
             given it defines the schedule (its timestamps), ``duration_s``, ``rate_rps`` and each
-            request's prompt and ``max_tokens`` (``trace.trace_body``, in schedule order).
+            request's prompt and ``max_tokens`` (``build_body``, in schedule order).
         trace_speed: time scale of the trace (2 = twice as fast).
         transport: ``"raw"`` (default; ``rawhttp``: asyncio Protocol + httptools, less client
             CPU per request, chunk times taken as the bytes arrive) or ``"aiohttp"``; same
@@ -289,7 +289,8 @@ def endpoint_url(spec: LoadSpec) -> str:
 
 
 def build_body(spec: LoadSpec, rng: random.Random, nonce: str | None = None) -> dict[str, Any]:
-    """Request body for one logical request: a prompt starting with a random nonce.
+    """Request body for one logical request: a prompt starting with a random nonce, or with a
+    trace, the next trace request's prompt (``trace.trace_prompt``) and ``output_length``.
 
     Args:
         spec: the load spec (api, model, max_tokens, prompt_words or prompt_mix, include_usage,
@@ -299,18 +300,19 @@ def build_body(spec: LoadSpec, rng: random.Random, nonce: str | None = None) -> 
             cache cannot serve a repeated run).
     """
     if spec.trace is not None:  # the next trace request's size (schedule order)
-        from .trace import trace_body
+        from .trace import trace_prompt
 
         req = spec._trace[spec._trace_next % len(spec._trace)]
         spec._trace_next += 1
-        return trace_body(spec, req, rng)
-    nonce = nonce or secrets.token_hex(8)
-    n_words, max_tokens = spec.prompt_words, spec.max_tokens
-    if spec.prompt_mix:
-        cls = draw_prompt_class(spec.prompt_mix, rng)
-        n_words, max_tokens = cls.prompt_words, cls.max_tokens or spec.max_tokens
-    words = " ".join(rng.choice(PROMPT_WORDS) for _ in range(n_words))
-    prompt = f"[{nonce}] {words}".rstrip()
+        prompt, max_tokens = trace_prompt(req, rng), req.output_length
+    else:
+        nonce = nonce or secrets.token_hex(8)
+        n_words, max_tokens = spec.prompt_words, spec.max_tokens
+        if spec.prompt_mix:
+            cls = draw_prompt_class(spec.prompt_mix, rng)
+            n_words, max_tokens = cls.prompt_words, cls.max_tokens or spec.max_tokens
+        words = " ".join(rng.choice(PROMPT_WORDS) for _ in range(n_words))
+        prompt = f"[{nonce}] {words}".rstrip()
     body: dict[str, Any] = {"model": spec.model, "max_tokens": max_tokens, "stream": True}
     if spec.api == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]

@@ -33,18 +33,14 @@ import secrets
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .mix import PROMPT_WORDS
-
-if TYPE_CHECKING:
-    from .spec import LoadSpec
 
 __all__ = [
     "BLOCK_SIZE",
     "TraceRequest",
     "read_trace",
-    "trace_body",
     "trace_offsets",
     "trace_summary",
 ]
@@ -195,19 +191,3 @@ def trace_prompt(req: TraceRequest, rng: random.Random, block_size: int = BLOCK_
     words.append(f"[{secrets.token_hex(8)}]")
     words.extend(rng.choice(PROMPT_WORDS) for _ in range(n - len(words)))
     return " ".join(words)
-
-
-def trace_body(spec: LoadSpec, req: TraceRequest, rng: random.Random) -> dict[str, Any]:
-    """The request body of trace request ``req`` in ``spec``'s shape (api, model,
-    include_usage, extra_body): prompt ``trace_prompt(req)``, ``max_tokens`` =
-    ``output_length``."""
-    prompt = trace_prompt(req, rng)
-    body: dict[str, Any] = {"model": spec.model, "max_tokens": req.output_length, "stream": True}
-    if spec.api == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
-    else:
-        body["prompt"] = prompt
-    if spec.include_usage:
-        body["stream_options"] = {"include_usage": True}
-    body.update(spec.extra_body)
-    return body
