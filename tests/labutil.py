@@ -6,9 +6,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,3 +70,21 @@ def run_gameday(
     assert summary_file.is_file(), proc.stdout[-3000:] + proc.stderr[-2000:]
     summary: dict[str, Any] = json.loads(summary_file.read_text())
     return proc, summary
+
+
+def plan_copy(base: Path, edit: Callable[[str, dict[str, Any]], None]) -> dict[str, str]:
+    """Copy the default plan (``drills/gameday.yaml``) and its experiments into ``base``, each
+    experiment changed in place by ``edit(drill_name, experiment)``; return the environment
+    (``CHAOS_INFER_PLAN``, ``CHAOS_INFER_EXPERIMENTS``) that makes ``chaos-infer drill run`` and
+    ``gameday`` use the copies."""
+    exp_dir = base / "experiments"
+    exp_dir.mkdir(parents=True)
+    plan = yaml.safe_load((ROOT / "drills" / "gameday.yaml").read_text())
+    for drill in plan["drills"]:
+        name = drill["name"]
+        exp = yaml.safe_load((ROOT / "experiments" / f"{name}.yaml").read_text())
+        edit(name, exp)
+        (exp_dir / f"{name}.yaml").write_text(yaml.safe_dump(exp, sort_keys=False))
+        drill["experiment"] = str(exp_dir / f"{name}.yaml")
+    (base / "gameday.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
+    return {"CHAOS_INFER_PLAN": str(base / "gameday.yaml"), "CHAOS_INFER_EXPERIMENTS": str(exp_dir)}

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from labutil import check_verdict
+from labutil import check_verdict, plan_copy
 from labutil import pid_alive as _alive
 
 from chaoslib_infer.lab.netem import netem_available
@@ -164,22 +163,16 @@ def test_drill_counts_duplicate_generations_exactly_and_fails_on_them(tmp_path: 
 
 
 def _short_jitter_plan(base: Path, jitter_s: int) -> dict[str, str]:
-    """A copy of the default plan and of this drill's experiment with the jitter held
-    ``jitter_s`` seconds (20 in the experiment); returns the environment that selects them."""
-    exp_dir = base / "experiments"
-    exp_dir.mkdir(parents=True)
-    exp = yaml.safe_load((ROOT / "experiments" / f"{DRILL}.yaml").read_text())
-    inject = next(a for a in exp["method"] if a["name"] == "inject-network-jitter")
-    inject["provider"]["arguments"]["duration_s"] = jitter_s
-    inject["pauses"]["after"] = jitter_s
-    (exp_dir / f"{DRILL}.yaml").write_text(yaml.safe_dump(exp, sort_keys=False))
-    plan = yaml.safe_load((ROOT / "drills" / "gameday.yaml").read_text())
-    for drill in plan["drills"]:
-        drill["experiment"] = str(ROOT / "experiments" / f"{drill['name']}.yaml")
-        if drill["name"] == DRILL:
-            drill["experiment"] = str(exp_dir / f"{DRILL}.yaml")
-    (base / "gameday.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
-    return {"CHAOS_INFER_PLAN": str(base / "gameday.yaml"), "CHAOS_INFER_EXPERIMENTS": str(exp_dir)}
+    """A copy of the default plan and experiments with this drill's jitter held ``jitter_s``
+    seconds (20 in the experiment); returns the environment that selects them."""
+
+    def edit(name: str, exp: dict[str, Any]) -> None:
+        if name == DRILL:
+            inject = next(a for a in exp["method"] if a["name"] == "inject-network-jitter")
+            inject["provider"]["arguments"]["duration_s"] = jitter_s
+            inject["pauses"]["after"] = jitter_s
+
+    return plan_copy(base, edit)
 
 
 def test_duplicate_budget_from_the_command_line_and_the_experiment(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 import pytest
 import yaml
 from labutil import pid_alive as _alive
+from labutil import plan_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 RAISE_AFTER = Path(__file__).resolve().parent / "_raise_after.py"
@@ -127,24 +128,19 @@ def _shorten_holds(exp: dict[str, Any]) -> None:
 def light_plan(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A copy of drills/gameday.yaml and experiments/ with a 2 s load warm-up, short holds
     (:func:`_shorten_holds`) and no load past the rollbacks; returns the env."""
-    base = tmp_path_factory.mktemp("plan")
-    exp_dir = base / "experiments"
-    exp_dir.mkdir()
-    for name in DRILLS:
-        exp = yaml.safe_load((ROOT / "experiments" / f"{name}.yaml").read_text())
+
+    def edit(name: str, exp: dict[str, Any]) -> None:
         control = next(c for c in exp["controls"] if c["name"] == "background-load")
         control["provider"]["arguments"]["warmup_s"] = WARMUP_S
         # no load after the rollbacks: these cases judge the rollbacks and the residue, not the
         # after window (the ``exception`` cases ran the drill to its end: 6-10 s each)
         control["provider"]["arguments"]["observe_after_s"] = 0
         _shorten_holds(exp)
-        (exp_dir / f"{name}.yaml").write_text(yaml.safe_dump(exp, sort_keys=False))
-    plan = yaml.safe_load((ROOT / "drills" / "gameday.yaml").read_text())
-    for drill in plan["drills"]:
-        drill["experiment"] = f"experiments/{drill['name']}.yaml"
+
+    env = plan_copy(tmp_path_factory.mktemp("plan"), edit)
+    plan = yaml.safe_load(Path(env["CHAOS_INFER_PLAN"]).read_text())
     assert {d["name"] for d in plan["drills"]} == set(DRILLS)
-    (base / "gameday.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
-    return {"CHAOS_INFER_PLAN": str(base / "gameday.yaml"), "CHAOS_INFER_EXPERIMENTS": str(exp_dir)}
+    return env
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
