@@ -2,7 +2,7 @@
 
 One module per command group: :mod:`.gameday`, :mod:`.drill` (list, run), :mod:`.lab` (up,
 status, down), :mod:`.rollback`, :mod:`.report`, :mod:`.sizing` (capacity, alerts),
-:mod:`.schedule`, :mod:`.certify`, and ``load`` from :mod:`chaoslib_infer.load.commands`;
+:mod:`.schedule`, :mod:`.certify`, and :mod:`.load`;
 :mod:`.plan_run` runs a plan for gameday and drill run, :mod:`.common` holds what they share.
 ``main`` (the click group, :mod:`.root`) is the console script ``chaos-infer`` and
 ``python -m chaoslib_infer.cli``.
@@ -13,12 +13,11 @@ unreachable target (one clear line on stderr, no traceback), 130 interrupted.
 
 from __future__ import annotations
 
-from chaoslib_infer.load.commands import load_group
-
 from .certify import certify
 from .drill import drill
 from .gameday import gameday
 from .lab import describe_engine_fault, lab, lab_up, lab_up_kwargs
+from .load import load_group
 from .report import report
 from .rollback import rollback
 from .root import main

@@ -1,7 +1,7 @@
 """The ``--out`` evidence folder of a run: checked (and made) before anything runs.
 
 Used by the command line (``gameday``, ``drill run``, ``certify``) and by ``chaos-infer load``
-(:mod:`chaoslib_infer.load.commands`), so that a bad ``--out`` is refused with one line before any
+(:mod:`chaoslib_infer.cli.load`), so that a bad ``--out`` is refused with one line before any
 load or fault.
 """
 

@@ -5,13 +5,13 @@ The target is ``--target URL`` (default the lab's HAProxy front at ``http://127.
 operator's URL allowlist like any target: ``CHAOS_INFER_ALLOW``, loopback by default; a target file
 never allows itself) or ``--lab-dir DIR`` (a running lab: its front
 URL, and every replica's ``/metrics`` is scraped). ``--workers N`` splits a three-phase or soak run
-over N workers (:mod:`.workers`): local processes with ``--local``, else a Kubernetes Indexed Job in
+over N workers (:mod:`chaoslib_infer.load.workers`): local processes with ``--local``, else a Kubernetes Indexed Job in
 ``--namespace`` on the target file's cluster, one merged result either way.
 Exit status: 0 done (and, with ``--strict``, every check passed and nothing flagged / the soak is
 valid), 1 a check failed or the soak is invalid under ``--strict``, 2 bad input or refused by the
 client-ceiling rule.
 Beside each records file a run leaves in ``--out`` (the soak's ``records.jsonl``, each
-three-phase step's ``<step>.jsonl``) go Locust-format CSV stats (:mod:`.locuststats`:
+three-phase step's ``<step>.jsonl``) go Locust-format CSV stats (:mod:`chaoslib_infer.load.locuststats`:
 ``records_stats.csv``, ``..._stats_history.csv``, ``..._failures.csv``), as the drills write them;
 a three-phase run with ``--workers`` keeps its records per worker and writes none.
 """
@@ -105,7 +105,7 @@ def _locust_csv(out: Path, report: Mapping[str, Any]) -> None:
     """Write Locust-format CSV stats (:func:`.locuststats.write_locust_stats`) beside each records
     file the run left: each step's ``records`` of a three-phase report, and ``out/records.jsonl``
     (a soak's). A file that cannot be read or written is a warning on stderr, never a failure."""
-    from .locuststats import write_locust_stats
+    from chaoslib_infer.load.locuststats import write_locust_stats
 
     paths = [Path(str(s["records"])) for s in report.get("steps") or [] if s.get("records")]
     paths.append(out / "records.jsonl")
@@ -121,7 +121,7 @@ def _locust_csv(out: Path, report: Mapping[str, Any]) -> None:
 def _ceiling(value: float | None) -> float | None:
     if value is not None:
         return value if value > 0 else None
-    from .ceiling import load_ceiling
+    from chaoslib_infer.load.ceiling import load_ceiling
 
     return load_ceiling()
 
@@ -165,11 +165,10 @@ def _run_workers(
     mode: str, target: str | None, workers: int, local: bool, image: str | None,
     namespace: str, params: dict[str, Any], out: Path,
 ) -> dict[str, Any]:  # fmt: skip
-    """Run ``mode`` over ``workers`` workers (see :mod:`.workers`); exit 2 with one line on error."""
+    """Run ``mode`` over ``workers`` workers (see :mod:`chaoslib_infer.load.workers`); exit 2 with one line on error."""
     from chaoslib_infer import __version__
     from chaoslib_infer.errors import InferChaosError
-
-    from .workers import run_k8s, run_local
+    from chaoslib_infer.load.workers import run_k8s, run_local
 
     def log(m: str) -> None:
         click.echo(m, err=True)
@@ -207,7 +206,7 @@ def _check_trace(trace: str | None, speed: float, workers: int) -> None:
     """Refuse (one line, exit 2) an unreadable or invalid trace, before any load."""
     if trace is None:
         return
-    from .trace import read_trace, trace_offsets
+    from chaoslib_infer.load.trace import read_trace, trace_offsets
 
     if workers > 1:
         _fail("--trace runs in one process: drop --workers")
@@ -265,8 +264,8 @@ def three_phase(
     With --workers N the ramp's concurrencies and the burst rate are split over N workers
     (the single stream stays one stream, on one worker, first) and their HDR histograms merged.
     """
-    from .ceiling import CeilingRefused
-    from .phases import ThreePhaseSpec, render_table, run_three_phase
+    from chaoslib_infer.load.ceiling import CeilingRefused
+    from chaoslib_infer.load.phases import ThreePhaseSpec, render_table, run_three_phase
 
     try:
         steps = tuple(int(x) for x in ramp.split(",") if x.strip())
@@ -279,7 +278,7 @@ def three_phase(
         if any(c < workers for c in steps):
             _fail(f"--ramp {ramp}: with --workers {workers} every step needs >= {workers}")
         if local and burst_rps is not None:
-            from .ceiling import check_rate
+            from chaoslib_infer.load.ceiling import check_rate
 
             try:
                 check_rate(burst_rps, _ceiling(client_ceiling), workers, "burst")
@@ -360,8 +359,8 @@ def soak(
     """
     if trace is not None:
         _check_trace(trace, trace_speed, workers)
-        from .ceiling import CeilingRefused as _Refused
-        from .soak import run_trace_soak
+        from chaoslib_infer.load.ceiling import CeilingRefused as _Refused
+        from chaoslib_infer.load.soak import run_trace_soak
 
         url = _resolve(target, lab_dir)[0]
         _out_ok(out)
@@ -377,8 +376,8 @@ def soak(
     if rate is None:
         _fail("--rate is required (or --trace FILE)")
         return
-    from .ceiling import CeilingRefused
-    from .soak import SoakSpec, parse_burstiness, parse_mix, run_soak
+    from chaoslib_infer.load.ceiling import CeilingRefused
+    from chaoslib_infer.load.soak import SoakSpec, parse_burstiness, parse_mix, run_soak
 
     units = {"s": 1.0, "m": 60.0, "h": 3600.0}
     try:
@@ -397,7 +396,7 @@ def soak(
         _out_ok(out)
         if workers > 1:
             if local:
-                from .ceiling import check_rate
+                from chaoslib_infer.load.ceiling import check_rate
 
                 check_rate(spec.effective_rate, spec.ceiling_rps, workers, "soak")
             params = {
@@ -448,7 +447,7 @@ def ceiling(
     target: str | None, duration_s: float, concurrency: int, max_tokens: int, save: bool
 ) -> None:
     """Highest streamed request rate this client sustains against a zero-latency lab engine."""
-    from .ceiling import CEILING_FILE, measure_ceiling, sim_engine
+    from chaoslib_infer.load.ceiling import CEILING_FILE, measure_ceiling, sim_engine
 
     if target:
         _allowed(target)
