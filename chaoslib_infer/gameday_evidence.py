@@ -280,6 +280,7 @@ _HEADLINE_KEYS = (
     "restart_s",
     "replacement_serving_s",
     "duplicate_generations",
+    "wasted_tokens",
     "ejection_s",
     "all_serving_s",
     "survivor_share_ratio",
