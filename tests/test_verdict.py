@@ -1048,4 +1048,65 @@ def test_one_criterion_probe_refuses_unknown_and_whole_drill_criteria(tmp_path: 
         "state": "no fault yet",
         "reasons": [],
         "judged": False,
+        "criterion": "hung_requests",
+        "value": None,
+        "threshold": None,
+        "result": "no fault yet",
     }
+
+
+def test_criteria_overrides_keep_only_this_drills_items_and_reach_the_duplicates_probe(
+    tmp_path: Path,
+) -> None:
+    from chaoslib_infer.activities.criteria import drill_criteria
+    from chaoslib_infer.drills.network_jitter.probes import duplicates_check
+    from chaoslib_infer.verdict import overrides_for
+
+    text = "restart_s=20,network-jitter:wasted_tokens=5,oom-kill:warmup_ratio=off"
+    assert overrides_for(text, "oom-kill") == {"restart_s": 20.0, "warmup_ratio": None}
+    assert overrides_for(text, "network-jitter") == {"restart_s": 20.0, "wasted_tokens": 5.0}
+    cfg = {
+        "infer_run_dir": str(tmp_path / "run"),
+        "infer_lab_dir": str(tmp_path / "lab"),
+        "infer_criteria": "network-jitter:wasted_tokens=5",
+    }
+    # another drill's item is skipped (one shared value serves every drill's probes)
+    out = drill_criteria("oom-kill", "restart_s", cfg)
+    assert out["result"] == "no fault yet" and out["value"] is None and out["criterion"]
+    with pytest.raises(ValueError, match="unknown drill 'nope-drill'"):
+        drill_criteria("nope-drill", None, cfg)
+    # the operator's duplicate budget (plan, --criterion) replaces the experiment's default 0
+    (tmp_path / "lab").mkdir()
+    ledger = [_gen("a", T0), _gen("a", T0 + 1), _gen("b", T0)]
+    (tmp_path / "lab" / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
+    (tmp_path / "run" / "records.jsonl").write_text(
+        "".join(json.dumps(rec(T0 + i, rid=r)) + "\n" for i, r in enumerate("ab"))
+    )
+    cfg["infer_criteria"] = ""
+    assert duplicates_check(0, cfg)["passed"] is False  # 1 duplicate > 0
+    cfg["infer_criteria"] = "duplicate_generations=1"
+    got = duplicates_check(0, cfg)
+    assert (got["value"], got["threshold"], got["passed"]) == (1, 1.0, True)
+    cfg["infer_criteria"] = "network-jitter:duplicate_generations=off"
+    got = duplicates_check(0, cfg)
+    assert (got["threshold"], got["passed"]) == (None, True)
+
+
+def test_a_second_chaos_run_in_the_same_run_dir_sets_the_old_fault_log_aside(
+    tmp_path: Path,
+) -> None:
+    from chaoslib_infer.activities.criteria import drill_criteria
+    from chaoslib_infer.controls.load import before_experiment_control
+
+    run = tmp_path / "run"
+    run.mkdir()
+    old = json.dumps({"kind": "oom-kill", "replica": "r1", "fault_at": T0}) + "\n"
+    (run / "faults.jsonl").write_text(old)
+    cfg = {"infer_run_dir": str(run), "infer_lab_dir": str(tmp_path / "no-lab")}
+    # the load refuses a bad argument, but only after the earlier run's log is set aside
+    with pytest.raises(Exception, match="unknown argument"):
+        before_experiment_control({}, cfg, nonsense=1)
+    assert not (run / "faults.jsonl").exists()
+    (kept,) = run.glob("faults.*.jsonl")
+    assert kept.read_text() == old  # the earlier evidence is kept
+    assert drill_criteria("oom-kill", "restart_s", cfg)["state"] == "no fault yet"

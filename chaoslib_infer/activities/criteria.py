@@ -28,31 +28,28 @@ import time
 from typing import Any
 
 from chaoslib_infer import settings
+from chaoslib_infer.drills.registry import DRILLS
 from chaoslib_infer.evidence.figures import drill_figures, read_jsonl
 from chaoslib_infer.lab.fleet import LEDGER_FILE, Lab, LabError
 from chaoslib_infer.load.client import INFLIGHT_FILE
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S, judged_records, read_inflight
-from chaoslib_infer.verdict import DrillFacts, criteria_for, judge_drill, parse_override
+from chaoslib_infer.verdict import DrillFacts, criteria_for, judge_drill, overrides_for
 
 __all__ = ["drill_criteria"]
 
 
-def _overrides(configuration: dict[str, Any] | None) -> dict[str, Any]:
-    """``infer_criteria`` (``"name=value,name=off"``) as ``{name: value}``.
+def _overrides(configuration: dict[str, Any] | None, drill: str) -> dict[str, Any]:
+    """``infer_criteria`` (``"name=value,DRILL:name=off"``) as ``{name: value}`` for ``drill``
+    (items prefixed with another drill are skipped).
 
     Raises:
-        ValueError: an item is not ``NAME=VALUE``.
+        ValueError: an item is not ``[DRILL:]NAME=VALUE``.
     """
     text = str((configuration or {}).get("infer_criteria") or "")
     if text.startswith("${"):
         return {}
-    out: dict[str, Any] = {}
-    for item in (x.strip() for x in text.split(",")):
-        if item:
-            _, name, value = parse_override(item)
-            out[name] = value
-    return out
+    return dict(overrides_for(text, drill))
 
 
 def _fault_criterion(drill: str, criterion: str, overrides: dict[str, Any]) -> None:
@@ -94,19 +91,27 @@ def drill_criteria(
         ``{"passed", "state", "reasons", "judged"}``: ``passed`` is False only when the verdict
         of the fault window is ``failed``; ``judged`` is False before any fault was logged.
         With ``criterion``, also its row: ``"criterion"``, ``"value"``, ``"threshold"``,
-        ``"result"`` (``pass``, ``fail``, ``unmeasured``, ``not judged``, ``n/a``).
+        ``"result"`` (``pass``, ``fail``, ``unmeasured``, ``not judged``, ``n/a``; ``no fault
+        yet`` with value and threshold None before the fault).
 
     Raises:
-        ValueError: an ``infer_criteria`` override is malformed or names no criterion of
-            ``drill``; ``criterion`` is not a fault-window criterion of ``drill``.
+        ValueError: ``drill`` is not one of the seven; an ``infer_criteria`` override is
+            malformed or names no criterion of ``drill``; ``criterion`` is not a fault-window
+            criterion of ``drill``.
     """
-    overrides = _overrides(configuration)
+    if drill not in DRILLS:
+        raise ValueError(f"unknown drill {drill!r}; known: {', '.join(sorted(DRILLS))}")
+    overrides = _overrides(configuration, drill)
     if criterion is not None:
         _fault_criterion(drill, criterion, overrides)
     run_dir = settings.run_dir(configuration)
     faults = read_jsonl(run_dir / "faults.jsonl")
     if not faults:
-        return {"passed": True, "state": "no fault yet", "reasons": [], "judged": False}
+        out: dict[str, Any] = {"passed": True, "state": "no fault yet", "reasons": []}
+        out["judged"] = False
+        if criterion is not None:
+            out.update(criterion=criterion, value=None, threshold=None, result="no fault yet")
+        return out
     events: list[dict[str, Any]] = []
     ledger: list[dict[str, Any]] = []
     served = None
@@ -140,7 +145,7 @@ def drill_criteria(
         ledger_measured=any(e.get("event", "generation") == "generation" for e in ledger),
     )
     verdict = judge_drill(facts, overrides)
-    out: dict[str, Any] = {
+    out = {
         "passed": verdict.state != "failed",
         "state": verdict.state,
         "reasons": verdict.reasons,

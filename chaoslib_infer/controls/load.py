@@ -291,6 +291,18 @@ def stop_load(configuration: dict[str, Any] | None = None, grace_s: float = 20.0
     return proc.returncode
 
 
+def _set_aside_old_fault_log(configuration: dict[str, Any] | None) -> None:
+    """Move an earlier run's fault log out of the way (``chaos run`` twice with the same run
+    dir: the records file is rewritten, the fault log was appended to, and this run's probes and
+    figures judged the earlier run's fault). It becomes ``faults.<unix s>.jsonl`` beside it: the
+    evidence is kept, this run's log starts empty. The game day starts each drill in a clean
+    folder, so it never has one."""
+    log = settings.faults_path(configuration)
+    with contextlib.suppress(OSError):
+        if log.stat().st_size > 0:
+            log.rename(log.with_name(f"faults.{int(log.stat().st_mtime)}.jsonl"))
+
+
 def before_experiment_control(
     context: dict[str, Any],
     configuration: dict[str, Any] | None = None,
@@ -307,6 +319,7 @@ def before_experiment_control(
             silently run the default), or whatever :func:`start_load` raises; the line is also
             written to ``<run dir>/load_error.txt``.
     """
+    _set_aside_old_fault_log(configuration)
     if arguments.get("engine") == "locust":  # a locustfile drives the drill's load
         from chaoslib_infer.locust.control import before_experiment_control as locust_before
 

@@ -3,14 +3,26 @@
 Dependency-free on purpose: every room's ``criteria.py`` imports it, and
 :mod:`chaoslib_infer.verdict.criteria` (the common criteria, overrides, ``criteria_for``)
 assembles the drills' lists from :mod:`chaoslib_infer.drills.registry`. Thresholds come from the
-acceptance table of ``docs/definitions.md`` ("Acceptance SLOs", "Drill criteria").
+acceptance table of ``docs/definitions.md`` ("Acceptance SLOs", "Drill criteria"); the parsing of
+an override (``[DRILL:]NAME=VALUE``) is here too, so a room's own probe can read the operator's
+overrides without importing the verdict.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["MIN_REQUESTS", "ROUTED_TO_DOWN", "Criterion", "interruption"]
+__all__ = [
+    "MIN_REQUESTS",
+    "ROUTED_TO_DOWN",
+    "Criterion",
+    "interruption",
+    "overrides_for",
+    "parse_override",
+    "threshold_value",
+]
 
 #: Minimum requests of a judged window (``docs/definitions.md``, "Windows"): the baseline must
 #: show a defect of a few percent (50 requests: 2 failures are 4 %), the fault window must hold
@@ -71,3 +83,58 @@ def interruption(key: bool = False) -> list[Criterion]:
             "fault",
         ),
     ]
+
+
+def parse_override(text: str) -> tuple[str | None, str, float | None]:
+    """Parse ``[DRILL:]NAME=VALUE`` (``VALUE`` a number or ``off``).
+
+    Returns:
+        ``(drill or None, name, threshold or None)``.
+
+    Raises:
+        ValueError: no ``=``, an empty name, or a value that is neither a finite number nor
+            ``off``.
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"criterion {text!r}: expected [DRILL:]NAME=VALUE")
+    drill, _, name = key.strip().rpartition(":")
+    return (drill or None, name, threshold_value(name, value))
+
+
+def overrides_for(text: str, drill: str) -> dict[str, float | None]:
+    """The overrides of ``drill`` in ``text`` (``"NAME=VALUE,DRILL:NAME=off,..."``, the
+    ``infer_criteria`` configuration key): items without a drill prefix and those prefixed with
+    ``drill``; items of other drills are skipped (one shared value serves every drill's probes).
+
+    Returns:
+        ``{name: threshold or None}`` (None: "not judged").
+
+    Raises:
+        ValueError: an item is malformed (:func:`parse_override`).
+    """
+    out: dict[str, float | None] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if item:
+            prefix, name, value = parse_override(item)
+            if prefix is None or prefix == drill:
+                out[name] = value
+    return out
+
+
+def threshold_value(name: str, value: Any) -> float | None:
+    """A criterion's threshold from ``value``: None for None, ``off``, ``none`` or "" (not
+    judged), else a finite float.
+
+    Raises:
+        ValueError: neither a finite number nor ``off``.
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "none", "")):
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"criterion {name}={value!r}: not a number (or 'off')") from None
+    if not math.isfinite(v):
+        raise ValueError(f"criterion {name}={value!r}: not a finite number")
+    return v

@@ -6,7 +6,15 @@ Public surface: :class:`Criterion`, :func:`criteria_for`, :func:`parse_override`
 Definitions: ``docs/definitions.md`` ("Drill criteria", "Windows", "Verdicts").
 """
 
-from .criteria import COMMON, DRILL_CRITERIA, MIN_REQUESTS, Criterion, criteria_for, parse_override
+from .criteria import (
+    COMMON,
+    DRILL_CRITERIA,
+    MIN_REQUESTS,
+    Criterion,
+    criteria_for,
+    overrides_for,
+    parse_override,
+)
 from .judge import (
     STATES,
     DrillFacts,
@@ -32,6 +40,7 @@ __all__ = [
     "figure_error_reason",
     "format_value",
     "judge_drill",
+    "overrides_for",
     "parse_override",
     "timeline",
 ]

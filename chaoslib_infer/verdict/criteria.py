@@ -25,12 +25,17 @@ works too). A value of ``off`` (or YAML ``null``) turns a criterion into "not ju
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from chaoslib_infer.drills.criterion import MIN_REQUESTS, Criterion
+from chaoslib_infer.drills.criterion import (
+    MIN_REQUESTS,
+    Criterion,
+    overrides_for,
+    parse_override,
+    threshold_value,
+)
 from chaoslib_infer.drills.registry import DRILLS
 
 __all__ = [
@@ -40,6 +45,7 @@ __all__ = [
     "MIN_REQUESTS",
     "Criterion",
     "criteria_for",
+    "overrides_for",
     "parse_override",
 ]
 
@@ -125,35 +131,6 @@ def _common_for(drill: str) -> list[Criterion]:
     return [c for c in COMMON if c.name not in dropped]
 
 
-def parse_override(text: str) -> tuple[str | None, str, float | None]:
-    """Parse ``[DRILL:]NAME=VALUE`` (``VALUE`` a number or ``off``).
-
-    Returns:
-        ``(drill or None, name, threshold or None)``.
-
-    Raises:
-        ValueError: no ``=``, an empty name, or a value that is neither a finite number nor
-            ``off``.
-    """
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"criterion {text!r}: expected [DRILL:]NAME=VALUE")
-    drill, _, name = key.strip().rpartition(":")
-    return (drill or None, name, _threshold(name, value))
-
-
-def _threshold(name: str, value: Any) -> float | None:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "none", "")):
-        return None
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"criterion {name}={value!r}: not a number (or 'off')") from None
-    if not math.isfinite(v):
-        raise ValueError(f"criterion {name}={value!r}: not a finite number")
-    return v
-
-
 def criteria_for(drill: str, overrides: Mapping[str, Any] | None = None) -> list[Criterion]:
     """The criteria of ``drill`` (its own first, then the common ones) with ``overrides``.
 
@@ -174,5 +151,5 @@ def criteria_for(drill: str, overrides: Mapping[str, Any] | None = None) -> list
         if name not in by_name:
             known = ", ".join(sorted(by_name))
             raise ValueError(f"{drill}: unknown criterion {name!r}; known: {known}")
-        by_name[name] = replace(by_name[name], threshold=_threshold(name, value))
+        by_name[name] = replace(by_name[name], threshold=threshold_value(name, value))
     return [by_name[c.name] for c in crits]

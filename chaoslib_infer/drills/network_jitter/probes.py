@@ -13,6 +13,7 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer import settings
+from chaoslib_infer.drills.criterion import overrides_for
 from chaoslib_infer.evidence.figures import read_jsonl
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure import figures as mfig
@@ -33,7 +34,9 @@ def duplicates_check(
         max_duplicates: the budget (logical requests generated more than once); a negative value
             means no budget: the count is reported and the check passes.
         configuration: Chaos Toolkit configuration (``infer_run_dir`` for the records,
-            ``infer_lab_dir`` for the ledger).
+            ``infer_lab_dir`` for the ledger; ``infer_criteria``: a ``duplicate_generations``
+            override there, from the plan or ``--criterion``, replaces ``max_duplicates``,
+            ``off`` meaning no budget).
 
     Returns:
         ``{"metric": "duplicate_generations", "value" (count), "op": "<=", "threshold" (None
@@ -41,13 +44,21 @@ def duplicates_check(
         the tolerance ``{"type": "jsonpath", "path": "$.passed", "expect": true}``.
 
     Raises:
-        ActivityFailed: ``max_duplicates`` is not a number, or the lab has no ledger file (no lab,
+        ActivityFailed: ``max_duplicates`` or the override is not a number, or the lab has no ledger file (no lab,
             or an engine without one: duplicates cannot be counted there).
     """
     try:
         budget = float(max_duplicates)
     except (TypeError, ValueError):
         raise ActivityFailed(f"max_duplicates must be a number, got {max_duplicates!r}") from None
+    text = str((configuration or {}).get("infer_criteria") or "")
+    try:  # the operator's criterion (plan, --criterion) wins over the experiment's budget
+        override = {} if text.startswith("${") else overrides_for(text, "network-jitter")
+    except ValueError as exc:
+        raise ActivityFailed(str(exc)) from None
+    if "duplicate_generations" in override:
+        value = override["duplicate_generations"]
+        budget = -1.0 if value is None else value
     ledger_path = settings.lab_dir(configuration) / "ledger.jsonl"
     if not ledger_path.exists():
         raise ActivityFailed(
