@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from chaoslib_infer.drills.network_jitter.figures import wasted_tokens
+from chaoslib_infer.drills.network_jitter.figures import generation_counts, wasted_tokens
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.bundle import junit_xml
 from chaoslib_infer.load.client import cut_off_record, write_inflight
@@ -228,6 +228,12 @@ def test_duplicate_generations_judged_and_unmeasured_without_a_ledger(
         assert rows["duplicate_generations"]["value"] is None  # never 0
 
 
+def _waste(ledger: list[dict[str, Any]], ids: set[str]) -> dict[str, Any]:
+    """:func:`wasted_tokens` for the requests ``ids`` (the generation counts as compute() has them)."""
+    counts = generation_counts(ledger)
+    return wasted_tokens(ledger, {rid: n for rid, n in counts.items() if rid in ids})
+
+
 def _gen(rid: str, t: float) -> dict[str, Any]:
     return {"t": t, "event": "generation", "replica": "r1", "request_id": rid, "pid": 1}
 
@@ -256,7 +262,7 @@ def test_wasted_tokens_from_the_ledger_fail_the_jitter_drill_and_read_unmeasured
         _gen("b", T0 + 1), _end("b", T0 + 2, 10, 32),
         _gen("x", T0 + 1), _gen("x", T0 + 2), _end("x", T0 + 3, 99, 99),
     ]  # fmt: skip
-    waste = wasted_tokens(ledger, {"a", "b"})
+    waste = _waste(ledger, {"a", "b"})
     assert (waste["wasted_tokens"], waste["wasted_completion_tokens"]) == (15, 5)
     fig = {"duplicate_generations": 1, "extra_generations": 1, "retries": 1, **waste}
     v = judge_drill(
@@ -274,13 +280,13 @@ def test_wasted_tokens_from_the_ledger_fail_the_jitter_drill_and_read_unmeasured
     )
     assert ok.state == "passed", ok.reasons
     # no duplicates: 0 tokens wasted, measured
-    assert wasted_tokens(ledger, {"b"})["wasted_tokens"] == 0
+    assert _waste(ledger, {"b"})["wasted_tokens"] == 0
     # an engine that writes no end lines: unmeasured, never 0
     starts_only = [e for e in ledger if e["event"] == "generation"]
-    assert wasted_tokens(starts_only, {"b"})["wasted_tokens"] is None
+    assert _waste(starts_only, {"b"})["wasted_tokens"] is None
     # a duplicated request whose generation has no end (its process was killed): unmeasured
     killed = [e for e in ledger if not (e["event"] == "generation_end" and e["t"] == T0 + 2)]
-    w = wasted_tokens(killed, {"a", "b"})
+    w = _waste(killed, {"a", "b"})
     assert w["wasted_tokens"] is None and w["duplicate_generations_without_end"] == 1
     v = judge_drill(
         facts("network-jitter", steady(T0, T0 + 30), {**fig, **w}, JITTER_GROUND),

@@ -28,28 +28,16 @@ import time
 from typing import Any
 
 from chaoslib_infer import settings
+from chaoslib_infer.drills.criterion import configured_overrides
 from chaoslib_infer.drills.registry import DRILLS
 from chaoslib_infer.evidence.figures import drill_figures, read_jsonl
 from chaoslib_infer.lab.fleet import LEDGER_FILE, Lab, LabError
 from chaoslib_infer.load.client import INFLIGHT_FILE
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S, judged_records, read_inflight
-from chaoslib_infer.verdict import DrillFacts, criteria_for, judge_drill, overrides_for
+from chaoslib_infer.verdict import DrillFacts, criteria_for, judge_drill
 
 __all__ = ["drill_criteria"]
-
-
-def _overrides(configuration: dict[str, Any] | None, drill: str) -> dict[str, Any]:
-    """``infer_criteria`` (``"name=value,DRILL:name=off"``) as ``{name: value}`` for ``drill``
-    (items prefixed with another drill are skipped).
-
-    Raises:
-        ValueError: an item is not ``[DRILL:]NAME=VALUE``.
-    """
-    text = str((configuration or {}).get("infer_criteria") or "")
-    if text.startswith("${"):
-        return {}
-    return dict(overrides_for(text, drill))
 
 
 def _fault_criterion(drill: str, criterion: str, overrides: dict[str, Any]) -> None:
@@ -101,14 +89,18 @@ def drill_criteria(
     """
     if drill not in DRILLS:
         raise ValueError(f"unknown drill {drill!r}; known: {', '.join(sorted(DRILLS))}")
-    overrides = _overrides(configuration, drill)
+    overrides = configured_overrides(configuration, drill)
     if criterion is not None:
         _fault_criterion(drill, criterion, overrides)
     run_dir = settings.run_dir(configuration)
     faults = read_jsonl(run_dir / "faults.jsonl")
     if not faults:
-        out: dict[str, Any] = {"passed": True, "state": "no fault yet", "reasons": []}
-        out["judged"] = False
+        out: dict[str, Any] = {
+            "passed": True,
+            "state": "no fault yet",
+            "reasons": [],
+            "judged": False,
+        }
         if criterion is not None:
             out.update(criterion=criterion, value=None, threshold=None, result="no fault yet")
         return out

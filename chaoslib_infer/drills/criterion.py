@@ -11,6 +11,7 @@ overrides without importing the verdict.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ __all__ = [
     "MIN_REQUESTS",
     "ROUTED_TO_DOWN",
     "Criterion",
+    "configured_overrides",
     "interruption",
     "overrides_for",
     "parse_override",
@@ -120,6 +122,18 @@ def overrides_for(text: str, drill: str) -> dict[str, float | None]:
             if prefix is None or prefix == drill:
                 out[name] = value
     return out
+
+
+def configured_overrides(configuration: Mapping[str, Any] | None, drill: str) -> dict[str, Any]:
+    """``drill``'s overrides in the Chaos Toolkit configuration key ``infer_criteria`` (the game
+    day sets it from the plan and ``--criterion``; ``chaos run --var infer_criteria=...``); {}
+    when absent or still an unresolved ``${...}``.
+
+    Raises:
+        ValueError: an item is malformed (:func:`overrides_for`).
+    """
+    text = str((configuration or {}).get("infer_criteria") or "")
+    return {} if text.startswith("${") else dict(overrides_for(text, drill))
 
 
 def threshold_value(name: str, value: Any) -> float | None:

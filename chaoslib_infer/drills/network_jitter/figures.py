@@ -93,8 +93,8 @@ def generation_counts(
     return counts
 
 
-def wasted_tokens(ledger: list[dict[str, Any]], ids: set[str]) -> dict[str, Any]:
-    """Tokens the engine spent on duplicate generations of the requests ``ids``.
+def wasted_tokens(ledger: list[dict[str, Any]], generations: dict[str, int]) -> dict[str, Any]:
+    """Tokens the engine spent on the duplicate generations counted in ``generations``.
 
     A logical request generated ``n > 1`` times is paid ``n`` times for one answer: every
     generation but the largest one (prompt + completion tokens, from the engine's
@@ -102,9 +102,9 @@ def wasted_tokens(ledger: list[dict[str, Any]], ids: set[str]) -> dict[str, Any]
     recomputes the whole prompt.
 
     Args:
-        ledger: engine ledger lines (``generation`` and ``generation_end`` events; others are
-            skipped).
-        ids: this run's logical request ids (other clients' traffic is ignored).
+        ledger: engine ledger lines (``generation_end`` events are read; others are skipped).
+        generations: ``{request_id: generations}`` of this run's logical requests
+            (:func:`generation_counts` over the same ledger, other clients' ids left out).
 
     Returns:
         ``{"wasted_tokens": int | None, "wasted_completion_tokens": int | None,
@@ -113,32 +113,25 @@ def wasted_tokens(ledger: list[dict[str, Any]], ids: set[str]) -> dict[str, Any]
         does not write them), or when a duplicated request has a generation without its end
         line (a killed process, a generation still running): the waste is not known then.
     """
-    starts: dict[str, int] = {}
+    dups = {rid: n for rid, n in generations.items() if n > 1}
     ends: dict[str, list[tuple[int, int]]] = {}
     any_end = False
     for e in ledger:
-        rid, event = e.get("request_id"), e.get("event", "generation")
-        if event == "generation_end":
-            any_end = True
-        if not isinstance(rid, str) or rid not in ids:
+        if e.get("event") != "generation_end":
             continue
-        if event == "generation":
-            starts[rid] = starts.get(rid, 0) + 1
-        elif event == "generation_end":
-            pt, ct = e.get("prompt_tokens"), e.get("completion_tokens")
-            if isinstance(pt, int) and isinstance(ct, int):
-                ends.setdefault(rid, []).append((pt, ct))
-    missing = sum(max(0, n - len(ends.get(rid, []))) for rid, n in starts.items() if n > 1)
-    if (starts and not any_end) or missing:
+        any_end = True
+        rid, pt, ct = e.get("request_id"), e.get("prompt_tokens"), e.get("completion_tokens")
+        if rid in dups and isinstance(pt, int) and isinstance(ct, int):
+            ends.setdefault(str(rid), []).append((pt, ct))
+    missing = sum(max(0, n - len(ends.get(rid, []))) for rid, n in dups.items())
+    if (generations and not any_end) or missing:
         return {
             "wasted_tokens": None,
             "wasted_completion_tokens": None,
             "duplicate_generations_without_end": missing,
         }
     total = completion = 0
-    for rid, n in starts.items():
-        if n < 2:
-            continue
+    for rid in dups:
         gens = sorted(ends[rid], key=lambda g: g[0] + g[1])
         total += sum(pt + ct for pt, ct in gens[:-1])
         completion += sum(ct for _, ct in gens[:-1])
@@ -232,7 +225,7 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
         1 for rid, n in mine.items() if n > 1 and start <= first_sent.get(rid, -1.0) < w_end
     )
     figures["extra_generations"] = sum(n - 1 for n in mine.values() if n > 1)
-    waste = wasted_tokens(run_ledger, ids)
+    waste = wasted_tokens(run_ledger, mine)
     figures["wasted_tokens"] = waste["wasted_tokens"]
     figures["wasted_completion_tokens"] = waste["wasted_completion_tokens"]
     during = window_stats(records, start, w_end)

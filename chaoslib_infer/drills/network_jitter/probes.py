@@ -13,7 +13,7 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer import settings
-from chaoslib_infer.drills.criterion import overrides_for
+from chaoslib_infer.drills.criterion import configured_overrides
 from chaoslib_infer.evidence.figures import read_jsonl
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure import figures as mfig
@@ -51,9 +51,8 @@ def duplicates_check(
         budget = float(max_duplicates)
     except (TypeError, ValueError):
         raise ActivityFailed(f"max_duplicates must be a number, got {max_duplicates!r}") from None
-    text = str((configuration or {}).get("infer_criteria") or "")
     try:  # the operator's criterion (plan, --criterion) wins over the experiment's budget
-        override = {} if text.startswith("${") else overrides_for(text, "network-jitter")
+        override = configured_overrides(configuration, "network-jitter")
     except ValueError as exc:
         raise ActivityFailed(str(exc)) from None
     if "duplicate_generations" in override:
