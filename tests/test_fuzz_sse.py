@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaoslib_infer.load.sse import SSEDecoder, StreamParser
+from chaoslib_infer.measure.sse import SSEDecoder, StreamParser
 
 CLASSES = (None, "stream_error", "garbled", "empty", "truncated")
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chaoslib_infer.load.fakeserver import stream_bytes
-from chaoslib_infer.load.sse import SSEDecoder, StreamParser
+from chaoslib_infer.measure.sse import SSEDecoder, StreamParser
 
 
 def parse(chunks: list[bytes]) -> tuple[StreamParser, int]:

@@ -164,7 +164,7 @@ def test_each_echo_case_is_scrubbed_before_the_client_cuts_it(
     """The load client's own error texts (HTTP error line, SSE error event, stream error
     object) of each echo hold no run of the key, the short prefix a cut leaves included."""
     from chaoslib_infer.load.attempts import http_error
-    from chaoslib_infer.load.sse import StreamParser
+    from chaoslib_infer.measure.sse import StreamParser
 
     monkeypatch.setenv(redact.API_KEY_ENV, KEY)
     status, _headers, body = _echo(KEY, n)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from chaoslib_infer.safety.redact import clip
 
 from .records import perf_to_unix
-from .sse import StreamParser
+from chaoslib_infer.measure.sse import StreamParser
 
 __all__ = [
     "AFTER_DONE_GRACE_S",

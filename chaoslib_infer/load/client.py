@@ -84,7 +84,7 @@ from .spec import build_body as build_body
 from .spec import endpoint_url as endpoint_url
 from .spec import logical_request_id as logical_request_id
 from .spec import retry_backoff_delay as retry_backoff_delay
-from .sse import StreamParser
+from chaoslib_infer.measure.sse import StreamParser
 
 if TYPE_CHECKING:
     from .rawhttp import RawSession

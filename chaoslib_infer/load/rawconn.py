@@ -28,7 +28,7 @@ from .attempts import (
     Deadline,
     chunk_deadline,
 )
-from .sse import StreamParser
+from chaoslib_infer.measure.sse import StreamParser
 
 __all__ = ["RawConnection", "RawSession"]
 

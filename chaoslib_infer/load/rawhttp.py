@@ -62,7 +62,7 @@ from .attempts import (
 from .rawconn import RawConnection
 from .rawconn import RawSession as RawSession
 from .records import perf_to_unix
-from .sse import StreamParser
+from chaoslib_infer.measure.sse import StreamParser
 
 __all__ = ["RawSession", "send_attempt_raw"]
 

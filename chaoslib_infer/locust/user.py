@@ -84,7 +84,7 @@ from chaoslib_infer.load.client import (
     logical_request_id,
     retry_backoff_delay,
 )
-from chaoslib_infer.load.sse import StreamParser
+from chaoslib_infer.measure.sse import StreamParser
 from chaoslib_infer.locust import relay
 from chaoslib_infer.locust.attempt_parts import (
     AppendWriter,

@@ -44,7 +44,7 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from chaoslib_infer.load.sse import SSEDecoder, StreamParser
+from chaoslib_infer.measure.sse import SSEDecoder, StreamParser
 
 __all__ = [
     "TOOLS",

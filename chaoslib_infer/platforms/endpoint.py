@@ -261,7 +261,7 @@ def load_target(path: str | Path, allow: tuple[str, ...] | list[str] = ()) -> En
 
 
 def _events(raw: bytes) -> list[dict[str, Any]]:
-    from chaoslib_infer.load.sse import SSEDecoder
+    from chaoslib_infer.measure.sse import SSEDecoder
 
     dec = SSEDecoder()
     out = []
@@ -325,7 +325,7 @@ def _row(check: str, expected: str, observed: str, passed: bool | None, critical
 async def _probe(target: EndpointTarget, timeout_s: float) -> dict[str, Any]:
     import aiohttp
 
-    from chaoslib_infer.load.sse import StreamParser
+    from chaoslib_infer.measure.sse import StreamParser
     from chaoslib_infer.providers import parse_error
 
     p = target.profile
