@@ -183,7 +183,8 @@ def _exercise_load_workers(fake: FakeK8s, target: str, tmp_path: Path) -> None:
     import json
 
     from chaoslib_infer.load.soak import StreamStats
-    from chaoslib_infer.load.workers import MARKER, encode_stats, run_k8s
+    from chaoslib_infer.load.workers import MARKER, encode_stats
+    from chaoslib_infer.platforms.kubernetes.load_job import run_k8s
     from chaoslib_infer.platforms.kubernetes.target import load_target
 
     def canned(pod: dict[str, Any]) -> tuple[int, str]:

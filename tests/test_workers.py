@@ -28,10 +28,11 @@ from chaoslib_infer.load.workers import (
     encode_stats,
     merge_stats,
     parse_result,
-    run_k8s,
     run_local,
     shard_share,
 )
+from chaoslib_infer.platforms.kubernetes import load_job
+from chaoslib_infer.platforms.kubernetes.load_job import run_k8s
 from chaoslib_infer.platforms.kubernetes.target import load_target
 
 SOAK = {"duration_s": 1.5, "rate": 24, "mix": "short:80,mid:20", "max_tokens_scale": 0.1}
@@ -246,7 +247,7 @@ def test_cli_workers_on_kubernetes(
     engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        workers, "run_k8s", functools.partial(run_k8s, poll_s=0.1, start_delay_s=1.0)
+        load_job, "run_k8s", functools.partial(run_k8s, poll_s=0.1, start_delay_s=1.0)
     )
     with FakeK8s() as fake:
         fake.rbac_subject = False  # deploy/rbac.yaml grants namespace chaos-infer, not "loadtest"

@@ -168,7 +168,8 @@ def _run_workers(
     """Run ``mode`` over ``workers`` workers (see :mod:`chaoslib_infer.load.workers`); exit 2 with one line on error."""
     from chaoslib_infer import __version__
     from chaoslib_infer.errors import InferChaosError
-    from chaoslib_infer.load.workers import run_k8s, run_local
+    from chaoslib_infer.load.workers import run_local
+    from chaoslib_infer.platforms.kubernetes.load_job import run_k8s
 
     def log(m: str) -> None:
         click.echo(m, err=True)

@@ -22,10 +22,10 @@ import math
 import time
 from typing import Any, Protocol
 
+from chaoslib_infer.measure.sse import StreamParser
 from chaoslib_infer.safety.redact import clip
 
 from .records import perf_to_unix
-from chaoslib_infer.measure.sse import StreamParser
 
 __all__ = [
     "AFTER_DONE_GRACE_S",

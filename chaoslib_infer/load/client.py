@@ -58,6 +58,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from chaoslib_infer.measure.sse import StreamParser
+
 from .attempts import (
     AFTER_DONE_GRACE_S,
     CUT_OFF,
@@ -84,7 +86,6 @@ from .spec import build_body as build_body
 from .spec import endpoint_url as endpoint_url
 from .spec import logical_request_id as logical_request_id
 from .spec import retry_backoff_delay as retry_backoff_delay
-from chaoslib_infer.measure.sse import StreamParser
 
 if TYPE_CHECKING:
     from .rawhttp import RawSession

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from chaoslib_infer.measure.sse import StreamParser
 from chaoslib_infer.safety.redact import clip
 
 from . import kerneltime
@@ -28,7 +29,6 @@ from .attempts import (
     Deadline,
     chunk_deadline,
 )
-from chaoslib_infer.measure.sse import StreamParser
 
 __all__ = ["RawConnection", "RawSession"]
 

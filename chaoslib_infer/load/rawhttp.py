@@ -50,6 +50,8 @@ import asyncio
 import time
 from typing import Any
 
+from chaoslib_infer.measure.sse import StreamParser
+
 from .attempts import (
     AFTER_DONE_GRACE_S,
     AttemptSpec,
@@ -62,7 +64,6 @@ from .attempts import (
 from .rawconn import RawConnection
 from .rawconn import RawSession as RawSession
 from .records import perf_to_unix
-from chaoslib_infer.measure.sse import StreamParser
 
 __all__ = ["RawSession", "send_attempt_raw"]
 

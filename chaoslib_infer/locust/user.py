@@ -84,7 +84,6 @@ from chaoslib_infer.load.client import (
     logical_request_id,
     retry_backoff_delay,
 )
-from chaoslib_infer.measure.sse import StreamParser
 from chaoslib_infer.locust import relay
 from chaoslib_infer.locust.attempt_parts import (
     AppendWriter,
@@ -96,6 +95,7 @@ from chaoslib_infer.locust.attempt_parts import (
     records_writer,
     unwrap,
 )
+from chaoslib_infer.measure.sse import StreamParser
 
 __all__ = [
     "RECORDS_ENV",
