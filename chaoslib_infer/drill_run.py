@@ -25,10 +25,11 @@ from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.render import write_atomic
 from chaoslib_infer.evidence.verdicts import write_residue
 from chaoslib_infer.gameday_evidence import drill_evidence, headline
+from chaoslib_infer.lab import ledger
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.plan import DrillSpec, Plan
 from chaoslib_infer.run_progress import Progress, ProgressHandler
-from chaoslib_infer.safety import ledger, redact
+from chaoslib_infer.safety import redact
 
 __all__ = [
     "SERVICE_OWN_KINDS",
@@ -134,7 +135,7 @@ def residue_check(lab: Lab | None, drill_dir: Path) -> list[str]:
         except LabError as exc:
             out.append(f"lab fault ledger unreadable: {exc}")
     with contextlib.suppress(FileNotFoundError):
-        from chaoslib_infer.safety.k8s_replay import find_pending
+        from chaoslib_infer.k8s_replay import find_pending
 
         out += [f"kubernetes: {p.kind} ({p.path.name})" for p in find_pending(drill_dir)]
     return out

@@ -37,11 +37,12 @@ from chaoslib_infer.errors import ConfigError, InferChaosError, TargetUnreachabl
 from chaoslib_infer.evidence.bundle import junit_xml, tool_versions, write_manifest
 from chaoslib_infer.evidence.render import render_index, write_atomic
 from chaoslib_infer.gameday_evidence import K8S_OMITTED, drill_evidence, headline
+from chaoslib_infer.lab import ledger
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.plan import Plan
 from chaoslib_infer.report import bundle_runbooks, report_run, runbooks_dir
 from chaoslib_infer.run_progress import Progress, iso, redacting_progress
-from chaoslib_infer.safety import ledger, redact
+from chaoslib_infer.safety import redact
 from chaoslib_infer.safety.allowlist import check_target
 from chaoslib_infer.safety.guard import plan_stop_conditions
 from chaoslib_infer.verdict import exit_code as verdict_exit_code
@@ -189,7 +190,7 @@ def run_gameday(
     on Ctrl-C and on SIGTERM too. Fault records a killed earlier run left in ``out_dir/lab`` are
     rolled back first (and a lab it left running is taken down); on Kubernetes, the saved states
     it left in ``out_dir/*/k8s-state/`` are replayed first
-    (:func:`~chaoslib_infer.safety.k8s_replay.recover_previous_run`). ``summary.json`` is
+    (:func:`~chaoslib_infer.k8s_replay.recover_previous_run`). ``summary.json`` is
     written at the start and after each drill with ``"complete": false`` (and ``in_progress``),
     so a run killed mid-drill still leaves a summary that ``chaos-infer report`` renders. A drill
     aborted by a stop condition ends the game day with exit code 1. Secrets
@@ -286,7 +287,7 @@ def run_gameday(
     try:
         _write_summary()
         if k8s_target is not None:  # faults a killed run left on the cluster: undo them first
-            from chaoslib_infer.safety.k8s_replay import recover_previous_run
+            from chaoslib_infer.k8s_replay import recover_previous_run
 
             recover_previous_run(out_dir, str(Path(k8s_target.source).resolve()), progress)
         if not base_url:

@@ -178,7 +178,7 @@ def test_plan_that_is_a_directory_or_missing(folder: Path) -> None:
 # the provider's module, and a random name could import something with side effects.
 SAFE_MODULES = [
     "chaoslib_infer.activities.lab",
-    "chaoslib_infer.safety.testfault",
+    "chaoslib_infer.lab.testfault",
     "no.such.mod",
     "",
 ]

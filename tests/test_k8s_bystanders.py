@@ -179,9 +179,9 @@ def test_preflight_follows_the_drill_opt_in_and_the_daemonset_exception(
     tmp_path: Path, fake: FakeK8s
 ) -> None:
     from chaoslib_infer.errors import ConfigError
+    from chaoslib_infer.k8s_preflight import check_plan, node_fault_calls
     from chaoslib_infer.plan import load_plan
     from chaoslib_infer.platforms.kubernetes.target import load_target
-    from chaoslib_infer.safety.k8s_preflight import check_plan, node_fault_calls
 
     target_file, _cfg, _victim = _setup(tmp_path, fake)
     target = load_target(target_file)
@@ -212,9 +212,9 @@ def test_preflight_sees_a_node_fault_named_by_its_room(tmp_path: Path, fake: Fak
     an older one names the ``activities.k8s`` alias: the bystander preflight refuses both."""
 
     from chaoslib_infer.errors import ConfigError
+    from chaoslib_infer.k8s_preflight import check_plan, node_fault_calls
     from chaoslib_infer.plan import load_plan
     from chaoslib_infer.platforms.kubernetes.target import load_target
-    from chaoslib_infer.safety.k8s_preflight import check_plan, node_fault_calls
 
     root = Path(__file__).resolve().parent.parent
     text = (root / "experiments/k8s/node-loss.yaml").read_text()

@@ -28,9 +28,9 @@ from fake_k8s import FakeK8s, make_cluster, write_target
 
 from chaoslib_infer.activities import k8s
 from chaoslib_infer.cli import main
+from chaoslib_infer.k8s_replay import ROLLBACKS, find_pending, replay
 from chaoslib_infer.load.ceiling import sim_engine
 from chaoslib_infer.platforms.kubernetes.policy import BLOCK_LABEL
-from chaoslib_infer.safety.k8s_replay import ROLLBACKS, find_pending, replay
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "llm"

@@ -32,8 +32,8 @@ import pytest
 from click.testing import CliRunner
 
 from chaoslib_infer.cli import main
+from chaoslib_infer.lab import deadman, registry
 from chaoslib_infer.lab.fleet import Lab
-from chaoslib_infer.safety import deadman, registry
 
 LAB_ID = "t9"
 TOKEN = "nj0123456789"
@@ -221,7 +221,7 @@ CASES: dict[str, tuple[Callable[[World], dict[str, Any]], str]] = {
     "foreign-pid-sigstop": (
         lambda w: {
             "kind": "test-sigstop",
-            "module": "chaoslib_infer.safety.testfault",
+            "module": "chaoslib_infer.lab.testfault",
             "id": "test-sigstop-0badc0de",
             "replica": "r0",
             "pid": w.foreign,
@@ -287,7 +287,7 @@ CASES: dict[str, tuple[Callable[[World], dict[str, Any]], str]] = {
     "foreign-marker": (
         lambda w: {
             "kind": "test-marker",
-            "module": "chaoslib_infer.safety.testfault",
+            "module": "chaoslib_infer.lab.testfault",
             "id": "test-marker-0badc0de",
             "path": str(w.victim / "precious"),
         },
@@ -296,7 +296,7 @@ CASES: dict[str, tuple[Callable[[World], dict[str, Any]], str]] = {
     "malformed-id": (
         lambda w: {
             "kind": "test-marker",
-            "module": "chaoslib_infer.safety.testfault",
+            "module": "chaoslib_infer.lab.testfault",
             "id": "test-marker-1; rm -rf /",
             "path": str(w.pwned),
         },
@@ -354,7 +354,7 @@ def test_genuine_records_of_the_same_lab_are_undone(world: World) -> None:
     records = [
         {
             "kind": "test-sigstop",
-            "module": "chaoslib_infer.safety.testfault",
+            "module": "chaoslib_infer.lab.testfault",
             "id": "test-sigstop-0000abcd",
             "replica": "r0",
             "pid": world.own,
@@ -362,7 +362,7 @@ def test_genuine_records_of_the_same_lab_are_undone(world: World) -> None:
         },
         {
             "kind": "test-marker",
-            "module": "chaoslib_infer.safety.testfault",
+            "module": "chaoslib_infer.lab.testfault",
             "id": "test-marker-0000abcd",
             "path": str(marker),
         },
@@ -408,7 +408,7 @@ def test_one_tampered_record_blocks_the_whole_replay(world: World) -> None:
     marker.write_text("test-marker-0000abcd")
     genuine = {
         "kind": "test-marker",
-        "module": "chaoslib_infer.safety.testfault",
+        "module": "chaoslib_infer.lab.testfault",
         "id": "test-marker-0000abcd",
         "path": str(marker),
         "ttl_s": 1.0,

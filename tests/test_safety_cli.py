@@ -128,7 +128,7 @@ def test_target_outside_allowlist_is_refused(plan_dir: Path) -> None:
         "title: t\ndescription: d\nmethod:\n  - {type: action, name: x, provider: {type: python, "
         "module: chaoslib_infer.activities.lab, func: no_such_function}}\n",  # unknown function
         "title: t\ndescription: d\nsteady-state-hypothesis: {title: h, probes: [{type: probe, "
-        "name: p, provider: {type: python, module: chaoslib_infer.safety.testfault, func: echo}}]}"
+        "name: p, provider: {type: python, module: chaoslib_infer.lab.testfault, func: echo}}]}"
         "\nmethod: [{type: action, name: x, provider: {type: python, module: "
         "chaoslib_infer.activities.lab, func: clear_lab_faults}}]\n",  # probe without tolerance
     ],

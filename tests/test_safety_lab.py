@@ -2,7 +2,7 @@
 watchdog, the rollback ledger, stop conditions, secrets.
 
 Each test runs ``chaos-infer`` (or ``chaos run``) as a subprocess with a small experiment written
-here (faults from :mod:`chaoslib_infer.safety.testfault` and, where it exists, the real cgroup
+here (faults from :mod:`chaoslib_infer.lab.testfault` and, where it exists, the real cgroup
 freeze of :mod:`chaoslib_infer.lab.freeze`) and checks the lab's own ground truth: ``faults.json``
 (the ledger), ``events.jsonl`` (``expired``/``cleared`` fault events), the processes' states.
 """
@@ -229,7 +229,7 @@ def _experiment(
 def _action(
     name: str,
     func: str,
-    module: str = "chaoslib_infer.safety.testfault",
+    module: str = "chaoslib_infer.lab.testfault",
     pause_s: float = 0,
     **arguments: Any,
 ) -> dict[str, Any]:
@@ -465,7 +465,7 @@ def test_api_key_is_used_but_never_written(tmp_path: Path) -> None:
                 "name": "echo-key",
                 "provider": {
                     "type": "python",
-                    "module": "chaoslib_infer.safety.testfault",
+                    "module": "chaoslib_infer.lab.testfault",
                     "func": "echo",
                     "arguments": {"value": "${infer_api_key}"},
                 },

@@ -17,8 +17,9 @@ import pytest
 from chaoslib.experiment import run_experiment
 
 from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.lab import deadman, ledger
 from chaoslib_infer.lab.fleet import DEFAULT_FAULT_TTL_S, LabError
-from chaoslib_infer.safety import allowlist, deadman, guard, ledger, redact
+from chaoslib_infer.safety import allowlist, guard, redact
 
 # ---- allowlist ------------------------------------------------------------------------------
 
@@ -326,7 +327,7 @@ def _experiment(run_dir: Path, marker: Path, pause_s: float) -> dict[str, Any]:
                 "name": "wait",
                 "provider": {
                     "type": "python",
-                    "module": "chaoslib_infer.safety.testfault",
+                    "module": "chaoslib_infer.lab.testfault",
                     "func": "echo",
                     "arguments": {"value": 1},
                 },
@@ -442,7 +443,7 @@ def test_add_fault_records_ttl_and_deadman_expires_it(tmp_path: Path) -> None:
 
     lab = Lab(tmp_path, {"replicas": []})
     marker = tmp_path / "marker"
-    rec = {"kind": "test-marker", "module": "chaoslib_infer.safety.testfault", "path": str(marker)}
+    rec = {"kind": "test-marker", "module": "chaoslib_infer.lab.testfault", "path": str(marker)}
     fid = lab.add_fault(dict(rec))
     marker.write_text(fid)  # the marker holds its fault id (the undo removes only its own)
     assert ledger.pending_faults(tmp_path)[0]["ttl_s"] == DEFAULT_FAULT_TTL_S
@@ -469,9 +470,9 @@ def test_add_fault_records_ttl_and_deadman_expires_it(tmp_path: Path) -> None:
     with lab.edit_faults() as faults:
         faults.clear()
     # a kind its module does not own is refused before the module is even asked
-    fid = lab.add_fault({"kind": "test-bogus", "module": "chaoslib_infer.safety.testfault"})
+    fid = lab.add_fault({"kind": "test-bogus", "module": "chaoslib_infer.lab.testfault"})
     (line,) = deadman.expire_once(lab, now=time.time() + 10 * DEFAULT_FAULT_TTL_S)
-    assert "undo REFUSED" in line and "not a kind of chaoslib_infer.safety.testfault" in line
+    assert "undo REFUSED" in line and "not a kind of chaoslib_infer.lab.testfault" in line
     (kept,) = ledger.pending_faults(tmp_path)
     assert kept["id"] == fid and kept["deadman_retry_at"] > time.time()
 

@@ -270,7 +270,7 @@ def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_ser
                 "name": "echo-key",  # the key reaches Chaos Toolkit's journal and log
                 "provider": {
                     "type": "python",
-                    "module": "chaoslib_infer.safety.testfault",
+                    "module": "chaoslib_infer.lab.testfault",
                     "func": "echo",
                     "arguments": {"value": "${infer_api_key}"},
                 },

@@ -3,7 +3,7 @@
 Compatibility alias and façade: each action lives in its drill's room
 (``chaoslib_infer/drills/<drill>/k8s.py``) and is re-exported here, so experiments naming
 ``chaoslib_infer.activities.k8s`` keep running, and the safety checks keyed on this module
-(:mod:`chaoslib_infer.safety.k8s_preflight`, :mod:`chaoslib_infer.safety.k8s_replay`) and
+(:mod:`chaoslib_infer.k8s_preflight`, :mod:`chaoslib_infer.k8s_replay`) and
 :mod:`chaoslib_infer.evidence.kinds.k8s_actions` keep finding them.
 """
 

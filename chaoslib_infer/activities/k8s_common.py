@@ -5,7 +5,7 @@ The target is resolved from ``target_file``, else the configuration's ``infer_k8
 ``$CHAOS_INFER_K8S_TARGET``. A fault's rollback data is written to
 ``<infer_run_dir>/k8s-state/<kind>.json`` *before* injection (:func:`save_state`), read back by
 its rollback (:func:`undo_saved`) and by
-``chaos-infer rollback`` (:mod:`chaoslib_infer.safety.k8s_replay`).
+``chaos-infer rollback`` (:mod:`chaoslib_infer.k8s_replay`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ They live in ``chaoslib_infer/drills/network_jitter/``; this module re-exports t
 naming ``chaoslib_infer.activities.network`` keep running. New experiments name the room's module.
 
 The lab's fault ledger names this module (``FAULT_MODULE``,
-:data:`chaoslib_infer.safety.registry.FAULT_MODULES`): its ``fault_active`` / ``undo_fault`` are
+:data:`chaoslib_infer.lab.registry.FAULT_MODULES`): its ``fault_active`` / ``undo_fault`` are
 re-exported too.
 """
 

@@ -131,7 +131,7 @@ def lab_up(ctx: click.Context, plan_path: Path | None, state_dir: Path, **option
     `lab up --plan drills/gameday.yaml` keeps the game day's lab running to drive it by hand.
     """
     from chaoslib_infer.lab.fleet import Lab, LabError
-    from chaoslib_infer.safety.ledger import refuse_if_pending
+    from chaoslib_infer.lab.ledger import refuse_if_pending
 
     try:
         kwargs = lab_up_kwargs(ctx, plan_path, options)
@@ -267,7 +267,7 @@ def lab_status(state_dir: Path, as_json: bool) -> None:
     """Show replicas (pid, health, memory, OOM kills, restarts, engine faults armed on each, as
     the engine itself reports them) and the active faults of the lab's fault ledger."""
     from chaoslib_infer.lab.fleet import Lab, LabError
-    from chaoslib_infer.safety.ledger import pending_faults
+    from chaoslib_infer.lab.ledger import pending_faults
 
     try:
         the_lab = Lab.attach(state_dir)

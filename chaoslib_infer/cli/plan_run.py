@@ -169,7 +169,7 @@ def run_plan(
     malformed --allow/--slo/stop condition, an experiment that does not load (named), an
     unreadable API key file, a key (file or ``$CHAOS_INFER_API_KEY``) under 8 characters; on a real run also an unreachable target and, on Kubernetes, a
     node-level drill whose node runs pods of other namespaces
-    (:func:`chaoslib_infer.safety.k8s_preflight.check_plan`).
+    (:func:`chaoslib_infer.k8s_preflight.check_plan`).
     """
     from chaoslib_infer.safety import redact
     from chaoslib_infer.safety.allowlist import allow_patterns, check_target
@@ -264,7 +264,7 @@ def _validate_and_run(
             from chaoslib_infer.platforms.kubernetes.target import preflight
 
             preflight(k8s)
-            from chaoslib_infer.safety.k8s_preflight import check_plan
+            from chaoslib_infer.k8s_preflight import check_plan
 
             check_plan(the_plan, k8s)  # a shared node: refused here, before any load (exit 2)
         elif target_url:  # TCP connect + one GET: an unreachable URL refuses before any load

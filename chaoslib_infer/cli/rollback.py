@@ -80,9 +80,9 @@ def rollback(
 def _rollback_lab(state_dir: Path, dry_run: bool) -> int:
     """The lab part of ``rollback``: replay (or, dry, list) the ledger; the exit code."""
     from chaoslib_infer.lab.fleet import LAB_FILE, Lab, LabError
-    from chaoslib_infer.safety.ledger import describe, pending_faults
-    from chaoslib_infer.safety.ledger import rollback as do_rollback
-    from chaoslib_infer.safety.registry import LedgerRefused, validate
+    from chaoslib_infer.lab.ledger import describe, pending_faults
+    from chaoslib_infer.lab.ledger import rollback as do_rollback
+    from chaoslib_infer.lab.registry import LedgerRefused, validate
 
     try:
         if dry_run:
@@ -139,7 +139,7 @@ def _rollback_lab(state_dir: Path, dry_run: bool) -> int:
 
 def _rollback_k8s(run_dir: Path, target_file: Path | None, dry_run: bool) -> int:
     """The Kubernetes part of ``rollback``: replay (or, dry, list) the saved states; exit code."""
-    from chaoslib_infer.safety.k8s_replay import replay
+    from chaoslib_infer.k8s_replay import replay
 
     if not run_dir.is_dir():
         click.echo(f"chaos-infer: error: --run-dir {run_dir}: no such folder", err=True)

@@ -1,11 +1,11 @@
 """The lab's fault ledger (``state_dir/faults.json``): the rollback ledger of every fault kind.
 
 A fault is recorded *before* it is injected (:func:`add`) and forgotten once undone
-(:func:`remove`, :func:`clear`); the dead-man watchdog (:mod:`chaoslib_infer.safety.deadman`)
+(:func:`remove`, :func:`clear`); the dead-man watchdog (:mod:`chaoslib_infer.lab.deadman`)
 undoes a record whose ``injected_at + ttl_s`` has passed. Every undo goes through the registry
-(:mod:`chaoslib_infer.safety.registry`), which rebuilds the record from validated fields first.
+(:mod:`chaoslib_infer.lab.registry`), which rebuilds the record from validated fields first.
 ``Lab.add_fault`` / ``remove_fault`` / ``clear_faults`` / ``active_faults`` / ``edit_faults`` are
-these functions; the ledger's file format is described in :mod:`chaoslib_infer.safety.ledger`.
+these functions; the ledger's file format is described in :mod:`chaoslib_infer.lab.ledger`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chaoslib_infer.lab import registry
 from chaoslib_infer.lab.groundtruth import EVENT_FIELDS
 from chaoslib_infer.lab.processes import is_hog, kill
 from chaoslib_infer.lab.statedir import DEFAULT_FAULT_TTL_S, FAULTS_FILE, LabError, write_json
-from chaoslib_infer.safety import registry
 
 if TYPE_CHECKING:
     from chaoslib_infer.lab.fleet import Lab

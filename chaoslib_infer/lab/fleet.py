@@ -421,7 +421,7 @@ class Lab:
                 everything the undo needs (pids, paths, previous values). ``injected_at`` is added,
                 and ``ttl_s`` (:data:`DEFAULT_FAULT_TTL_S` when absent): the lab's dead-man
                 watchdog undoes the fault once ``injected_at + ttl_s`` has passed, even if the
-                runner that injected it was killed (``chaoslib_infer.safety.deadman``).
+                runner that injected it was killed (``chaoslib_infer.lab.deadman``).
 
         Returns:
             The fault id (also stored as ``record["id"]``).

@@ -30,7 +30,7 @@ thaws the replica ``ttl_s`` seconds after injection even if the runner that froz
 SIGKILLed, and appends a ``{"event": "fault", "phase": "cleared", "by": "deadman"}`` line to the
 lab's ``events.jsonl``; a normal rollback kills the timer. The timer lives outside the lab's
 supervisord, so it also covers a lab whose supervisord died; the record's ``ttl_s`` additionally
-lets the lab's own watchdog (:mod:`chaoslib_infer.safety.deadman`) undo it.
+lets the lab's own watchdog (:mod:`chaoslib_infer.lab.deadman`) undo it.
 
 Freezer discovery and the ``/proc`` / control-file helpers live in :mod:`chaoslib_infer.lab.freezer`
 (``find_freezer`` and ``FREEZERS`` are re-exported here).

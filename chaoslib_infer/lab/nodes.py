@@ -35,7 +35,7 @@ comes back after ``down_s`` and the replicas still move. It stops early when the
 ``faults.json`` (rolled back) and exits at the latest ``max(down_s, reschedule_after_s) + 120`` s
 after the fault. ``lab down`` kills it (cgroup) and deletes the namespaces anyway. Second line of
 defence, if the controller itself dies: the fault record's ``ttl_s`` (``max(down_s,
-reschedule_after_s) + 30``) for the lab's watchdog (:mod:`chaoslib_infer.safety.deadman`), which
+reschedule_after_s) + 30``) for the lab's watchdog (:mod:`chaoslib_infer.lab.deadman`), which
 then runs :func:`undo_fault`.
 
 The rollback (:func:`undo_fault`, through ``lab.clear_faults()`` / ``lab.remove_fault``) kills the
@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.lab import haproxy as hap
-from chaoslib_infer.lab import netns
+from chaoslib_infer.lab import netns, registry
 from chaoslib_infer.lab.fleet import Lab
 from chaoslib_infer.lab.nodeloss import (
     FAULT_KIND,
@@ -84,7 +84,6 @@ from chaoslib_infer.lab.topology import (
     teardown_nodes,
     validate_nodes,
 )
-from chaoslib_infer.safety import registry
 
 __all__ = [
     "FAULT_KIND",

@@ -161,7 +161,7 @@ def supervisord_conf(
             [sys.executable, "-m", "chaoslib_infer.lab.recorder", "--tick-s", f"{TICK_S:g}"]
         ),
         watchdog=conf_value(
-            [sys.executable, "-m", "chaoslib_infer.safety.deadman", "--state-dir", str(sd)]
+            [sys.executable, "-m", "chaoslib_infer.lab.deadman", "--state-dir", str(sd)]
         ),
         haproxy=conf_value(haproxy_argv),
         request_log=request_log,

@@ -51,7 +51,7 @@ HAPROXY_SOCK = "haproxy.sock"
 ADMIN_TOKEN_FILE = "admin-token"
 #: replicas + standby replicas of one lab, at most
 MAX_REPLICAS = 32
-#: dead-man TTL of a fault record without ``ttl_s`` (seconds; see chaoslib_infer.safety.deadman)
+#: dead-man TTL of a fault record without ``ttl_s`` (seconds; see chaoslib_infer.lab.deadman)
 DEFAULT_FAULT_TTL_S = 120.0
 #: smallest memory limit of a replica cgroup (MiB)
 MIN_MEMORY_MB = 32

@@ -1,6 +1,6 @@
 """The fault ledger is data, never a plan: every undo is rebuilt from validated fields.
 
-The lab's ``faults.json`` (:mod:`chaoslib_infer.safety.ledger`) lives in a folder a user or a CI
+The lab's ``faults.json`` (:mod:`chaoslib_infer.lab.ledger`) lives in a folder a user or a CI
 job writes into (``--out``), and the dead-man watchdog that replays it runs as root. So nothing
 in a record is executed or imported as it stands: before any undo (the drill's rollback,
 ``chaos-infer rollback``, ``lab down``, the dead-man, ``lab status``), :func:`validate` rebuilds
@@ -36,9 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.lab import procfs
-from chaoslib_infer.lab.processes import is_hog, kill
-from chaoslib_infer.lab.statedir import LabError
-from chaoslib_infer.safety.ledger_fields import (
+from chaoslib_infer.lab.ledger_fields import (
     MODE_RE,
     TOKEN_RE,
     base_record,
@@ -55,7 +53,9 @@ from chaoslib_infer.safety.ledger_fields import (
     refusal,
     shorten,
 )
-from chaoslib_infer.safety.ledger_fields import LedgerRefused as LedgerRefused
+from chaoslib_infer.lab.ledger_fields import LedgerRefused as LedgerRefused
+from chaoslib_infer.lab.processes import is_hog, kill
+from chaoslib_infer.lab.statedir import LabError
 
 if TYPE_CHECKING:
     from chaoslib_infer.lab.fleet import Lab
@@ -80,7 +80,7 @@ FAULT_MODULES: dict[str, frozenset[str]] = {
     "chaoslib_infer.lab.restarts": frozenset({"simultaneous-restarts"}),
     "chaoslib_infer.activities.network": frozenset({"network-jitter"}),
     "chaoslib_infer.activities.engine_faults": frozenset({"engine-fault"}),
-    "chaoslib_infer.safety.testfault": frozenset({"test-marker", "test-sigstop"}),
+    "chaoslib_infer.lab.testfault": frozenset({"test-marker", "test-sigstop"}),
 }
 #: Kinds recorded without a module (undone by the lab itself): the memory hog.
 MODULE_LESS_KINDS = frozenset({"oom-kill"})
@@ -377,7 +377,7 @@ _REBUILD = {
     "chaoslib_infer.lab.restarts": _restarts,
     "chaoslib_infer.activities.network": _network,
     "chaoslib_infer.activities.engine_faults": _engine_fault,
-    "chaoslib_infer.safety.testfault": _testfault,
+    "chaoslib_infer.lab.testfault": _testfault,
 }
 
 

@@ -1,9 +1,9 @@
-"""The field checks every ledger record's rebuild is made of (:mod:`chaoslib_infer.safety.registry`):
+"""The field checks every ledger record's rebuild is made of (:mod:`chaoslib_infer.lab.registry`):
 numbers, texts, ids and shapes; replica, node and pid names checked against the lab's own state
 (``lab.json``, ``/proc``); :func:`base_record`, the fields every rebuilt record keeps; and
 :class:`LedgerRefused`, raised (through :func:`refusal`) by any check that fails.
 
-Split out of :mod:`chaoslib_infer.safety.registry` (its docstring states the policy), which keeps
+Split out of :mod:`chaoslib_infer.lab.registry` (its docstring states the policy), which keeps
 one rebuilder per kind and the public surface, and re-exports :class:`LedgerRefused`.
 """
 

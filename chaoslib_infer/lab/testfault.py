@@ -9,7 +9,7 @@ Not a drill: these are the smallest real faults that exercise the same path as t
   connections in the kernel backlog but answers nothing, HAProxy's health check marks it DOWN);
   undoing sends SIGCONT. With a one-replica lab this collapses availability within ~1-2 s.
 
-Both are Chaos Toolkit actions (``chaoslib_infer.safety.testfault``), logged to the drill's fault
+Both are Chaos Toolkit actions (``chaoslib_infer.lab.testfault``), logged to the drill's fault
 log like every drill's fault. ``echo`` is a probe that returns its argument (tests use it to show
 that a secret reaching the journal and the log is scrubbed from both).
 """
@@ -30,7 +30,7 @@ from chaoslib_infer.lab.fleet import Lab, LabError
 
 __all__ = ["echo", "fault_active", "inject_marker_fault", "stop_replica_process", "undo_fault"]
 
-MODULE = "chaoslib_infer.safety.testfault"
+MODULE = "chaoslib_infer.lab.testfault"
 KIND_MARKER = "test-marker"
 KIND_SIGSTOP = "test-sigstop"
 

@@ -2,9 +2,9 @@
 
 Run by the lab's supervisord as ``[program:watchdog]``::
 
-    python -m chaoslib_infer.safety.deadman --state-dir STATE_DIR [--interval-s 0.5]
+    python -m chaoslib_infer.lab.deadman --state-dir STATE_DIR [--interval-s 0.5]
 
-Every fault record in the lab's ledger (``faults.json``, see :mod:`chaoslib_infer.safety.ledger`)
+Every fault record in the lab's ledger (``faults.json``, see :mod:`chaoslib_infer.lab.ledger`)
 carries ``injected_at`` (unix s) and ``ttl_s`` (seconds; :data:`DEFAULT_FAULT_TTL_S` when absent).
 Once ``injected_at + ttl_s`` has passed, the watchdog claims the record (removes it from the ledger
 under the ledger's lock, so a concurrent rollback never undoes it twice), undoes it through the
@@ -12,7 +12,7 @@ record's module ``undo_fault(lab, record)`` (or kills the memory hog of a module
 record) and appends ``{"event": "fault", "phase": "expired", ...}`` to ``events.jsonl``.
 
 The watchdog runs as root and the ledger sits in a folder others may write, so a record is never
-run as it stands: :mod:`chaoslib_infer.safety.registry` rebuilds it from the fields that check out
+run as it stands: :mod:`chaoslib_infer.lab.registry` rebuilds it from the fields that check out
 against the lab (registered module and kind, this lab's replica/node/namespace names, pids in the
 lab's cgroups, no stored argv). A record that does not is refused (``undo REFUSED: ...`` in the
 log, nothing of it runs) and put back, like a failed undo, for a human to look at.
@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.lab import registry
 from chaoslib_infer.lab.fleet import DEFAULT_FAULT_TTL_S, Lab, LabError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
-from chaoslib_infer.safety import registry
 
 __all__ = ["deadline", "expire_once", "main", "undo_record"]
 
@@ -58,7 +58,7 @@ def deadline(record: dict[str, Any]) -> float:
 def undo_record(lab: Lab, record: dict[str, Any]) -> str:
     """Undo one fault record (the same way :meth:`Lab.clear_faults` does) and describe it.
 
-    The record is rebuilt from validated fields first (:func:`chaoslib_infer.safety.registry.
+    The record is rebuilt from validated fields first (:func:`chaoslib_infer.lab.registry.
     validate`): only a registered fault module is imported, only names, pids and namespaces of
     this lab reach it, no stored argv is run.
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         0 on a clean stop; 2 on bad arguments.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m chaoslib_infer.safety.deadman",
+        prog="python -m chaoslib_infer.lab.deadman",
         description="Undo lab faults whose ttl_s has passed (the lab's dead-man switch).",
     )
     parser.add_argument("--state-dir", required=True, type=Path, help="lab state directory")

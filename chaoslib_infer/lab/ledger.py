@@ -10,7 +10,7 @@ This module answers two questions for the command line and the game day:
 - :func:`pending_faults`: which records are still in the ledger (left by a run that was killed, or
   by a rollback that failed)?
 - :func:`rollback`: undo them all now (``chaos-infer rollback``), reporting what was undone;
-  every record is first rebuilt from validated fields (:mod:`chaoslib_infer.safety.registry`),
+  every record is first rebuilt from validated fields (:mod:`chaoslib_infer.lab.registry`),
   and a ledger holding one record that is not a fault of this lab is refused whole
   (:func:`refuse_if_tampered`): nothing is undone, nothing of it runs.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.lab.fleet import FAULTS_FILE, LAB_FILE, Lab, LabError
-from chaoslib_infer.safety.registry import LedgerRefused, check_ledger
+from chaoslib_infer.lab.registry import LedgerRefused, check_ledger
 
 __all__ = [
     "RollbackResult",
