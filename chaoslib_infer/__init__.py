@@ -64,11 +64,12 @@ COMPAT_MODULES = (
     "chaoslib_infer.activities.restarts",
     "chaoslib_infer.activities.upstream",
 )
-#: Helper modules the activities share (their ``__all__`` lists helpers, not activities).
+#: Helper modules the rooms and the activities share (their ``__all__`` lists helpers, not
+#: activities); below the drills, in the lab and the Kubernetes plumbing (issue 22).
 SUPPORT_MODULES = (
-    "chaoslib_infer.activities.gateway_sampler",
-    "chaoslib_infer.activities.k8s_common",
-    "chaoslib_infer.activities.lab_common",
+    "chaoslib_infer.lab.activity",
+    "chaoslib_infer.lab.gateway_sampler",
+    "chaoslib_infer.platforms.kubernetes.activity",
 )
 #: Modules listing both kinds: ``{module: names of its probes}``; the rest are actions.
 MIXED_MODULES = {

@@ -121,11 +121,11 @@ def check_plan(plan: Any, target: Any, configuration: dict[str, Any] | None = No
         return 0
     from chaoslib.exceptions import ActivityFailed
 
-    from chaoslib_infer.activities.k8s_common import K8sContext, refuse_bystanders
     from chaoslib_infer.errors import InferChaosError
     from chaoslib_infer.platforms.kubernetes import K8sError
     from chaoslib_infer.platforms.kubernetes import nodes as k8s_nodes
     from chaoslib_infer.platforms.kubernetes import pods as k8s_pods
+    from chaoslib_infer.platforms.kubernetes.activity import K8sContext, refuse_bystanders
     from chaoslib_infer.safety import allowlist
 
     if configuration is None:

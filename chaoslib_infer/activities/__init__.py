@@ -10,8 +10,8 @@ A drill's own actions, probes and Kubernetes actions live in its room
   shared probes;
 - :mod:`chaoslib_infer.activities.lab`: the shared rollback ``clear_lab_faults``;
   :mod:`~chaoslib_infer.activities.engine_faults`, :mod:`~chaoslib_infer.activities.k8s_observe`;
-- helpers the rooms share: :mod:`~chaoslib_infer.activities.lab_common`,
-  :mod:`~chaoslib_infer.activities.k8s_common`, :mod:`~chaoslib_infer.activities.gateway_sampler`;
+- helpers the rooms share: :mod:`~chaoslib_infer.lab.activity`,
+  :mod:`~chaoslib_infer.platforms.kubernetes.activity`, :mod:`~chaoslib_infer.lab.gateway_sampler`;
 - compatibility aliases of the moved modules (``capacity``, ``k8s``, ``lab_probes``, ``network``,
   ``network_probes``, ``node_loss``, ``node_loss_probes``, ``restarts``, ``upstream``):
   :data:`chaoslib_infer.COMPAT_MODULES`.

@@ -46,8 +46,8 @@ from urllib.parse import quote
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.lab_common import attach_lab, log_fault
 from chaoslib_infer.lab import engine_admin
+from chaoslib_infer.lab.activity import attach_lab, log_fault
 from chaoslib_infer.lab.engine import FAULT_MODES
 from chaoslib_infer.lab.engine_admin import ReplicaNotRunning
 from chaoslib_infer.lab.fleet import DEFAULT_FAULT_TTL_S, FAULTS_FILE, Lab, LabError

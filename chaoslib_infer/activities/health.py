@@ -22,9 +22,9 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer import settings
-from chaoslib_infer.activities.lab_common import attach_lab, last_fault
 from chaoslib_infer.evidence.figures import read_jsonl
 from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.lab.activity import attach_lab, last_fault
 from chaoslib_infer.lab.fleet import LEDGER_FILE, REQUEST_LOG, Lab
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure.health import health_disagreement, replica_of_requests

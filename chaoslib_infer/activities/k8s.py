@@ -9,7 +9,6 @@ Compatibility alias and façade: each action lives in its drill's room
 
 from __future__ import annotations
 
-from chaoslib_infer.activities.k8s_common import ENV_TARGET as ENV_TARGET
 from chaoslib_infer.drills.network_jitter.k8s import (
     k8s_network_jitter,
     k8s_remove_network_jitter,
@@ -39,6 +38,7 @@ from chaoslib_infer.drills.upstream_timeout.k8s import (
     k8s_restore_pod_ingress,
     k8s_thaw_model_server,
 )
+from chaoslib_infer.platforms.kubernetes.activity import ENV_TARGET as ENV_TARGET
 
 __all__ = [
     "k8s_block_pod_ingress",

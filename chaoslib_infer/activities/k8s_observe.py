@@ -22,9 +22,9 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer import settings
-from chaoslib_infer.activities.k8s_common import k8s_context, log_fault
 from chaoslib_infer.platforms.kubernetes import K8sError, clients
 from chaoslib_infer.platforms.kubernetes import observe as obs
+from chaoslib_infer.platforms.kubernetes.activity import k8s_context, log_fault
 from chaoslib_infer.platforms.kubernetes.pods import list_pods
 
 __all__ = [
@@ -277,8 +277,8 @@ def _spike_start(configuration: dict[str, Any] | None, now: float) -> tuple[floa
     cfg = configuration or {}
     profile = cfg.get("load_profile")
     if isinstance(profile, list) and profile:
-        from chaoslib_infer.activities.lab_common import run_records
         from chaoslib_infer.drills.traffic_spike.actions import load_started_at
+        from chaoslib_infer.lab.activity import run_records
         from chaoslib_infer.load.schedule import check_profile
 
         try:

@@ -3,7 +3,7 @@
 ``oom_kill_replica`` lives in the oom-kill drill's room
 (:mod:`chaoslib_infer.drills.oom_kill.actions`) and is re-exported here so experiments naming
 ``chaoslib_infer.activities.lab`` keep running. The helpers the lab activities share (the attached
-lab, the fault log) are public in :mod:`chaoslib_infer.activities.lab_common`.
+lab, the fault log) are public in :mod:`chaoslib_infer.lab.activity`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,10 @@ from types import ModuleType
 from typing import Any
 
 from chaoslib_infer.drills.registry import DRILLS
-from chaoslib_infer.evidence.figkit import (
+from chaoslib_infer.evidence.kinds import engine_fault, k8s_actions, k8s_observation, k8s_scale_out
+from chaoslib_infer.load.records import read_records
+from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.figkit import (
     FAULT,
     MILESTONE,
     RECOVERY,
@@ -35,9 +38,6 @@ from chaoslib_infer.evidence.figkit import (
     read_jsonl,
     unix_time,
 )
-from chaoslib_infer.evidence.kinds import engine_fault, k8s_actions, k8s_observation, k8s_scale_out
-from chaoslib_infer.load.records import read_records
-from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.metrics import logical_stats, window_stats
 
 __all__ = [

@@ -32,8 +32,8 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.lab_common import attach_lab, last_fault, log_fault, pick_replica
 from chaoslib_infer.lab import netem as nm
+from chaoslib_infer.lab.activity import attach_lab, last_fault, log_fault, pick_replica
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
 from chaoslib_infer.lab.shim import (

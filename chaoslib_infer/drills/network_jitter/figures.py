@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figkit import FAULT, REMOVED, DrillContext, Marker, mark, num
 from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.figkit import FAULT, REMOVED, DrillContext, Marker, mark, num
 from chaoslib_infer.measure.metrics import logical_stats, retry_stats, window_stats
 
 __all__ = ["LEDGER_LABELS", "compute", "fault_window", "generation_counts", "markers"]

@@ -14,16 +14,16 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.k8s_common import (
+from chaoslib_infer.platforms.kubernetes import K8sError
+from chaoslib_infer.platforms.kubernetes import network as k8s_network
+from chaoslib_infer.platforms.kubernetes import pods as k8s_pods
+from chaoslib_infer.platforms.kubernetes.activity import (
     k8s_context,
     load_state,
     log_fault,
     save_state,
     state_path,
 )
-from chaoslib_infer.platforms.kubernetes import K8sError
-from chaoslib_infer.platforms.kubernetes import network as k8s_network
-from chaoslib_infer.platforms.kubernetes import pods as k8s_pods
 
 __all__ = [
     "k8s_network_jitter",

@@ -14,9 +14,9 @@ from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer import settings
 from chaoslib_infer.drills.criterion import configured_overrides
-from chaoslib_infer.evidence.figures import read_jsonl
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.figkit import read_jsonl
 
 __all__ = ["duplicates_check"]
 

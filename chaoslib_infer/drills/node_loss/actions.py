@@ -17,7 +17,7 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.lab_common import attach_lab, log_fault
+from chaoslib_infer.lab.activity import attach_lab, log_fault
 from chaoslib_infer.lab.fleet import LabError
 
 __all__ = ["lose_node"]

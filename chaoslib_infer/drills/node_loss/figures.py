@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figkit import (
+from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.figkit import (
     FAULT,
     MILESTONE,
     RECOVERY,
@@ -23,8 +25,6 @@ from chaoslib_infer.evidence.figkit import (
     mark,
     num,
 )
-from chaoslib_infer.lab import haproxy as hap
-from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.metrics import window_stats
 
 __all__ = ["LEDGER_LABELS", "SETTLE_S", "compute", "inflight_at_loss", "markers"]

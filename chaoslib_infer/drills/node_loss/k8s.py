@@ -15,7 +15,10 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.k8s_common import (
+from chaoslib_infer.platforms.kubernetes import K8sError
+from chaoslib_infer.platforms.kubernetes import nodes as k8s_nodes
+from chaoslib_infer.platforms.kubernetes import pods as k8s_pods
+from chaoslib_infer.platforms.kubernetes.activity import (
     K8sContext,
     k8s_context,
     log_fault,
@@ -25,9 +28,6 @@ from chaoslib_infer.activities.k8s_common import (
     state_path,
     undo_saved,
 )
-from chaoslib_infer.platforms.kubernetes import K8sError
-from chaoslib_infer.platforms.kubernetes import nodes as k8s_nodes
-from chaoslib_infer.platforms.kubernetes import pods as k8s_pods
 
 __all__ = [
     "k8s_delete_model_node",

@@ -8,9 +8,9 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.lab_common import attach_lab, last_fault
 from chaoslib_infer.errors import ServiceFinding
 from chaoslib_infer.lab import netns
+from chaoslib_infer.lab.activity import attach_lab, last_fault
 
 __all__ = ["replicas_in_service", "wait_for_replacements_serving"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.lab_common import attach_lab, log_fault, pick_replica
+from chaoslib_infer.lab.activity import attach_lab, log_fault, pick_replica
 from chaoslib_infer.lab.fleet import LabError
 
 __all__ = ["oom_kill_replica"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaoslib_infer.evidence.figkit import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.figkit import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 
 __all__ = ["LEDGER_LABELS", "compute", "markers"]
 

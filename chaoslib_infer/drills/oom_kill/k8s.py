@@ -14,7 +14,9 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.k8s_common import (
+from chaoslib_infer.platforms.kubernetes import K8sError
+from chaoslib_infer.platforms.kubernetes import oom as k8s_oom
+from chaoslib_infer.platforms.kubernetes.activity import (
     k8s_context,
     load_state,
     log_fault,
@@ -23,8 +25,6 @@ from chaoslib_infer.activities.k8s_common import (
     save_state,
     state_path,
 )
-from chaoslib_infer.platforms.kubernetes import K8sError
-from chaoslib_infer.platforms.kubernetes import oom as k8s_oom
 from chaoslib_infer.safety.signals import held_interrupts
 
 __all__ = [

@@ -8,8 +8,8 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.lab_common import attach_lab, last_fault, pick_replica
 from chaoslib_infer.errors import ServiceFinding
+from chaoslib_infer.lab.activity import attach_lab, last_fault, pick_replica
 
 __all__ = ["wait_for_replica_serving"]
 

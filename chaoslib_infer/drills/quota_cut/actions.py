@@ -14,9 +14,9 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.lab_common import attach_lab, log_fault, run_records
 from chaoslib_infer.capacity import plan as capacity_plan
 from chaoslib_infer.lab import scaling
+from chaoslib_infer.lab.activity import attach_lab, log_fault, run_records
 from chaoslib_infer.lab.fleet import LabError
 from chaoslib_infer.measure.metrics import window_stats
 

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figkit import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.measure.figkit import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 from chaoslib_infer.measure.metrics import window_stats
 
 __all__ = ["LEDGER_LABELS", "compute", "markers", "replica_lines"]

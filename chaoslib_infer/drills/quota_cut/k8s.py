@@ -14,15 +14,15 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.k8s_common import (
+from chaoslib_infer.platforms.kubernetes import K8sError
+from chaoslib_infer.platforms.kubernetes import quota as k8s_quota
+from chaoslib_infer.platforms.kubernetes.activity import (
     k8s_context,
     load_state,
     log_fault,
     save_state,
     undo_saved,
 )
-from chaoslib_infer.platforms.kubernetes import K8sError
-from chaoslib_infer.platforms.kubernetes import quota as k8s_quota
 
 __all__ = [
     "k8s_cut_quota",

@@ -17,10 +17,10 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer import settings
-from chaoslib_infer.activities.gateway_sampler import GatewaySampler, serving_replicas
-from chaoslib_infer.activities.lab_common import attach_lab, log_fault
 from chaoslib_infer.lab import restarts as lab_restarts
+from chaoslib_infer.lab.activity import attach_lab, log_fault
 from chaoslib_infer.lab.fleet import LabError
+from chaoslib_infer.lab.gateway_sampler import GatewaySampler, serving_replicas
 
 __all__ = ["restart_replicas"]
 

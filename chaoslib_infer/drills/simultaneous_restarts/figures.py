@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaoslib_infer.evidence.figkit import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 from chaoslib_infer.lab.restarts import KIND, ground_truth
 from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.figkit import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 from chaoslib_infer.measure.metrics import window_stats
 
 __all__ = ["LEDGER_LABELS", "compute", "markers", "survivor_share"]

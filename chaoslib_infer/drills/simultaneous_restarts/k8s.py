@@ -14,12 +14,12 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.k8s_common import (
+from chaoslib_infer.platforms.kubernetes import K8sError
+from chaoslib_infer.platforms.kubernetes import pods as k8s_pods
+from chaoslib_infer.platforms.kubernetes.activity import (
     k8s_context,
     log_fault,
 )
-from chaoslib_infer.platforms.kubernetes import K8sError
-from chaoslib_infer.platforms.kubernetes import pods as k8s_pods
 
 __all__ = [
     "k8s_simultaneous_restarts",

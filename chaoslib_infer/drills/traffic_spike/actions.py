@@ -15,8 +15,8 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.lab_common import attach_lab, last_fault, log_fault, run_records
 from chaoslib_infer.lab import scaling
+from chaoslib_infer.lab.activity import attach_lab, last_fault, log_fault, run_records
 from chaoslib_infer.lab.fleet import LabError
 from chaoslib_infer.load.schedule import check_profile, profile_schedule
 

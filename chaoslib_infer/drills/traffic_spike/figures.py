@@ -15,7 +15,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figkit import (
+from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.figkit import (
     FAULT,
     MILESTONE,
     RECOVERY,
@@ -25,8 +27,6 @@ from chaoslib_infer.evidence.figkit import (
     mark,
     num,
 )
-from chaoslib_infer.lab import haproxy as hap
-from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.metrics import logical_outcomes, select, window_stats
 
 __all__ = [

@@ -18,10 +18,10 @@ from typing import Any
 from chaoslib.exceptions import ActivityFailed
 
 from chaoslib_infer import settings
-from chaoslib_infer.activities.gateway_sampler import GatewaySampler, serving_replicas
-from chaoslib_infer.activities.lab_common import attach_lab, log_fault, pick_replica
 from chaoslib_infer.lab import freeze as lab_freeze
+from chaoslib_infer.lab.activity import attach_lab, log_fault, pick_replica
 from chaoslib_infer.lab.fleet import FAULTS_FILE, Lab, LabError
+from chaoslib_infer.lab.gateway_sampler import GatewaySampler, serving_replicas
 
 __all__ = [
     "freeze_replica",

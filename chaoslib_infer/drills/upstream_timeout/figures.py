@@ -40,7 +40,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figkit import (
+from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.figkit import (
     FAULT,
     MILESTONE,
     RECOVERY,
@@ -48,7 +49,6 @@ from chaoslib_infer.evidence.figkit import (
     Marker,
     mark,
 )
-from chaoslib_infer.measure import figures as mfig
 
 __all__ = [
     "LEDGER_LABELS",

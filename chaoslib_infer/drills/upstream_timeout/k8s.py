@@ -14,7 +14,10 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer.activities.k8s_common import (
+from chaoslib_infer.platforms.kubernetes import K8sError
+from chaoslib_infer.platforms.kubernetes import freeze as k8s_freeze
+from chaoslib_infer.platforms.kubernetes import policy as k8s_policy
+from chaoslib_infer.platforms.kubernetes.activity import (
     k8s_context,
     load_state,
     log_fault,
@@ -25,9 +28,6 @@ from chaoslib_infer.activities.k8s_common import (
     state_path,
     undo_saved,
 )
-from chaoslib_infer.platforms.kubernetes import K8sError
-from chaoslib_infer.platforms.kubernetes import freeze as k8s_freeze
-from chaoslib_infer.platforms.kubernetes import policy as k8s_policy
 
 __all__ = [
     "k8s_block_pod_ingress",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaoslib_infer.evidence.figkit import (
+from chaoslib_infer.measure.figkit import (
     FAULT,
     MILESTONE,
     REMOVED,

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chaoslib_infer.drills import is_k8s_actions_module
-from chaoslib_infer.evidence.figkit import (
+from chaoslib_infer.measure.figkit import (
     MILESTONE,
     RECOVERY,
     REMOVED,

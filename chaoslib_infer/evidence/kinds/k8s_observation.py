@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.figkit import (
+from chaoslib_infer.measure.figkit import (
     MILESTONE,
     RECOVERY,
     DrillContext,

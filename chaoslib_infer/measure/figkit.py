@@ -1,11 +1,12 @@
 """The vocabulary a figure function shares: markers and their colours, the drill's context,
 and the small readers (JSONL, numbers, times) every kind uses.
 
-Dependency-free (stdlib only) so a drill's room (``chaoslib_infer/drills/<drill>/figures.py``)
-and the non-drill kinds (``chaoslib_infer/evidence/kinds/``) import it without importing
-:mod:`chaoslib_infer.evidence.figures`, which finds them through
-:mod:`chaoslib_infer.drills.registry`. :mod:`chaoslib_infer.evidence.figures` re-exports every
-name here.
+Dependency-free (stdlib only) and in :mod:`chaoslib_infer.measure`, under the drills, so a drill's
+room (``chaoslib_infer/drills/<drill>/figures.py``) and the non-drill kinds
+(``chaoslib_infer/evidence/kinds/``) import it without importing
+:mod:`chaoslib_infer.evidence.figures`, which finds the rooms' figures through
+:mod:`chaoslib_infer.drills.registry` (issue 22: no package cycle). :mod:`chaoslib_infer.evidence.figures`
+re-exports every name here.
 """
 
 from __future__ import annotations
