@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.errors import InferChaosError
-from chaoslib_infer.lab import gateways as lab_gateways
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.lab import procfs, render, topology
 from chaoslib_infer.lab.cgroups import (
@@ -35,6 +34,7 @@ from chaoslib_infer.lab.cgroups import (
     remove_tree,
 )
 from chaoslib_infer.lab.engines import check_sim_args, engine_command, health_path
+from chaoslib_infer.lab.gateways import dispatch as lab_gateways
 from chaoslib_infer.lab.ports import free_port, http_status, port_free
 from chaoslib_infer.lab.processes import alive, kill, lab_child_env, wait_dead
 from chaoslib_infer.lab.recorder import EVENTS_FILE, SUPERVISORD_LOG

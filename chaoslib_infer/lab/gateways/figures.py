@@ -32,8 +32,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.lab.gateways import GATEWAY_FILE, describe
-from chaoslib_infer.lab.gateways import nginx as lab_nginx
+import chaoslib_infer.lab.gateways.nginx as lab_nginx
+from chaoslib_infer.lab.gateways.dispatch import GATEWAY_FILE, describe
 
 __all__ = ["CUT_CLASSES", "TTFT_LOG", "calibrate", "gateway_figures", "stream_gaps"]
 

@@ -51,7 +51,7 @@ from typing import Any
 import yaml
 
 from chaoslib_infer.errors import InferChaosError
-from chaoslib_infer.lab.gateways import templating
+from chaoslib_infer.lab.gateways.templating import render
 from chaoslib_infer.safety.redact import child_env
 
 __all__ = [
@@ -157,9 +157,7 @@ def render_config(
         "model_list": yaml.safe_dump(default_model_list(reps), sort_keys=False).rstrip(),
         "lab_id": lab_id,
     }
-    text = templating.render(
-        user_config, "litellm-default.yaml.j2", variables, source, LiteLLMError
-    )
+    text = render(user_config, "litellm-default.yaml.j2", variables, source, LiteLLMError)
     try:
         cfg = yaml.safe_load(text)
     except yaml.YAMLError as exc:

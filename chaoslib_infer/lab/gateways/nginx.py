@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.errors import InferChaosError
-from chaoslib_infer.lab.gateways import templating
+from chaoslib_infer.lab.gateways.templating import environment, render
 from chaoslib_infer.lab.requestlog import SERVERS_FILE, parse_line, read_servers, upstream_tries
 from chaoslib_infer.safety.redact import child_env
 
@@ -138,7 +138,7 @@ def render_config(
         "state_dir": str(state_dir),
         "lab_id": lab_id,
     }
-    snippet = templating.render(user_config, "nginx-default.conf.j2", variables, source, NginxError)
+    snippet = render(user_config, "nginx-default.conf.j2", variables, source, NginxError)
     if _DIRECTIVE.search(snippet):
         name = _DIRECTIVE.search(snippet).group(1)  # type: ignore[union-attr]
         raise NginxError(f"{source}: sets '{name}': the lab sets daemon/pid itself; remove it")
@@ -151,7 +151,7 @@ def render_config(
         return snippet
     is_server = bool(re.search(r"^\s*server\s*\{", snippet, re.MULTILINE))
     return (
-        templating.environment()
+        environment()
         .get_template("nginx-main.conf.j2")
         .render(
             **variables,

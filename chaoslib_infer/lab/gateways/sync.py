@@ -63,9 +63,9 @@ def sync_once(state_dir: Path, servers: list[dict[str, str]], signal_nginx: bool
         NginxError: the rendered config does not parse (the running nginx keeps the old one).
         LabError: no lab in ``state_dir``.
     """
-    from chaoslib_infer.lab import gateways
+    from chaoslib_infer.lab.gateways import dispatch
 
-    gateways.write_nginx_config(state_dir, servers)
+    dispatch.write_nginx_config(state_dir, servers)
     if signal_nginx:
         try:
             pid = int((state_dir / "nginx.pid").read_text().split()[0])
