@@ -1,6 +1,7 @@
-"""The package's layout rules (issue 12): no import cycle between modules, no module importing
-another module's private (``_name``) names. ``lint-imports`` (pyproject ``[tool.importlinter]``)
-checks cycles inside each package; this checks the whole module graph, across packages too.
+"""The package's layout rules (issue 12): no import cycle between modules (issue 22: nor between
+top-level packages), no module importing another module's private (``_name``) names.
+``lint-imports`` (pyproject ``[tool.importlinter]``) checks cycles inside each package and the
+layers; this checks the whole module graph, across packages too, and the package graph.
 """
 
 from __future__ import annotations
@@ -64,6 +65,32 @@ def test_no_import_cycle_between_modules() -> None:
     graph = grimp.build_graph("chaoslib_infer", exclude_type_checking_imports=True)
     edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
     assert _cycles(edges) == []
+
+
+def _packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph of ``chaoslib_infer``'s top-level packages and modules (``a.b.c`` -> ``a.b``)."""
+
+    def top(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for a, bs in edges.items():
+        out.setdefault(top(a), set()).update(top(b) for b in bs if top(b) != top(a))
+    return out
+
+
+def test_the_package_graph_folds_modules_into_their_package() -> None:
+    edges = {"p.a.x": {"p.b.y", "p.a.z"}, "p.b.y": {"p.a"}, "p.c": set()}
+    assert _packages(edges) == {"p.a": {"p.b"}, "p.b": {"p.a"}, "p.c": set()}
+    assert _cycles(_packages(edges)) == [["p.a", "p.b"]]
+
+
+def test_no_import_cycle_between_packages() -> None:
+    """Issue 22: no two top-level packages import each other, even through others or lazily
+    (``lint-imports`` checks the layers themselves: pyproject ``[tool.importlinter]``)."""
+    graph = grimp.build_graph("chaoslib_infer", exclude_type_checking_imports=True)
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    assert _cycles(_packages(edges)) == []
 
 
 def _module_name(path: Path, root: Path = PKG) -> str:
