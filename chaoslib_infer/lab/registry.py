@@ -35,7 +35,10 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaoslib_infer.lab import procfs
+from chaoslib_infer.lab import freeze, procfs
+from chaoslib_infer.lab import netem as nm
+from chaoslib_infer.lab.cgroups import read_mounts
+from chaoslib_infer.lab.hog import HOG_MODULE
 from chaoslib_infer.lab.ledger_fields import (
     MODE_RE,
     TOKEN_RE,
@@ -90,8 +93,6 @@ MODULE_LESS_KINDS = frozenset({"oom-kill"})
 # one rebuilder per kind
 # --------------------------------------------------------------------------------------------
 def _freeze(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
-    from chaoslib_infer.lab import freeze
-    from chaoslib_infer.lab.cgroups import read_mounts
 
     replica = check_replica(record, lab)
     name = f"chaos-infer-{lab.meta.get('lab_id')}-freeze-{replica}"
@@ -256,7 +257,6 @@ def _restarts(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
 
 
 def _network(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
-    from chaoslib_infer.lab import netem as nm
 
     replica = check_replica(record, lab)
     token = record.get("token")
@@ -355,7 +355,6 @@ def _testfault(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
 
 
 def _hog(lab: Lab, record: dict[str, Any], out: dict[str, Any]) -> None:
-    from chaoslib_infer.lab.hog import HOG_MODULE
 
     replica = check_replica(record, lab)
     owned = lab_pids(lab)
