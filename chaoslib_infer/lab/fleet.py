@@ -138,75 +138,9 @@ class Lab:
         self.supervisord_process: subprocess.Popen[bytes] | None = None
 
     # -- lifecycle (chaoslib_infer.lab.lifecycle) ---------------------------------------------
-    @classmethod
-    def up(
-        cls,
-        state_dir: Path,
-        replicas: int = 3,
-        engine: str = "sim",
-        port: int = 0,
-        memory_limit_mb: int = 512,
-        engine_args: dict[str, object] | None = None,
-        ready_timeout_s: float = 60.0,
-        standby: int = 0,
-        autoscale: bool = False,
-        scale_out_queue: float = 4.0,
-        scale_out_after_s: float = 1.0,
-        scale_out_cooldown_s: float = 10.0,
-        nodes: int | None = None,
-        spare_node: bool | None = None,
-        gateway_retry: bool = False,
-        gateway: str = "haproxy",
-        gateway_config: str | Path | None = None,
-    ) -> Lab:
-        """Start a lab and wait until every replica is ready and HAProxy answers.
-
-        ``standby`` replicas are configured but not started (supervisord ``autostart=false``,
-        HAProxy server in maintenance); ``autoscale`` runs the scale-out policy over them, with
-        ``scale_out_queue`` (queue depth, requests), ``scale_out_after_s`` and
-        ``scale_out_cooldown_s`` (seconds): see :mod:`chaoslib_infer.lab.scaling`.
-
-        ``nodes=N`` (N >= 1) groups the replicas round-robin into N nodes, each a network
-        namespace, plus one empty spare node unless ``spare_node`` is False (see
-        :mod:`chaoslib_infer.lab.nodes`); ``None``/0 keeps every replica on loopback.
-
-        ``gateway_retry=True`` makes HAProxy retry a request that a replica refused or answered
-        503 (before any generation) on another replica, redispatching on every retry (``retry-on
-        conn-failure 503``, ``retries 3``, ``option redispatch 1``), and eject a replica at its
-        first connection error (``observe layer7 error-limit 1 on-error mark-down``, ``fastinter
-        100ms``); the default gateway relies on its health checks alone (``inter 500ms fall 2``),
-        so a restarted replica that is still loading answers 503s to clients until it is DOWN.
-
-        ``gateway`` is the process on the lab's URL: ``haproxy`` (the above) or ``nginx`` with
-        ``gateway_config`` (the user's nginx.conf, server blocks or location snippet, a Jinja2
-        template over the lab's replicas; None: the project's default), HAProxy then running off
-        the client path as the lab's intent plane: see :mod:`chaoslib_infer.lab.gateways`.
-
-        Raises:
-            LabError: bad arguments, missing HAProxy, no memory cgroup, lab already running in
-                ``state_dir``, or not ready in time (everything started is torn down first);
-                with nodes: ``ip`` missing or network namespaces not permitted.
-        """
-        return lifecycle.up(
-            cls,
-            state_dir,
-            replicas=replicas,
-            engine=engine,
-            port=port,
-            memory_limit_mb=memory_limit_mb,
-            engine_args=engine_args,
-            ready_timeout_s=ready_timeout_s,
-            standby=standby,
-            autoscale=autoscale,
-            scale_out_queue=scale_out_queue,
-            scale_out_after_s=scale_out_after_s,
-            scale_out_cooldown_s=scale_out_cooldown_s,
-            nodes=nodes,
-            spare_node=spare_node,
-            gateway_retry=gateway_retry,
-            gateway=gateway,
-            gateway_config=gateway_config,
-        )
+    #: Start a lab and wait until every replica is ready and HAProxy answers
+    #: (:func:`chaoslib_infer.lab.lifecycle.up` documents the arguments): ``Lab.up(state_dir, ...)``.
+    up = classmethod(lifecycle.up)
 
     @classmethod
     def attach(cls, state_dir: Path) -> Lab:

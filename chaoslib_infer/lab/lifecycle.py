@@ -92,8 +92,29 @@ def up(
     gateway: str = "haproxy",
     gateway_config: str | Path | None = None,
 ) -> Lab:
-    """Start a lab (an instance of ``lab_class``) and wait until every replica is ready and
-    HAProxy answers: :meth:`chaoslib_infer.lab.fleet.Lab.up` documents the arguments.
+    """Start a lab (an instance of ``lab_class``; ``Lab.up`` is this function as a classmethod)
+    and wait until every replica is ready and HAProxy answers.
+
+    ``standby`` replicas are configured but not started (supervisord ``autostart=false``,
+    HAProxy server in maintenance); ``autoscale`` runs the scale-out policy over them, with
+    ``scale_out_queue`` (queue depth, requests), ``scale_out_after_s`` and
+    ``scale_out_cooldown_s`` (seconds): see :mod:`chaoslib_infer.lab.scaling`.
+
+    ``nodes=N`` (N >= 1) groups the replicas round-robin into N nodes, each a network
+    namespace, plus one empty spare node unless ``spare_node`` is False (see
+    :mod:`chaoslib_infer.lab.nodes`); ``None``/0 keeps every replica on loopback.
+
+    ``gateway_retry=True`` makes HAProxy retry a request that a replica refused or answered
+    503 (before any generation) on another replica, redispatching on every retry (``retry-on
+    conn-failure 503``, ``retries 3``, ``option redispatch 1``), and eject a replica at its
+    first connection error (``observe layer7 error-limit 1 on-error mark-down``, ``fastinter
+    100ms``); the default gateway relies on its health checks alone (``inter 500ms fall 2``),
+    so a restarted replica that is still loading answers 503s to clients until it is DOWN.
+
+    ``gateway`` is the process on the lab's URL: ``haproxy`` (the above) or ``nginx`` with
+    ``gateway_config`` (the user's nginx.conf, server blocks or location snippet, a Jinja2
+    template over the lab's replicas; None: the project's default), HAProxy then running off
+    the client path as the lab's intent plane: see :mod:`chaoslib_infer.lab.gateways`.
 
     Raises:
         LabError: bad arguments, missing HAProxy, no memory cgroup, lab already running in

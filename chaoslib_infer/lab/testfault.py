@@ -16,7 +16,6 @@ that a secret reaching the journal and the log is scrubbed from both).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -25,7 +24,8 @@ from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
 
-from chaoslib_infer import settings
+from chaoslib_infer.lab import procfs
+from chaoslib_infer.lab.activity import attach_lab, log_fault
 from chaoslib_infer.lab.fleet import Lab, LabError
 
 __all__ = ["echo", "fault_active", "inject_marker_fault", "stop_replica_process", "undo_fault"]
@@ -35,34 +35,11 @@ KIND_MARKER = "test-marker"
 KIND_SIGSTOP = "test-sigstop"
 
 
-def _lab(configuration: dict[str, Any] | None) -> Lab:
-    try:
-        return Lab.attach(settings.lab_dir(configuration))
-    except LabError as exc:
-        raise ActivityFailed(str(exc)) from exc
-
-
-def _log_fault(configuration: dict[str, Any] | None, entry: dict[str, Any]) -> None:
-    with settings.faults_path(configuration).open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(entry) + "\n")
-        fh.flush()
-
-
 def _start_time(pid: int) -> str | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks): tells a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def _state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return None
+    """Field 22 of /proc/PID/stat (start time in clock ticks, as the record keeps it: a string):
+    tells a reused pid apart."""
+    ticks = procfs.start_time(pid)
+    return None if ticks is None else str(ticks)
 
 
 def inject_marker_fault(
@@ -81,7 +58,7 @@ def inject_marker_fault(
     Raises:
         ActivityFailed: no lab, or the file cannot be created (the record is removed again).
     """
-    lab = _lab(configuration)
+    lab = attach_lab(configuration)
     marker = Path(path).resolve()
     fault_id = lab.add_fault(
         {"kind": KIND_MARKER, "module": MODULE, "path": str(marker), "ttl_s": float(ttl_s)}
@@ -98,7 +75,7 @@ def inject_marker_fault(
         "fault_at": time.time(),
         "ttl_s": float(ttl_s),
     }
-    _log_fault(configuration, result)
+    log_fault(configuration, result)
     return result
 
 
@@ -118,7 +95,7 @@ def stop_replica_process(
     Raises:
         ActivityFailed: no lab, unknown or not running replica.
     """
-    lab = _lab(configuration)
+    lab = attach_lab(configuration)
     try:
         pid = lab.replica_pid(replica)
     except LabError as exc:
@@ -148,7 +125,7 @@ def stop_replica_process(
         "fault_at": time.time(),
         "ttl_s": float(ttl_s),
     }
-    _log_fault(configuration, result)
+    log_fault(configuration, result)
     return result
 
 
@@ -189,7 +166,7 @@ def fault_active(lab: Lab, record: dict[str, Any]) -> bool:
     if record.get("kind") == KIND_MARKER:
         return Path(str(record.get("path"))).exists()
     if record.get("kind") == KIND_SIGSTOP:
-        return _same_process(record) and _state(int(record["pid"])) in ("T", "t")
+        return _same_process(record) and procfs.state(int(record["pid"])) in ("T", "t")
     return True
 
 

@@ -37,18 +37,3 @@ from chaoslib_infer.lab.gateways.dispatch import redact_config as redact_config
 from chaoslib_infer.lab.gateways.dispatch import start_programs as start_programs
 from chaoslib_infer.lab.gateways.dispatch import write_litellm_config as write_litellm_config
 from chaoslib_infer.lab.gateways.dispatch import write_nginx_config as write_nginx_config
-
-__all__ = [
-    "GATEWAYS",
-    "GATEWAY_FILE",
-    "GatewayError",
-    "check_choice",
-    "describe",
-    "gateway_of",
-    "precheck",
-    "record",
-    "redact_config",
-    "start_programs",
-    "write_litellm_config",
-    "write_nginx_config",
-]
