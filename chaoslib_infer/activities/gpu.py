@@ -11,6 +11,7 @@ Thresholds from ``docs/definitions.md``: memory > 92%, utilisation > 95%.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
@@ -89,14 +90,9 @@ def dcgm_gpu_memory_used_ratio(
     Raises:
         ActivityFailed: Prometheus unreachable or the query failed.
     """
-    try:
-        query = pq.gpu_memory_ratio_query(selector)
-    except ValueError as exc:
-        raise ActivityFailed(f"prometheus: {exc}") from None
-    out = prometheus_query(url, query, timeout_s, configuration)
-    out["threshold"] = MEMORY_ALERT_RATIO
-    out["passed"] = None if out["value"] is None else out["value"] <= MEMORY_ALERT_RATIO
-    return out
+    return _ratio_check(
+        pq.gpu_memory_ratio_query, MEMORY_ALERT_RATIO, url, selector, timeout_s, configuration
+    )
 
 
 def dcgm_gpu_utilization(
@@ -113,11 +109,26 @@ def dcgm_gpu_utilization(
     Raises:
         ActivityFailed: Prometheus unreachable or the query failed.
     """
+    return _ratio_check(
+        pq.gpu_utilisation_query, UTILISATION_ALERT_RATIO, url, selector, timeout_s, configuration
+    )
+
+
+def _ratio_check(
+    build_query: Callable[[str], str],
+    threshold: float,
+    url: str,
+    selector: str,
+    timeout_s: float,
+    configuration: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The probe both DCGM ratios are: ``build_query(selector)`` through Prometheus, ``passed``
+    while the fullest GPU is at or under ``threshold`` (None: no value)."""
     try:
-        query = pq.gpu_utilisation_query(selector)
+        query = build_query(selector)
     except ValueError as exc:
         raise ActivityFailed(f"prometheus: {exc}") from None
     out = prometheus_query(url, query, timeout_s, configuration)
-    out["threshold"] = UTILISATION_ALERT_RATIO
-    out["passed"] = None if out["value"] is None else out["value"] <= UTILISATION_ALERT_RATIO
+    out["threshold"] = threshold
+    out["passed"] = None if out["value"] is None else out["value"] <= threshold
     return out
