@@ -19,6 +19,7 @@ __all__ = [
     "HAPROXY_CANDIDATES",
     "LOG_FORMAT",
     "RequestLogEntry",
+    "backend_stat",
     "servers_state",
     "find_haproxy",
     "parse_request_log",
@@ -132,8 +133,9 @@ def stats_command(sock_path: Path, command: str, timeout_s: float = 2.0) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def show_stat(sock_path: Path, backend: str = "engines") -> dict[str, dict[str, str]]:
-    """``show stat`` for one backend: ``{server name: {column: value}}`` (status, check_status...)."""
+def backend_stat(sock_path: Path, backend: str = "engines") -> dict[str, dict[str, str]]:
+    """``show stat`` rows of one backend, its servers' and its ``BACKEND`` row, by svname:
+    ``{svname: {column: value}}``."""
     text = stats_command(sock_path, "show stat")
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines or not lines[0].startswith("# "):
@@ -142,9 +144,15 @@ def show_stat(sock_path: Path, backend: str = "engines") -> dict[str, dict[str, 
     out: dict[str, dict[str, str]] = {}
     for ln in lines[1:]:
         row = dict(zip(header, ln.split(","), strict=False))
-        if row.get("pxname") == backend and row.get("svname") not in ("BACKEND", "FRONTEND"):
-            out[row["svname"]] = row
+        if row.get("pxname") == backend:
+            out[row.get("svname", "")] = row
     return out
+
+
+def show_stat(sock_path: Path, backend: str = "engines") -> dict[str, dict[str, str]]:
+    """``show stat`` for one backend: ``{server name: {column: value}}`` (status, check_status...)."""
+    rows = backend_stat(sock_path, backend)
+    return {name: row for name, row in rows.items() if name not in ("BACKEND", "FRONTEND")}
 
 
 def servers_state(sock_path: Path, backend: str) -> dict[str, dict[str, str]]:

@@ -71,17 +71,7 @@ def process_infos(lab: Lab) -> dict[str, dict[str, Any]]:
 
 def backend_rows(lab: Lab) -> dict[str, dict[str, str]]:
     """``show stat`` rows of the ``engines`` backend, servers and ``BACKEND``, by svname."""
-    text = hap.stats_command(lab.state_dir / HAPROXY_SOCK, "show stat")
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines or not lines[0].startswith("# "):
-        return {}
-    header = lines[0][2:].split(",")
-    out: dict[str, dict[str, str]] = {}
-    for ln in lines[1:]:
-        row = dict(zip(header, ln.split(","), strict=False))
-        if row.get("pxname") == BACKEND:
-            out[row.get("svname", "")] = row
-    return out
+    return hap.backend_stat(lab.state_dir / HAPROXY_SOCK, BACKEND)
 
 
 def haproxy_command(lab: Lab, command: str) -> None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime
 from typing import Any
 
 from chaoslib_infer.platforms.kubernetes import K8sError, call
 from chaoslib_infer.platforms.kubernetes import scripts as S
 from chaoslib_infer.platforms.kubernetes.exec import run_script
+from chaoslib_infer.platforms.kubernetes.observe.common import k8s_time
 from chaoslib_infer.safety.redact import clip
 
 __all__ = [
@@ -152,15 +152,6 @@ def stop_hog(core: Any, saved: dict[str, Any]) -> str:
     return f"memory hog {hog['pid']} in pod {ns}/{pod} had already ended"
 
 
-def _ts(value: Any) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def watch_restart(
     core: Any,
     namespace: str,
@@ -222,14 +213,14 @@ def watch_restart(
             out["died"], out["oom_at"] = True, now
             out["reason"] = (term or {}).get("reason")
             out["exit_code"] = (term or {}).get("exitCode")
-            out["finished_at_api"] = _ts((term or {}).get("finishedAt"))
+            out["finished_at_api"] = k8s_time((term or {}).get("finishedAt"))
         if out["oom_at"] is not None and count > restart_count_before:
             if term is not None and out["reason"] is None:
                 out["reason"], out["exit_code"] = term.get("reason"), term.get("exitCode")
-                out["finished_at_api"] = _ts(term.get("finishedAt"))
+                out["finished_at_api"] = k8s_time(term.get("finishedAt"))
             if out["running_at"] is None and "running" in state:
                 out["running_at"] = now
-                out["started_at_api"] = _ts(state["running"].get("startedAt"))
+                out["started_at_api"] = k8s_time(state["running"].get("startedAt"))
             if out["running_at"] is not None and out["ready_at"] is None and cs.get("ready"):
                 out["ready_at"] = now
         if out["ready_at"] is not None or time.monotonic() >= deadline:
