@@ -9,11 +9,10 @@ bad input with one line and exit 2 before anything starts.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import click
 from chaoslib_infer.errors import ConfigError, InferChaosError
 from chaoslib_infer.evidence.outdir import prepare_out_dir
 
-from .common import fail, k8s_target_file
+from .common import fail, k8s_target_file, packed_options
 
 __all__ = ["PlanRunOptions", "api_key_in_env", "check_k8s", "run_plan", "target_options"]
 
@@ -377,14 +376,4 @@ _TARGET_OPTIONS = [
 def target_options(func: Any) -> Any:
     """Add the options of a plan run (``--target`` ... ``--api-key-file``, in ``--help`` order);
     the command receives them as one keyword argument, ``opts`` (:class:`PlanRunOptions`)."""
-    names = [f.name for f in fields(PlanRunOptions)]
-
-    @functools.wraps(func)
-    def packed(*args: Any, **kwargs: Any) -> Any:
-        opts = PlanRunOptions(**{name: kwargs.pop(name) for name in names})
-        return func(*args, opts=opts, **kwargs)
-
-    command: Any = packed
-    for option in reversed(_TARGET_OPTIONS):
-        command = option(command)
-    return command
+    return packed_options(PlanRunOptions, "opts", _TARGET_OPTIONS)(func)
