@@ -67,7 +67,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -76,13 +75,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchkit: run, or loaded by path
+from benchkit import BenchError, check_cores, engine_port, stop, work_dir  # noqa: E402
+
 MODEL = "chaos-sim"
 PEERS = ("aiperf", "guidellm", "inference-perf", "vllm", "locust", "locust-recorded")
 TRANSPORTS = ("aiohttp", "raw")
 DEFAULT_PEER_DIR = Path("/tmp/chaos-infer-peers")
 SAMPLE_S = 0.2
 _TCK = os.sysconf("SC_CLK_TCK")
-_LISTEN = re.compile(r"lab-engine listening .* port=(\d+)")
 _SUCCESS = re.compile(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 _GEN_TOKENS = re.compile(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 # vLLM requirements that are GPU kernels or CUDA builds of torch: not needed by its benchmark
@@ -94,10 +95,6 @@ _VLLM_GPU_DEPS = re.compile(
 )
 #: The CPU build of torch that pip finds on this machine's disk (``find-links``).
 _CPU_TORCH = "torch==2.13.0"
-
-
-class BenchError(Exception):
-    """The benchmark cannot go on (bad input, engine or our client failed)."""
 
 
 # ------------------------------------------------------------------------ /proc accounting
@@ -181,18 +178,8 @@ def run_engine(core: int, max_tokens: int, workdir: Path) -> Iterator[Engine]:
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
         assert proc.stderr is not None
-        port = None
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            m = _LISTEN.search(line)
-            if m:
-                port = int(m.group(1))
-                break
-        if port is None:
-            raise BenchError(f"the sim engine did not start (exit {proc.poll()})")
+        port = engine_port(proc, deadline)
         # drain stderr so a chatty engine never blocks on a full pipe
         threading.Thread(target=proc.stderr.read, daemon=True).start()
         eng = Engine(proc, f"http://127.0.0.1:{port}", ttft_log)
@@ -205,27 +192,7 @@ def run_engine(core: int, max_tokens: int, workdir: Path) -> Iterator[Engine]:
             raise BenchError("the sim engine never answered /metrics")
         yield eng
     finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[Any], group: bool = False) -> None:
-    """SIGTERM (the process group with ``group``), wait 5 s, then SIGKILL."""
-    if proc.poll() is not None:
-        return
-
-    def sig(s: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if group:
-                os.killpg(proc.pid, s)
-            else:
-                proc.send_signal(s)
-
-    sig(signal.SIGTERM)
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        sig(signal.SIGKILL)
-        proc.wait(5)
+        stop(proc)
 
 
 # ------------------------------------------------------------------------ one tool run
@@ -299,7 +266,7 @@ def run_tool(
         try:
             while proc.poll() is None:
                 if time.monotonic() > deadline:
-                    _stop(proc, group=True)
+                    stop(proc, group=True)
                     break
                 t = time.perf_counter()
                 try:
@@ -312,7 +279,7 @@ def run_tool(
                 time.sleep(max(0.0, SAMPLE_S - (time.perf_counter() - t)))
         finally:
             if proc.poll() is None:
-                _stop(proc, group=True)
+                stop(proc, group=True)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the tool's tree
     rc = proc.returncode
@@ -668,6 +635,12 @@ def _run_floor(h2load: str, eng: Engine, a: argparse.Namespace, out: Path) -> Ru
     m = _H2LOAD_RATE.search(text)
     if m:
         run.own_rps = float(m.group(1))
+    return _outcome(run, rc, text)
+
+
+def _outcome(run: Run, rc: int, text: str) -> Run | str:
+    """``run`` (noted ``exit N`` on a non-zero exit ``rc``), or why it does not count: the engine
+    served too few requests (the last line of the tool's log ``text`` then says why)."""
     if run.engine_rps is None:
         tail = [x for x in text.splitlines() if x.strip()][-1:] or ["no output"]
         return f"ran but served too few requests (exit {rc}): {tail[0][:200]}"
@@ -1044,11 +1017,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--duration-s must be >= 3 and --ttft-duration-s >= 1")
     if a.max_tokens < 2 or a.concurrency < 1 or a.install_cap_s <= 0 or a.rounds < 1:
         p.error("--max-tokens must be >= 2, --concurrency >= 1, --install-cap-s > 0, --rounds >= 1")
-    cores = os.sched_getaffinity(0)
-    for name in ("engine_core", "client_core"):
-        if getattr(a, name) not in cores:
-            p.error(f"--{name.replace('_', '-')} {getattr(a, name)} is not an allowed core "
-                    f"(allowed: {sorted(cores)})")  # fmt: skip
+    check_cores(p, a, ("engine_core", "client_core"))
     repo = Path(__file__).resolve().parent.parent
     if a.peer_dir.resolve().is_relative_to(repo):
         p.error("--peer-dir must be outside the repository")
@@ -1058,18 +1027,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; see the module docstring. Returns the exit status."""
     a = parse_args(argv)
-    tmp = None
-    if a.out is None:
-        tmp = tempfile.TemporaryDirectory(prefix="client-ceiling-")
-        work = Path(tmp.name)
-    else:
-        work = a.out
-        work.mkdir(parents=True, exist_ok=True)
-    try:
+    with work_dir(a.out, "client-ceiling-") as work:
         return _bench(a, work)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
 
 
 def _bench(a: argparse.Namespace, work: Path) -> int:
@@ -1196,12 +1155,7 @@ def _run_peer(
     text = (out / "log.txt").read_text(errors="replace")
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         run.own_rps = peer.own_rate(out, text)
-    if run.engine_rps is None:
-        tail = [x for x in text.splitlines() if x.strip()][-1:] or ["no output"]
-        return f"ran but served too few requests (exit {rc}): {tail[0][:200]}"
-    if rc != 0:
-        run.note = f"exit {rc}"
-    return run
+    return _outcome(run, rc, text)
 
 
 def _median_run(name: str, runs: list[Run]) -> Run:

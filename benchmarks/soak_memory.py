@@ -38,28 +38,24 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchkit: run, or loaded by path
+from benchkit import BenchError, check_cores, engine_port, stop, work_dir  # noqa: E402
+
 TARGET_RSS_MB = 300.0
 TARGET_REPORT_S = 30.0
 FULL_SOAK_S = 1800.0
-_LISTEN = re.compile(r"lab-engine listening .* port=(\d+)")
-
-
-class BenchError(Exception):
-    """The benchmark cannot go on."""
 
 
 def parse_duration(text: str) -> float:
@@ -94,7 +90,7 @@ def fake_server(core: int, tokens: int) -> Iterator[str]:
             raise BenchError(f"the fake server did not start (exit {proc.poll()})")
         yield f"http://127.0.0.1:{line}/tokens={tokens}"
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @contextlib.contextmanager
@@ -109,16 +105,8 @@ def sim_engine(core: int) -> Iterator[str]:
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
         assert proc.stderr is not None
-        port = None
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and port is None:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            m = _LISTEN.search(line)
-            port = int(m.group(1)) if m else None
-        if port is None:
-            raise BenchError(f"the sim engine did not start (exit {proc.poll()})")
+        port = engine_port(proc, deadline)
         threading.Thread(target=proc.stderr.read, daemon=True).start()
         import urllib.request
 
@@ -129,17 +117,7 @@ def sim_engine(core: int) -> Iterator[str]:
             time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
 
 
 # ------------------------------------------------------------------------ part 1: soak RSS
@@ -210,7 +188,7 @@ def soak_rss(a: argparse.Namespace, work: Path) -> dict[str, Any]:
                         raise BenchError("the soak overran its duration by 120 s")
                     time.sleep(1.0)
             finally:
-                _stop(proc)
+                stop(proc)
         if proc.returncode != 0:
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise BenchError(f"the soak failed (exit {proc.returncode}): {tail[0][:300]}")
@@ -351,25 +329,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--rate must be > 0, --tokens >= 1, --records >= 0")
     if a.warmup_s < 0 or a.warmup_s >= a.duration_s:
         p.error("--warmup-s must be >= 0 and shorter than --duration")
-    cores = os.sched_getaffinity(0)
-    for name in ("server_core", "client_core"):
-        if getattr(a, name) not in cores:
-            p.error(f"--{name.replace('_', '-')} {getattr(a, name)} is not an allowed core "
-                    f"(allowed: {sorted(cores)})")  # fmt: skip
+    check_cores(p, a, ("server_core", "client_core"))
     return a
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; see the module docstring. Returns the exit status."""
     a = parse_args(argv)
-    tmp = None
-    if a.out is None:
-        tmp = tempfile.TemporaryDirectory(prefix="soak-memory-")
-        work = Path(tmp.name)
-    else:
-        work = a.out
-        work.mkdir(parents=True, exist_ok=True)
-    try:
+    with work_dir(a.out, "soak-memory-") as work:
         if not a.skip_soak:
             _print_soak(a, soak_rss(a, work))
         if a.records:
@@ -385,9 +352,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"ratio to target {report_s / TARGET_REPORT_S:.2f}; it read {summary['requests']:,} "
                 f"records, P99 E2E {summary['p99_e2e_s']:.3f} s"
             )
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
     return 0
 
 

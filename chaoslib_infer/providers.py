@@ -115,19 +115,30 @@ _OPENAI_401 = {
     }
 }
 
+#: The conventions of the OpenAI API itself, which a profile keeps unless it says otherwise: its
+#: routes under ``/v1`` and the key as ``Authorization: Bearer``.
+_OPENAI_CONVENTIONS: dict[str, Any] = {
+    "chat_path": "/v1/chat/completions",
+    "completions_path": "/v1/completions",
+    "models_path": "/v1/models",
+    "auth_header": "Authorization",
+    "auth_scheme": "Bearer",
+}
+
+
+def _openai_compatible(**fields: Any) -> Profile:
+    """A :class:`Profile` of ``fields`` over :data:`_OPENAI_CONVENTIONS`."""
+    return Profile(**{**_OPENAI_CONVENTIONS, **fields})
+
+
 #: The six profiles, by name.
 PROFILES: dict[str, Profile] = {
-    "vllm": Profile(
+    "vllm": _openai_compatible(
         name="vllm",
         title="vLLM (OpenAI-compatible server)",
-        chat_path="/v1/chat/completions",
-        completions_path="/v1/completions",
-        models_path="/v1/models",
         health_paths=("/health",),
         metrics_path="/metrics",
         metrics_prefix="vllm:",
-        auth_header="Authorization",
-        auth_scheme="Bearer",
         stream_options=("include_usage", "continuous_usage_stats"),
         role_chunk="role+empty",
         error_shape="openai",
@@ -146,17 +157,12 @@ PROFILES: dict[str, Profile] = {
             '/v1 routes, 401 {"error": "Unauthorized"})',
         ),
     ),
-    "sglang": Profile(
+    "sglang": _openai_compatible(
         name="sglang",
         title="SGLang (OpenAI-compatible server)",
-        chat_path="/v1/chat/completions",
-        completions_path="/v1/completions",
-        models_path="/v1/models",
         health_paths=("/health", "/health_generate"),
         metrics_path="/metrics",
         metrics_prefix="sglang:",
-        auth_header="Authorization",
-        auth_scheme="Bearer",
         stream_options=("include_usage", "continuous_usage_stats"),
         role_chunk="role+empty",
         error_shape="flat",
@@ -175,17 +181,12 @@ PROFILES: dict[str, Profile] = {
             '/health exempt, 401 {"error": "Unauthorized"})',
         ),
     ),
-    "tgi": Profile(
+    "tgi": _openai_compatible(
         name="tgi",
         title="Hugging Face TGI (Messages API)",
-        chat_path="/v1/chat/completions",
-        completions_path="/v1/completions",
-        models_path="/v1/models",
         health_paths=("/health",),
         metrics_path="/metrics",
         metrics_prefix="tgi_",
-        auth_header="Authorization",
-        auth_scheme="Bearer",
         stream_options=("include_usage",),
         role_chunk="none",
         error_shape="tgi",
@@ -205,17 +206,12 @@ PROFILES: dict[str, Profile] = {
             "include_usage, role on every delta)",
         ),
     ),
-    "trtllm": Profile(
+    "trtllm": _openai_compatible(
         name="trtllm",
         title="TensorRT-LLM behind Triton's OpenAI-compatible frontend",
-        chat_path="/v1/chat/completions",
-        completions_path="/v1/completions",
-        models_path="/v1/models",
         health_paths=("/health/ready",),
         metrics_path="/metrics",
         metrics_prefix="nv_",
-        auth_header="Authorization",
-        auth_scheme="Bearer",
         stream_options=("include_usage",),
         role_chunk="role+empty",
         error_shape="detail",
@@ -235,7 +231,7 @@ PROFILES: dict[str, Profile] = {
             "routers/chat.py checks no API key",
         ),
     ),
-    "ark": Profile(
+    "ark": _openai_compatible(
         name="ark",
         title="Volcano Engine Ark (managed)",
         chat_path="/chat/completions",
@@ -244,8 +240,6 @@ PROFILES: dict[str, Profile] = {
         health_paths=(),
         metrics_path=None,
         metrics_prefix=None,
-        auth_header="Authorization",
-        auth_scheme="Bearer",
         stream_options=("include_usage",),
         role_chunk="none",
         error_shape="openai",
@@ -273,17 +267,12 @@ PROFILES: dict[str, Profile] = {
             "RateLimitExceeded.EndpointRPMExceeded)",
         ),
     ),
-    "openai": Profile(
+    "openai": _openai_compatible(
         name="openai",
         title="Generic OpenAI-compatible endpoint",
-        chat_path="/v1/chat/completions",
-        completions_path="/v1/completions",
-        models_path="/v1/models",
         health_paths=(),
         metrics_path=None,
         metrics_prefix=None,
-        auth_header="Authorization",
-        auth_scheme="Bearer",
         stream_options=("include_usage",),
         role_chunk="role+empty",
         error_shape="openai",

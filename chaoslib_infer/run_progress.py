@@ -73,9 +73,7 @@ class ProgressHandler(RunEventHandler):  # type: ignore[misc]
         self._say("steady-state hypothesis (before the fault)...")
 
     def hypothesis_before_completed(self, experiment: Any, state: Any, journal: Any) -> None:
-        met = bool(state and state.get("steady_state_met"))
-        self._say(f"hypothesis before: {'held' if met else 'DID NOT HOLD'}")
-        self._save(journal)
+        self._hypothesis("before", state, journal)
 
     def start_method(self, experiment: dict[str, Any]) -> None:
         self._say("method: injecting the fault...")
@@ -87,8 +85,12 @@ class ProgressHandler(RunEventHandler):  # type: ignore[misc]
         self._say("steady-state hypothesis (after the fault)...")
 
     def hypothesis_after_completed(self, experiment: Any, state: Any, journal: Any) -> None:
+        self._hypothesis("after", state, journal)
+
+    def _hypothesis(self, when: str, state: Any, journal: Any) -> None:
+        """Say whether the steady-state hypothesis held ``when`` (before/after the fault)."""
         met = bool(state and state.get("steady_state_met"))
-        self._say(f"hypothesis after: {'held' if met else 'DID NOT HOLD'}")
+        self._say(f"hypothesis {when}: {'held' if met else 'DID NOT HOLD'}")
         self._save(journal)
 
     def start_rollbacks(self, experiment: dict[str, Any]) -> None:

@@ -235,6 +235,20 @@ def _b64(path: Path) -> str | None:
     return base64.b64encode(path.read_bytes()).decode("ascii") if path.is_file() else None
 
 
+def _side_by_side_png(fig: Any, ax: Any, title: str, path: Path, axis: str = "both") -> str | None:
+    """Finish a side-by-side figure (grid on ``axis``, legend, ``title``), write it to ``path`` as
+    a 110 dpi PNG, close it; its base64 text (None when no file came out)."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3, axis=axis)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return _b64(path)
+
+
 def _plots(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """Per-target timelines, and the side-by-side latency CDF and per-phase P99 bars."""
     import matplotlib
@@ -280,13 +294,9 @@ def _plots(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
         ax.set_ylabel("fraction")
         for q in (0.5, 0.99):
             ax.axhline(q, color="#999", linewidth=0.8, linestyle=":")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.set_title("Latency CDF, side by side")
-        fig.tight_layout()
-        fig.savefig(out / "compare-cdf.png", dpi=110)
-        plt.close(fig)
-        plots["cdf"] = _b64(out / "compare-cdf.png")
+        plots["cdf"] = _side_by_side_png(
+            fig, ax, "Latency CDF, side by side", out / "compare-cdf.png"
+        )
     names = [ph["name"] for t in summary["targets"] for ph in t["phases"]]
     order = list(dict.fromkeys(names))
     if order and summary["targets"]:
@@ -298,13 +308,9 @@ def _plots(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
             ax.bar(xs, [by.get(n) or 0.0 for n in order], width=width, label=t["name"])
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(order))], order)
         ax.set_ylabel("P99 E2E (s)")
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
-        ax.set_title("P99 per phase, side by side")
-        fig.tight_layout()
-        fig.savefig(out / "compare-p99.png", dpi=110)
-        plt.close(fig)
-        plots["p99"] = _b64(out / "compare-p99.png")
+        plots["p99"] = _side_by_side_png(
+            fig, ax, "P99 per phase, side by side", out / "compare-p99.png", axis="y"
+        )
     return plots
 
 

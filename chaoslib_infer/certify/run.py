@@ -144,6 +144,13 @@ def _phase(name: str, kind: str, rel: str, start: float, end: float) -> dict[str
     }
 
 
+def _records_file(d: Path, phase: str) -> Path:
+    """``d/<phase>/records.jsonl``, its folder created."""
+    path = d / phase / "records.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _common(ph: dict[str, Any], records: list[dict[str, Any]]) -> None:
     st = window_stats(records)
     ph["stats"] = st
@@ -163,8 +170,7 @@ def _common(ph: dict[str, Any], records: list[dict[str, Any]]) -> None:
 async def _single(target: EndpointTarget, plan: CertPlan, d: Path, iu: bool, log: Log
                   ) -> dict[str, Any]:  # fmt: skip
     cfg = plan.phases["single"]
-    path = d / "single" / "records.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _records_file(d, "single")
     t0 = time.time()
     with RecordWriter(path) as w:
         await _sequential(_base_spec(target, plan, iu, seed=1), int(cfg["requests"]), w)
@@ -181,8 +187,7 @@ async def _ramp(target: EndpointTarget, plan: CertPlan, d: Path, iu: bool, log: 
     from chaoslib_infer.load.phases import flag_steps
 
     cfg = plan.phases["ramp"]
-    path = d / "ramp" / "records.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _records_file(d, "ramp")
     t_start = time.time()
     bounds = []
     with RecordWriter(path) as w:
@@ -232,8 +237,7 @@ async def _burst(target: EndpointTarget, plan: CertPlan, d: Path, iu: bool, peak
         notes.append(f"burst rate capped at half the client ceiling ({ceiling / 2:.0f} req/s)")
         rate = ceiling / 2
     profile = [(cfg["pre_s"], base), (cfg["burst_s"], rate), (cfg["post_s"], base)]
-    path = d / "burst" / "records.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _records_file(d, "burst")
     spec = _base_spec(target, plan, iu, profile=profile, seed=3,
                       max_concurrency=int(cfg["max_concurrency"]))  # fmt: skip
     with RecordWriter(path) as w:
@@ -345,8 +349,7 @@ async def _jitter(target: EndpointTarget, plan: CertPlan, d: Path, iu: bool, log
                       cfg["distribution"], seed=5)  # fmt: skip
     total = cfg["pre_s"] + cfg["jitter_s"] + cfg["post_s"]
     tmo = cfg["attempt_timeout_s"]
-    path = d / "jitter" / "records.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _records_file(d, "jitter")
     async with jit:
         spec = _base_spec(
             target, plan, iu, url=jit.url_for(target.chat_url), rate_rps=cfg["rate_rps"],
@@ -399,8 +402,7 @@ async def _timeouts(target: EndpointTarget, plan: CertPlan, d: Path, iu: bool, l
         retry_attempts=int(cfg["retry_attempts"]), retry_backoff_s=cfg["backoff_s"],
         attempt_timeout_s=tmo, ttft_timeout_s=tmo, idle_timeout_s=tmo, retry_on=DEFAULT_RETRY_ON,
     )  # fmt: skip
-    path = d / "timeouts" / "records.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _records_file(d, "timeouts")
     with RecordWriter(path) as w:
         summ = await run_load(spec, w)
     ph = _phase("timeouts", "fault", "timeouts/records.jsonl", summ["started_at"], summ["ended_at"])

@@ -3,7 +3,10 @@ folder, the ``--gateway``/``--gateway-config`` options."""
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ __all__ = [
     "fail",
     "gateway_options",
     "k8s_target_file",
+    "packed_options",
 ]
 
 DEFAULT_LAB_DIR = Path(".chaos-infer/lab")
@@ -87,6 +91,30 @@ def gateway_options(default: str | None = None, show_default: bool = False) -> A
             show_default=show_default,
             help=GATEWAY_HELP,
         )(func)
+
+    return decorate
+
+
+def packed_options(cls: Any, name: str, options: Sequence[Callable[[Any], Any]]) -> Any:
+    """A decorator adding click ``options`` (listed in ``--help`` order) whose values reach the
+    command as one keyword argument ``name``: ``cls(**values)``, ``cls`` a dataclass whose fields
+    are the options' parameter names.
+
+    Returns:
+        The decorator (command function -> command function with the options).
+    """
+    names = [f.name for f in fields(cls)]
+
+    def decorate(func: Any) -> Any:
+        @functools.wraps(func)
+        def packed(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = cls(**{n: kwargs.pop(n) for n in names})
+            return func(*args, **kwargs)
+
+        command: Any = packed
+        for option in reversed(options):
+            command = option(command)
+        return command
 
     return decorate
 

@@ -8,8 +8,8 @@ import click
 
 from chaoslib_infer.errors import InferChaosError
 
-from .common import apply_gateway, experiments_dir, fail, gateway_options, k8s_target_file
-from .plan_run import run_plan, target_options
+from .common import apply_gateway, experiments_dir, fail, gateway_options
+from .plan_run import PlanRunOptions, run_plan, target_options
 
 __all__ = ["drill"]
 
@@ -62,14 +62,7 @@ def _experiments(folder: Path, k8s: bool = False) -> dict[str, Path]:
 def drill_run(
     name: str,
     out_dir: Path | None,
-    target_url: str | None,
-    replicas: int | None,
-    engine: str | None,
-    slo: tuple[str, ...],
-    criterion: tuple[str, ...],
-    dry_run: bool,
-    allow: tuple[str, ...],
-    api_key_file: Path | None,
+    opts: PlanRunOptions,
     gateway: str | None = None,
     gateway_config: Path | None = None,
 ) -> None:
@@ -80,7 +73,7 @@ def drill_run(
     from chaoslib_infer.gameday import default_k8s_plan_path, default_plan_path
     from chaoslib_infer.plan import DrillSpec, Plan, load_plan
 
-    k8s_file = k8s_target_file(target_url)
+    k8s_file = opts.k8s_file
     found = _experiments(experiments_dir(), k8s=k8s_file is not None)
     experiment = found.get(name)
     if experiment is None:
@@ -103,16 +96,4 @@ def drill_run(
         platform=base.platform,
     )
     apply_gateway(the_plan, gateway, gateway_config)
-    run_plan(
-        the_plan,
-        out_dir or Path("drill-out") / name,
-        target_url,
-        replicas,
-        engine,
-        slo,
-        dry_run,
-        allow,
-        api_key_file,
-        k8s_file,
-        criterion,
-    )
+    run_plan(the_plan, out_dir or Path("drill-out") / name, opts)

@@ -8,8 +8,8 @@ import click
 
 from chaoslib_infer.errors import InferChaosError
 
-from .common import apply_gateway, fail, gateway_options, k8s_target_file
-from .plan_run import run_plan, target_options
+from .common import apply_gateway, fail, gateway_options
+from .plan_run import PlanRunOptions, run_plan, target_options
 
 __all__ = ["gameday"]
 
@@ -29,14 +29,7 @@ __all__ = ["gameday"]
 def gameday(
     plan: Path | None,
     out_dir: Path,
-    target_url: str | None,
-    replicas: int | None,
-    engine: str | None,
-    slo: tuple[str, ...],
-    criterion: tuple[str, ...],
-    dry_run: bool,
-    allow: tuple[str, ...],
-    api_key_file: Path | None,
+    opts: PlanRunOptions,
     gateway: str | None = None,
     gateway_config: Path | None = None,
 ) -> None:
@@ -53,23 +46,12 @@ def gameday(
     from chaoslib_infer.gameday import default_k8s_plan_path, default_plan_path
     from chaoslib_infer.plan import load_plan
 
-    k8s_file = k8s_target_file(target_url)
     try:
-        the_plan = load_plan(plan or (default_k8s_plan_path() if k8s_file else default_plan_path()))
+        the_plan = load_plan(
+            plan or (default_k8s_plan_path() if opts.k8s_file else default_plan_path())
+        )
     except InferChaosError as exc:
         fail(str(exc))
         return
     apply_gateway(the_plan, gateway, gateway_config)
-    run_plan(
-        the_plan,
-        out_dir,
-        target_url,
-        replicas,
-        engine,
-        slo,
-        dry_run,
-        allow,
-        api_key_file,
-        k8s_file,
-        criterion,
-    )
+    run_plan(the_plan, out_dir, opts)

@@ -21,10 +21,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
+
+from .common import packed_options
 
 __all__ = ["load_group"]
 
@@ -126,46 +129,70 @@ def _ceiling(value: float | None) -> float | None:
     return load_ceiling()
 
 
-def _target_opts(f: Any) -> Any:
-    f = click.option("--target", default=None, help=f"base URL (default {_DEFAULT_URL})")(f)
-    f = click.option(
-        "--lab-dir", type=click.Path(path_type=Path), default=None, help="lab state dir"
-    )(f)
-    f = click.option(
-        "--out", type=click.Path(path_type=Path), required=True, help="output directory"
-    )(f)
-    f = click.option("--model", default="chaos-sim", show_default=True)(f)
-    f = click.option("--timeout-s", type=float, default=60.0, show_default=True)(f)
-    f = click.option(
+@dataclass(frozen=True)
+class _RunOptions:
+    """The target and output options both measurement runs take (``opts``)."""
+
+    target: str | None
+    lab_dir: Path | None
+    out: Path
+    model: str
+    timeout_s: float
+    client_ceiling: float | None
+    strict: bool
+
+
+_target_opts = packed_options(_RunOptions, "opts", [
+    click.option(
+        "--strict", is_flag=True, help="exit 1 when a check fails or a flag is raised"
+    ),
+    click.option(
         "--client-ceiling", type=float, default=None,
         help="client ceiling req/s (default: saved by `load ceiling --save`; 0 disables the rule)",
-    )(f)  # fmt: skip
-    f = click.option(
-        "--strict", is_flag=True, help="exit 1 when a check fails or a flag is raised"
-    )(f)
-    return f
+    ),
+    click.option("--timeout-s", type=float, default=60.0, show_default=True),
+    click.option("--model", default="chaos-sim", show_default=True),
+    click.option(
+        "--out", type=click.Path(path_type=Path), required=True, help="output directory"
+    ),
+    click.option(
+        "--lab-dir", type=click.Path(path_type=Path), default=None, help="lab state dir"
+    ),
+    click.option("--target", default=None, help=f"base URL (default {_DEFAULT_URL})"),
+])  # fmt: skip
 
 
-def _workers_opts(f: Any) -> Any:
-    f = click.option(
+@dataclass(frozen=True)
+class _WorkerOptions:
+    """How a run is split over workers (``fleet``; :mod:`chaoslib_infer.load.workers`)."""
+
+    workers: int
+    local: bool
+    image: str | None
+    namespace: str
+
+
+_workers_opts = packed_options(_WorkerOptions, "fleet", [
+    click.option(
+        "--namespace", default="chaos-infer", show_default=True, help="namespace of the Job"
+    ),
+    click.option(
+        "--image", default=None, help="worker image (default chaoslib-infer:VERSION; Dockerfile)"
+    ),
+    click.option("--local", is_flag=True, help="with --workers: processes on this machine"),
+    click.option(
         "--workers", type=click.IntRange(1, 256), default=1, show_default=True,
         help="split the run over N workers (a Kubernetes Indexed Job; --local: processes here)",
-    )(f)  # fmt: skip
-    f = click.option("--local", is_flag=True, help="with --workers: processes on this machine")(f)
-    f = click.option(
-        "--image", default=None, help="worker image (default chaoslib-infer:VERSION; Dockerfile)"
-    )(f)
-    f = click.option(
-        "--namespace", default="chaos-infer", show_default=True, help="namespace of the Job"
-    )(f)
-    return f
+    ),
+])  # fmt: skip
 
 
 def _run_workers(
-    mode: str, target: str | None, workers: int, local: bool, image: str | None,
-    namespace: str, params: dict[str, Any], out: Path,
-) -> dict[str, Any]:  # fmt: skip
-    """Run ``mode`` over ``workers`` workers (see :mod:`chaoslib_infer.load.workers`); exit 2 with one line on error."""
+    mode: str, target: str | None, fleet: _WorkerOptions, params: dict[str, Any], out: Path
+) -> dict[str, Any]:
+    """Run ``mode`` over ``fleet.workers`` workers (see :mod:`chaoslib_infer.load.workers`); exit
+    2 with one line on error."""
+    workers, local, image, namespace = fleet.workers, fleet.local, fleet.image, fleet.namespace
     from chaoslib_infer import __version__
     from chaoslib_infer.errors import InferChaosError
     from chaoslib_infer.load.workers import run_local
@@ -235,13 +262,7 @@ def load_group() -> None:
 @_trace_opts
 @_workers_opts
 def three_phase(
-    target: str | None,
-    lab_dir: Path | None,
-    out: Path,
-    model: str,
-    timeout_s: float,
-    client_ceiling: float | None,
-    strict: bool,
+    opts: _RunOptions,
     single_n: int,
     ramp: str,
     step_s: float,
@@ -252,10 +273,7 @@ def three_phase(
     scrape_interval_s: float,
     trace: str | None,
     trace_speed: float,
-    workers: int,
-    local: bool,
-    image: str | None,
-    namespace: str,
+    fleet: _WorkerOptions,
 ) -> None:
     """Single stream, concurrency ramp, burst; prints the acceptance table per step.
 
@@ -272,45 +290,48 @@ def three_phase(
         steps = tuple(int(x) for x in ramp.split(",") if x.strip())
     except ValueError:
         _fail(f"--ramp must be comma-separated integers, got {ramp!r}")
-    url, murls = _resolve(target, lab_dir)
-    _check_trace(trace, trace_speed, workers)
-    _out_ok(out)
-    if workers > 1:
-        if any(c < workers for c in steps):
-            _fail(f"--ramp {ramp}: with --workers {workers} every step needs >= {workers}")
-        if local and burst_rps is not None:
+    url, murls = _resolve(opts.target, opts.lab_dir)
+    _check_trace(trace, trace_speed, fleet.workers)
+    _out_ok(opts.out)
+    if fleet.workers > 1:
+        if any(c < fleet.workers for c in steps):
+            _fail(
+                f"--ramp {ramp}: with --workers {fleet.workers} every step needs >= {fleet.workers}"
+            )
+        if fleet.local and burst_rps is not None:
             from chaoslib_infer.load.ceiling import check_rate
 
             try:
-                check_rate(burst_rps, _ceiling(client_ceiling), workers, "burst")
+                check_rate(burst_rps, _ceiling(opts.client_ceiling), fleet.workers, "burst")
             except CeilingRefused as exc:
                 _fail(str(exc).replace("--shards", "--workers"))
         params = {
-            "url": url, "model": model, "timeout_s": timeout_s, "single_n": single_n,
+            "url": url, "model": opts.model, "timeout_s": opts.timeout_s, "single_n": single_n,
             "ramp": ",".join(map(str, steps)), "step_s": step_s, "burst_rps": burst_rps,
             "burst_s": burst_s, "max_tokens": max_tokens,
         }  # fmt: skip
-        merged = _run_workers("three-phase", target, workers, local, image, namespace, params, out)
-        _locust_csv(out, merged)
+        merged = _run_workers("three-phase", opts.target, fleet, params, opts.out)
+        _locust_csv(opts.out, merged)
         click.echo(render_table(merged))
-        click.echo(f"report: {out / 'report.json'}")
-        if strict and (not merged["passed"] or merged["flagged"]):
+        click.echo(f"report: {opts.out / 'report.json'}")
+        if opts.strict and (not merged["passed"] or merged["flagged"]):
             sys.exit(1)
         return
     spec = ThreePhaseSpec(
         url=url, single_n=single_n, ramp=steps, step_s=step_s, burst_rps=burst_rps,
-        burst_s=burst_s, max_tokens=max_tokens, model=model, timeout_s=timeout_s,
+        burst_s=burst_s, max_tokens=max_tokens, model=opts.model, timeout_s=opts.timeout_s,
         metrics_urls=murls, scrape_interval_s=scrape_interval_s,
-        ceiling_rps=_ceiling(client_ceiling), shards=shards, trace=trace, trace_speed=trace_speed,
+        ceiling_rps=_ceiling(opts.client_ceiling), shards=shards, trace=trace,
+        trace_speed=trace_speed,
     )  # fmt: skip
     try:
-        report = run_three_phase(spec, out, lambda m: click.echo(m, err=True))
+        report = run_three_phase(spec, opts.out, lambda m: click.echo(m, err=True))
     except (CeilingRefused, ValueError) as exc:
         _fail(str(exc))
-    _locust_csv(out, report)
+    _locust_csv(opts.out, report)
     click.echo(render_table(report))
-    click.echo(f"report: {out / 'report.json'}")
-    if strict and (not report["passed"] or report["flagged"]):
+    click.echo(f"report: {opts.out / 'report.json'}")
+    if opts.strict and (not report["passed"] or report["flagged"]):
         sys.exit(1)
 
 
@@ -327,13 +348,7 @@ def three_phase(
 @_trace_opts
 @_workers_opts
 def soak(
-    target: str | None,
-    lab_dir: Path | None,
-    out: Path,
-    model: str,
-    timeout_s: float,
-    client_ceiling: float | None,
-    strict: bool,
+    opts: _RunOptions,
     duration: str,
     rate: float,
     mix: str,
@@ -344,10 +359,7 @@ def soak(
     max_tokens_scale: float,
     trace: str | None,
     trace_speed: float,
-    workers: int,
-    local: bool,
-    image: str | None,
-    namespace: str,
+    fleet: _WorkerOptions,
 ) -> None:
     """Random arrivals and a prompt-length mixture; invalid when the schedule lag P99 is too high.
 
@@ -359,20 +371,20 @@ def soak(
     judged by the same schedule-lag rule.
     """
     if trace is not None:
-        _check_trace(trace, trace_speed, workers)
+        _check_trace(trace, trace_speed, fleet.workers)
         from chaoslib_infer.load.ceiling import CeilingRefused as _Refused
         from chaoslib_infer.load.soak import run_trace_soak
 
-        url = _resolve(target, lab_dir)[0]
-        _out_ok(out)
+        url = _resolve(opts.target, opts.lab_dir)[0]
+        _out_ok(opts.out)
         try:
             report = run_trace_soak(
-                url, trace, out, trace_speed, lag_p99_max_ms / 1000, max_concurrency, model,
-                timeout_s, _ceiling(client_ceiling),
+                url, trace, opts.out, trace_speed, lag_p99_max_ms / 1000, max_concurrency,
+                opts.model, opts.timeout_s, _ceiling(opts.client_ceiling),
             )  # fmt: skip
         except (_Refused, ValueError) as exc:
             _fail(str(exc))
-        _soak_result(report, url, strict, out)
+        _soak_result(report, url, opts.strict, opts.out)
         return
     if rate is None:
         _fail("--rate is required (or --trace FILE)")
@@ -386,32 +398,34 @@ def soak(
             float(duration[:-1]) * units[duration[-1]] if duration[-1] in units else float(duration)
         )
         spec = SoakSpec(
-            url=_resolve(target, lab_dir)[0], duration_s=dur, rate_rps=rate, mix=parse_mix(mix),
+            url=_resolve(opts.target, opts.lab_dir)[0], duration_s=dur, rate_rps=rate,
+            mix=parse_mix(mix),
             gamma_shape=parse_burstiness(burstiness), headroom=headroom,
-            max_concurrency=max_concurrency, lag_p99_max_s=lag_p99_max_ms / 1000, model=model,
-            timeout_s=timeout_s, ceiling_rps=_ceiling(client_ceiling),
+            max_concurrency=max_concurrency, lag_p99_max_s=lag_p99_max_ms / 1000, model=opts.model,
+            timeout_s=opts.timeout_s, ceiling_rps=_ceiling(opts.client_ceiling),
             max_tokens_scale=max_tokens_scale,
         )  # fmt: skip
         if not (dur > 0 and rate > 0 and headroom > 0):
             raise ValueError("--duration, --rate and --headroom must be > 0")
-        _out_ok(out)
-        if workers > 1:
-            if local:
+        _out_ok(opts.out)
+        if fleet.workers > 1:
+            if fleet.local:
                 from chaoslib_infer.load.ceiling import check_rate
 
-                check_rate(spec.effective_rate, spec.ceiling_rps, workers, "soak")
+                check_rate(spec.effective_rate, spec.ceiling_rps, fleet.workers, "soak")
             params = {
-                "url": spec.url, "model": model, "timeout_s": timeout_s, "duration_s": dur,
+                "url": spec.url, "model": opts.model, "timeout_s": opts.timeout_s,
+                "duration_s": dur,
                 "rate": rate, "mix": mix, "burstiness": burstiness, "headroom": headroom,
                 "lag_p99_max_ms": lag_p99_max_ms, "max_concurrency": max_concurrency,
                 "max_tokens_scale": max_tokens_scale,
             }  # fmt: skip
-            report = _run_workers("soak", target, workers, local, image, namespace, params, out)
+            report = _run_workers("soak", opts.target, fleet, params, opts.out)
         else:
-            report = run_soak(spec, out, lambda m: click.echo(m, err=True))
+            report = run_soak(spec, opts.out, lambda m: click.echo(m, err=True))
     except (CeilingRefused, ValueError, IndexError) as exc:
         _fail(str(exc))
-    _soak_result(report, spec.url, strict, out)
+    _soak_result(report, spec.url, opts.strict, opts.out)
 
 
 def _soak_result(report: dict[str, Any], url: str, strict: bool, out: Path) -> None:

@@ -1,8 +1,9 @@
 """Running a plan from the command line, shared by ``gameday`` and ``drill run``.
 
 The ``--target``/``--replicas``/``--engine``/``--slo``/``--criterion``/``--dry-run``/``--allow``/
-``--api-key-file`` options (:func:`target_options`), their checks, the dry-run print-out and
-:func:`run_plan`, which refuses bad input with one line and exit 2 before anything starts.
+``--api-key-file`` options (:func:`target_options`, handed to the command as one
+:class:`PlanRunOptions`), their checks, the dry-run print-out and :func:`run_plan`, which refuses
+bad input with one line and exit 2 before anything starts.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +21,37 @@ import click
 from chaoslib_infer.errors import ConfigError, InferChaosError
 from chaoslib_infer.evidence.outdir import prepare_out_dir
 
-from .common import fail
+from .common import fail, k8s_target_file, packed_options
 
-__all__ = ["api_key_in_env", "check_k8s", "run_plan", "target_options"]
+__all__ = ["PlanRunOptions", "api_key_in_env", "check_k8s", "run_plan", "target_options"]
+
+
+@dataclass(frozen=True)
+class PlanRunOptions:
+    """The options of a plan run (:func:`target_options`), as the operator gave them.
+
+    Attributes:
+        target_url: ``--target``: a URL, a Kubernetes target file (``*.yaml``), or None (the lab).
+        replicas, engine: ``--replicas``, ``--engine`` (None: from the plan).
+        slo, criterion: ``--slo METRIC=VALUE``, ``--criterion [DRILL:]NAME=VALUE`` items.
+        dry_run: ``--dry-run``.
+        allow: ``--allow`` patterns.
+        api_key_file: ``--api-key-file``, or None.
+    """
+
+    target_url: str | None
+    replicas: int | None
+    engine: str | None
+    slo: tuple[str, ...]
+    criterion: tuple[str, ...]
+    dry_run: bool
+    allow: tuple[str, ...]
+    api_key_file: Path | None
+
+    @property
+    def k8s_file(self) -> Path | None:
+        """The Kubernetes target file ``--target`` names, or None."""
+        return k8s_target_file(self.target_url)
 
 
 def _parse_criteria(
@@ -149,20 +179,9 @@ def _print_dry_run(
     click.echo("dry run: nothing was started or changed")
 
 
-def run_plan(
-    the_plan: Any,
-    out_dir: Path,
-    target_url: str | None,
-    replicas: int | None,
-    engine: str | None,
-    slo: tuple[str, ...],
-    dry_run: bool,
-    allow: tuple[str, ...] = (),
-    api_key_file: Path | None = None,
-    k8s_file: Path | None = None,
-    criterion: tuple[str, ...] = (),
-) -> None:
-    """Check everything that can be checked without touching anything, then run (or dry-run).
+def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions) -> None:
+    """Check everything that can be checked without touching anything, then run (or dry-run)
+    ``the_plan`` with ``opts`` into ``out_dir``.
 
     Refused with one line and exit 2, before anything starts: a target outside the allowlist
     (a URL, or a Kubernetes target file's context/namespace: no API call is made), a
@@ -174,22 +193,25 @@ def run_plan(
     from chaoslib_infer.safety import redact
     from chaoslib_infer.safety.allowlist import allow_patterns, check_target
 
+    target_url, replicas, engine, dry_run, allow = (
+        opts.target_url, opts.replicas, opts.engine, opts.dry_run, opts.allow
+    )  # fmt: skip
     k8s = None
     key: str | None = None
     try:
-        k8s = check_k8s(the_plan, k8s_file, target_url, bool(replicas or engine))
+        k8s = check_k8s(the_plan, opts.k8s_file, target_url, bool(replicas or engine))
         if k8s is not None:
             target_url = None
-        overrides = _parse_slo(slo)
-        criteria = _parse_criteria(the_plan, criterion)
+        overrides = _parse_slo(opts.slo)
+        criteria = _parse_criteria(the_plan, opts.criterion)
         allow_patterns(allow, the_plan.path)
         if target_url:
             check_target(target_url, allow, the_plan.path)
         if k8s is not None:  # the file's url: allowed by the operator's patterns, not by itself
             check_target(k8s.url, allow, the_plan.path, what=f"{k8s.source}: url")
         try:
-            if api_key_file is not None:
-                key = redact.read_key_file(api_key_file)
+            if opts.api_key_file is not None:
+                key = redact.read_key_file(opts.api_key_file)
             else:  # a key set directly in the environment is held to the same length rule
                 redact.env_key()
         except ValueError as exc:
@@ -352,7 +374,6 @@ _TARGET_OPTIONS = [
 
 
 def target_options(func: Any) -> Any:
-    """Add the options of a plan run (``--target`` ... ``--api-key-file``, in ``--help`` order)."""
-    for option in reversed(_TARGET_OPTIONS):
-        func = option(func)
-    return func
+    """Add the options of a plan run (``--target`` ... ``--api-key-file``, in ``--help`` order);
+    the command receives them as one keyword argument, ``opts`` (:class:`PlanRunOptions`)."""
+    return packed_options(PlanRunOptions, "opts", _TARGET_OPTIONS)(func)

@@ -5,7 +5,10 @@ Each ``chaoslib_infer/drills/<drill>/`` holds:
 - ``criteria.py``: the drill's question (``QUESTION``) and acceptance criteria (``CRITERIA``);
 - ``actions.py``: its Chaos Toolkit actions and rollbacks on the lab (and ``probes.py``, its probes,
   where it has its own);
-- ``k8s.py``: its actions and rollbacks on Kubernetes;
+- ``k8s.py``: its actions and rollbacks on Kubernetes. Each fault saves its rollback data before
+  injecting (``k8s-state/<kind>.json``, :func:`chaoslib_infer.platforms.kubernetes.activity.save_state`)
+  and appends its lines to the drill's fault log; :mod:`chaoslib_infer.activities.k8s`
+  re-exports these actions under their historical module;
 - ``figures.py``: its figures, ground truth and timeline markers (``compute(ctx)``).
 
 :mod:`chaoslib_infer.drills.registry` maps each drill name to its room, criteria, figures,

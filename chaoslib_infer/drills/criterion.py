@@ -1,5 +1,10 @@
 """The shape of one acceptance criterion, and the pieces several drills' criteria share.
 
+Every room's ``criteria.py`` defines ``QUESTION`` (one sentence), ``CRITERIA`` (its own
+:class:`Criterion` list) and ``DROPPED_COMMON`` (the common criteria it does not judge), which
+:mod:`chaoslib_infer.drills.registry` reads (``docs/contracts.md``); their thresholds and meaning:
+``docs/definitions.md``, "Drill criteria".
+
 Dependency-free on purpose: every room's ``criteria.py`` imports it, and
 :mod:`chaoslib_infer.verdict.criteria` (the common criteria, overrides, ``criteria_for``)
 assembles the drills' lists from :mod:`chaoslib_infer.drills.registry`. Thresholds come from the

@@ -20,7 +20,13 @@ from geventhttpclient._parser import HTTPParseError
 from geventhttpclient.response import HTTPConnectionClosed
 from locust.exception import CatchResponseError
 
-from chaoslib_infer.load.attempts import exc_msg
+from chaoslib_infer.load.attempts import (
+    AFTER_DONE_GRACE_S,
+    AttemptSpec,
+    chunk_deadline,
+    exc_msg,
+    first_deadline,
+)
 from chaoslib_infer.load.records import scrub_record
 
 __all__ = [
@@ -28,6 +34,7 @@ __all__ = [
     "records_writer",
     "AttemptTimeout",
     "GreenletDeadline",
+    "StreamClock",
     "ReplayResponse",
     "classify_exc",
     "error_body",
@@ -96,6 +103,47 @@ class GreenletDeadline:
         for t in self._old:
             t.close()
         self._old.clear()
+
+
+class StreamClock:
+    """When a streamed attempt's output came and when the attempt must end: the built-in client's
+    deadline rule (:func:`chaoslib_infer.load.attempts.first_deadline`, ``chunk_deadline``,
+    ``AFTER_DONE_GRACE_S``) kept on a :class:`GreenletDeadline` (times ``time.perf_counter``
+    seconds).
+
+    Attributes:
+        deadline: the armed deadline (``close`` it when the attempt ends).
+        kind: which deadline is armed: ``ttft``, ``idle``, ``total`` or ``done``.
+        first_token: when the first output-bearing chunk came, or None.
+        chunk_times: one entry per output chunk, its arrival time.
+        done_at: when the stream's end (``[DONE]``) came, or None.
+    """
+
+    __slots__ = ("deadline", "kind", "first_token", "chunk_times", "done_at", "_idle", "_total")
+
+    def __init__(self, spec: AttemptSpec, sent: float) -> None:
+        self._total, self.kind, dl = first_deadline(spec, sent)
+        self._idle = spec.idle_timeout_s
+        self.deadline = GreenletDeadline(dl)
+        self.first_token: float | None = None
+        self.chunk_times: list[float] = []
+        self.done_at: float | None = None
+
+    def chunks(self, n: int, now: float) -> None:
+        """``n`` output chunks came at ``now``: the idle (or total) deadline moves."""
+        if self.first_token is None:
+            self.first_token = now
+        self.chunk_times.extend([now] * n)
+        moved = chunk_deadline(self.kind, now, self._idle, self._total)
+        if moved is not None:
+            self.kind, dl = moved
+            self.deadline.move(dl)
+
+    def done(self, now: float) -> None:
+        """The stream ended at ``now``: a short grace for the connection's end (total capped)."""
+        self.done_at = now
+        self.kind = "done"
+        self.deadline.move(min(now + AFTER_DONE_GRACE_S, self._total))
 
 
 def classify_exc(exc: BaseException) -> tuple[str, str]:

@@ -68,11 +68,8 @@ from locust import FastHttpUser, events, task
 from locust.exception import CatchResponseError
 
 from chaoslib_infer.load.attempts import (
-    AFTER_DONE_GRACE_S,
-    chunk_deadline,
     exc_msg,
     finish_attempt,
-    first_deadline,
     http_error,
 )
 from chaoslib_infer.load.client import (
@@ -88,8 +85,8 @@ from chaoslib_infer.locust import relay
 from chaoslib_infer.locust.attempt_parts import (
     AppendWriter,
     AttemptTimeout,
-    GreenletDeadline,
     ReplayResponse,
+    StreamClock,
     classify_exc,
     error_body,
     records_writer,
@@ -318,9 +315,6 @@ class StreamingUser(FastHttpUser):
         replica: str | None = None
         resp_headers: Any = None
         first_byte: float | None = None
-        first_token: float | None = None
-        done_at: float | None = None
-        chunk_times: list[float] = []
         parts: list[bytes] = []
         nbytes = 0
         err_class: str | None = None
@@ -329,9 +323,8 @@ class StreamingUser(FastHttpUser):
         timed_out = False
         start_unix = time.time()
         sent = pc()
-        total_dl, kind, dl = first_deadline(spec, sent)
-        idle = spec.idle_timeout_s
-        deadline = GreenletDeadline(dl)
+        clock = StreamClock(spec, sent)
+        deadline = clock.deadline
         resp: Any = None
         try:
             try:
@@ -378,18 +371,9 @@ class StreamingUser(FastHttpUser):
                                     parts.append(data)
                                 n = parser.feed(data)
                                 if n:
-                                    now = pc()
-                                    if first_token is None:
-                                        first_token = now
-                                    chunk_times.extend([now] * n)
-                                    moved = chunk_deadline(kind, now, idle, total_dl)
-                                    if moved is not None:
-                                        kind, dl = moved
-                                        deadline.move(dl)
-                                if parser.done and done_at is None:
-                                    done_at = pc()
-                                    kind = "done"
-                                    deadline.move(min(done_at + AFTER_DONE_GRACE_S, total_dl))
+                                    clock.chunks(n, pc())
+                                if parser.done and clock.done_at is None:
+                                    clock.done(pc())
                             if r.message_complete:
                                 break
                             sock = r._sock
@@ -414,14 +398,14 @@ class StreamingUser(FastHttpUser):
                     except (HTTPParseError, HTTPConnectionClosed, OSError) as exc:
                         r.release()
                         err_class, err = "reset", exc_msg(exc)
-                        after_done = done_at is not None
+                        after_done = clock.done_at is not None
         finally:
             deadline.close()
         rec = finish_attempt(
             spec, parser, request_id=request_id, attempt=attempt, intended_at=intended_at,
             sent=sent, end=pc(), status=status, replica=replica, err_class=err_class, err=err,
-            timed_out=timed_out, kind=kind, after_done=after_done, done_at=done_at,
-            first_byte=first_byte, first_token=first_token, chunk_times=chunk_times,
+            timed_out=timed_out, kind=clock.kind, after_done=after_done, done_at=clock.done_at,
+            first_byte=first_byte, first_token=clock.first_token, chunk_times=clock.chunk_times,
         )  # fmt: skip
         self._report(resp, rec, nbytes, name, start_unix, url)
         return rec, ((status, resp_headers, b"".join(parts)) if keep_body else None)

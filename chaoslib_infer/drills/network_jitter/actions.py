@@ -69,7 +69,7 @@ __all__ = ["inject_network_jitter", "remove_network_jitter"]
 
 FAULT_KIND = "network-jitter"
 #: The module the lab's fault ledger records (``module`` of a record): the historical name, a key
-#: of :data:`chaoslib_infer.safety.registry.FAULT_MODULES`, re-exporting :func:`fault_active` and
+#: of :data:`chaoslib_infer.lab.registry.FAULT_MODULES`, re-exporting :func:`fault_active` and
 #: :func:`undo_fault` from here, so records written before the move are still undone.
 FAULT_MODULE = "chaoslib_infer.activities.network"
 MECHANISMS = ("auto", "netem", "shim")

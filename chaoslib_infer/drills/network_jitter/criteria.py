@@ -1,11 +1,8 @@
-"""The network-jitter drill's question and acceptance criteria (``docs/definitions.md``, "Drill
-criteria")."""
+"""The network-jitter drill's question and acceptance criteria (see ``drills/criterion.py``)."""
 
 from __future__ import annotations
 
 from chaoslib_infer.drills.criterion import Criterion
-
-__all__ = ["CRITERIA", "DROPPED_COMMON", "QUESTION"]
 
 QUESTION = (
     "When the link to one replica gets slow and irregular, do the client's and the gateway's "

@@ -139,7 +139,7 @@ def replica_links(lab: Lab, replica: str) -> list[Link]:
 def tc_argv(record: dict[str, Any], what: str) -> list[list[str]]:
     """The ``tc qdisc show`` / ``del`` argv of every link of ``record``, rebuilt from its
     ``links`` (``[[netns or None, device], ...]``) by :mod:`chaoslib_infer.lab.netem`: a stored
-    argv is never run (the ledger is data; see :mod:`chaoslib_infer.safety.registry`).
+    argv is never run (the ledger is data; see :mod:`chaoslib_infer.lab.registry`).
 
     Raises:
         LabError: a bad device or namespace name.

@@ -1,11 +1,8 @@
-"""The node-loss drill's question and acceptance criteria (``docs/definitions.md``, "Drill
-criteria")."""
+"""The node-loss drill's question and acceptance criteria (see ``drills/criterion.py``)."""
 
 from __future__ import annotations
 
 from chaoslib_infer.drills.criterion import ROUTED_TO_DOWN, Criterion, interruption
-
-__all__ = ["CRITERIA", "DROPPED_COMMON", "QUESTION"]
 
 QUESTION = (
     "When a compute node drops with every replica on it, do the gateway and the orchestrator "

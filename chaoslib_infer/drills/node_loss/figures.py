@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.drills.interruption import interruption_figures
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.figkit import (
@@ -194,11 +195,7 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
 
     figures: dict[str, Any] = {}
     intr = mfig.interruption(ctx.records, fault_at, settle_s=SETTLE_S)
-    figures["interruption_s"] = float(intr.get("interruption_s") or 0.0)
-    figures["failed_requests"] = int(intr.get("failed_requests") or 0)
-    figures["interruption_sustained"] = bool(intr.get("sustained"))
-    figures["first_failure_at"] = intr.get("first_failure_at")
-    figures["last_failure_at"] = intr.get("last_failure_at")
+    figures.update(interruption_figures(intr))
     figures["lost_replicas"] = len(lost)
     times = [t for t in ground["lb_ejected_at"].values() if t is not None]
     figures["lb_ejection_s_ground_truth"] = (

@@ -3,14 +3,13 @@
 Lose a model pod's node three ways (drain through the Eviction API, a NoExecute taint, the Node
 object deleted) and undo each.
 
-Each fault saves its rollback data before injecting (``k8s-state/<kind>.json``,
-:func:`chaoslib_infer.activities.k8s_common.save_state`) and appends its lines to the drill's fault
-log; :mod:`chaoslib_infer.activities.k8s` re-exports these actions under their historical module.
+Conventions every room's ``k8s.py`` follows: :mod:`chaoslib_infer.drills`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from chaoslib.exceptions import ActivityFailed
@@ -77,10 +76,7 @@ def k8s_drain_model_node(
     ctx = k8s_context(target_file, configuration)
     t = ctx.target
     try:
-        before = k8s_pods.list_pods(ctx.core, t.namespace, t.selector)
-        chosen = k8s_pods.select_pods(before, 1, [pod] if pod else None)[0]
-        node = k8s_nodes.node_of_pod(ctx.core, t.namespace, chosen["metadata"]["name"])
-        refuse_bystanders(ctx, node, allow_bystanders, configuration)
+        before, chosen, node = _model_node(ctx, pod, allow_bystanders, configuration)
         was = k8s_nodes.is_unschedulable(ctx.core, node)
         save_state(configuration, "node-loss", {"node": node, "was_unschedulable": was}, t)
         fault_at = time.time()
@@ -90,7 +86,7 @@ def k8s_drain_model_node(
                 "kind": "k8s-node-loss",
                 "fault_at": fault_at,
                 "node": node,
-                "pod": chosen["metadata"]["name"],
+                "pod": chosen,
             },
         )
         k8s_nodes.cordon(ctx.core, node)
@@ -112,13 +108,7 @@ def k8s_drain_model_node(
                 poll_s,
             )
             if mine
-            else {
-                "pods": [],
-                "recovered": 0,
-                "unrecovered": [],
-                "max_total_recovery_s": None,
-                "polls": 0,
-            }
+            else _no_recovery()
         )
     except K8sError as exc:
         raise ActivityFailed(str(exc)) from None
@@ -163,6 +153,91 @@ def k8s_uncordon_node(
     )
 
 
+def _model_node(
+    ctx: K8sContext, pod: str | None, allow_bystanders: bool, configuration: dict[str, Any] | None
+) -> tuple[list[dict[str, Any]], str, str]:
+    """The target pods now, the chosen model pod's name (``pod``, default the first Ready target
+    pod) and its node, once :func:`~chaoslib_infer.platforms.kubernetes.activity.refuse_bystanders` has
+    accepted the node.
+
+    Raises:
+        K8sError: an API call failed (403, 404) or no such pod. ActivityFailed: bystanders.
+    """
+    t = ctx.target
+    before = k8s_pods.list_pods(ctx.core, t.namespace, t.selector)
+    chosen = k8s_pods.select_pods(before, 1, [pod] if pod else None)[0]["metadata"]["name"]
+    node = k8s_nodes.node_of_pod(ctx.core, t.namespace, chosen)
+    refuse_bystanders(ctx, node, allow_bystanders, configuration)
+    return before, chosen, node
+
+
+def _strike_node(
+    ctx: K8sContext,
+    configuration: dict[str, Any] | None,
+    kind: str,
+    pod: str | None,
+    allow_bystanders: bool,
+    state: Callable[[str], dict[str, Any]],
+    strike: Callable[[str], Any],
+    logged: tuple[str, ...] | None = None,
+) -> tuple[list[dict[str, Any]], str, float, Any]:
+    """Strike the node of a model pod (:func:`_model_node`) the way ``kind`` says.
+
+    Saves ``{"node", **state(node)}`` as ``k8s-state/<kind>.json``, logs a ``k8s-<kind>`` fault
+    line (``fault_at``, ``node`` and the ``logged`` keys of the state, default all of them), then
+    runs ``strike(node)``; when that fails, the saved state goes again (nothing to undo).
+
+    Returns:
+        ``(target pods before, node, fault_at (epoch s), what strike returned)``.
+
+    Raises:
+        K8sError: an API call failed. ActivityFailed: bystanders on the node.
+    """
+    before, _, node = _model_node(ctx, pod, allow_bystanders, configuration)
+    extra = state(node)
+    save_state(configuration, kind, {"node": node, **extra}, ctx.target)
+    fault_at = time.time()
+    shown = extra if logged is None else {k: extra[k] for k in logged}
+    log_fault(configuration, {"kind": f"k8s-{kind}", "fault_at": fault_at, "node": node, **shown})
+    try:
+        done = strike(node)
+    except K8sError:
+        state_path(configuration, kind).unlink(missing_ok=True)  # not struck
+        raise
+    return before, node, fault_at, done
+
+
+def _no_recovery() -> dict[str, Any]:
+    """The recovery figures of a fault that evicted no target pod (the shape of
+    :func:`~chaoslib_infer.platforms.kubernetes.pods.recovery_timings`)."""
+    return {"pods": [], "recovered": 0, "unrecovered": [], "max_total_recovery_s": None, "polls": 0}
+
+
+def _log_recovery(
+    configuration: dict[str, Any] | None,
+    fault_at: float,
+    node: str,
+    recovery: dict[str, Any],
+    what: str,
+    after: str,
+) -> None:
+    """Log ``recovery`` (a ``k8s-recovery`` line) and fail when a target pod has no Ready
+    replacement.
+
+    Raises:
+        ActivityFailed: ``N target pod(s) of <what> without a Ready replacement after <after>:
+            <pods>``.
+    """
+    log_fault(
+        configuration, {"kind": "k8s-recovery", "fault_at": fault_at, "node": node, **recovery}
+    )
+    if recovery["unrecovered"]:
+        raise ActivityFailed(
+            f"{len(recovery['unrecovered'])} target pod(s) of {what} without a Ready "
+            f"replacement after {after}: {', '.join(recovery['unrecovered'])}"
+        )
+
+
 def _node_pods_recovery(
     ctx: K8sContext,
     before: list[dict[str, Any]],
@@ -185,13 +260,7 @@ def _node_pods_recovery(
         if (p.get("spec") or {}).get("nodeName") == node
     ]
     if not gone:
-        return {
-            "pods": [],
-            "recovered": 0,
-            "unrecovered": [],
-            "max_total_recovery_s": None,
-            "polls": 0,
-        }
+        return _no_recovery()
     known = {str(p["metadata"].get("uid")) for p in before}
     return k8s_pods.recovery_timings(
         ctx.core, t.namespace, t.selector, gone, known, timeout_s, poll_s
@@ -220,10 +289,8 @@ def k8s_taint_model_node(
     Args:
         effect: ``NoExecute``, ``NoSchedule`` or ``PreferNoSchedule``.
         key: taint key. pod: the model pod whose node to taint (default: first Ready pod).
-        recovery_timeout_s, poll_s: the recovery probe's bound and interval, seconds.
-        target_file: the target YAML. configuration: Chaos Toolkit configuration.
-        allow_bystanders: the operator accepts pods of other namespaces on the node (default:
-            refused before any change when the node runs one; DaemonSet pods excepted).
+        recovery_timeout_s, poll_s, allow_bystanders, target_file, configuration: as
+            :func:`k8s_drain_model_node`.
 
     Returns:
         ``{"kind": "k8s-node-taint", "fault_at", "node", "taint", "taints_before", "recovery"}``
@@ -239,48 +306,33 @@ def k8s_taint_model_node(
             f"k8s_taint_model_node: effect must be NoExecute, NoSchedule or PreferNoSchedule, got {effect!r}"
         )
     ctx = k8s_context(target_file, configuration)
-    t = ctx.target
     refuse_twice(configuration, "node-taint", "k8s_remove_node_taint")
     try:
-        before = k8s_pods.list_pods(ctx.core, t.namespace, t.selector)
-        chosen = k8s_pods.select_pods(before, 1, [pod] if pod else None)[0]
-        node = k8s_nodes.node_of_pod(ctx.core, t.namespace, chosen["metadata"]["name"])
-        refuse_bystanders(ctx, node, allow_bystanders, configuration)
-        save_state(configuration, "node-taint", {"node": node, "key": key, "effect": effect}, t)
-        fault_at = time.time()
-        log_fault(
+        before, node, fault_at, done = _strike_node(
+            ctx,
             configuration,
-            {
-                "kind": "k8s-node-taint",
-                "fault_at": fault_at,
-                "node": node,
-                "key": key,
-                "effect": effect,
-            },
+            "node-taint",
+            pod,
+            allow_bystanders,
+            lambda node: {"key": key, "effect": effect},
+            lambda node: k8s_nodes.taint(ctx.core, node, key, effect),
         )
-        try:
-            done = k8s_nodes.taint(ctx.core, node, key, effect)
-        except K8sError:
-            state_path(configuration, "node-taint").unlink(missing_ok=True)  # not tainted
-            raise
         recovery = (
             _node_pods_recovery(ctx, before, node, fault_at, recovery_timeout_s, poll_s)
             if effect == "NoExecute"
-            else _node_pods_recovery(ctx, [], node, fault_at, 0, poll_s)
+            else _no_recovery()
         )
     except K8sError as exc:
         raise ActivityFailed(str(exc)) from None
-    result = {"kind": "k8s-node-taint", "fault_at": fault_at, **done, "recovery": recovery}
-    log_fault(
-        configuration, {"kind": "k8s-recovery", "fault_at": fault_at, "node": node, **recovery}
+    _log_recovery(
+        configuration,
+        fault_at,
+        node,
+        recovery,
+        f"tainted node {node}",
+        f"{recovery_timeout_s:g} s (a pod that tolerates {key}:{effect} stays)",
     )
-    if recovery["unrecovered"]:
-        raise ActivityFailed(
-            f"{len(recovery['unrecovered'])} target pod(s) of tainted node {node} without a Ready "
-            f"replacement after {recovery_timeout_s:g} s (a pod that tolerates {key}:{effect} "
-            f"stays): {', '.join(recovery['unrecovered'])}"
-        )
-    return result
+    return {"kind": "k8s-node-taint", "fault_at": fault_at, **done, "recovery": recovery}
 
 
 def k8s_remove_node_taint(
@@ -323,10 +375,8 @@ def k8s_delete_model_node(
 
     Args:
         pod: the model pod whose node to delete (default: the first Ready target pod).
-        recovery_timeout_s, poll_s: the recovery probe's bound and interval, seconds.
-        target_file: the target YAML. configuration: Chaos Toolkit configuration.
-        allow_bystanders: the operator accepts pods of other namespaces on the node (default:
-            refused before any change when the node runs one; DaemonSet pods excepted).
+        recovery_timeout_s, poll_s, allow_bystanders, target_file, configuration: as
+            :func:`k8s_drain_model_node`.
 
     Returns:
         ``{"kind": "k8s-node-delete", "fault_at", "node", "recovery"}``.
@@ -336,33 +386,24 @@ def k8s_delete_model_node(
             within ``recovery_timeout_s``.
     """
     ctx = k8s_context(target_file, configuration)
-    t = ctx.target
     refuse_twice(configuration, "node-delete", "k8s_restore_node")
     try:
-        before = k8s_pods.list_pods(ctx.core, t.namespace, t.selector)
-        chosen = k8s_pods.select_pods(before, 1, [pod] if pod else None)[0]
-        node = k8s_nodes.node_of_pod(ctx.core, t.namespace, chosen["metadata"]["name"])
-        refuse_bystanders(ctx, node, allow_bystanders, configuration)
-        raw = k8s_nodes.snapshot_node(ctx.core, node)
-        save_state(configuration, "node-delete", {"node": node, "raw": raw}, t)
-        fault_at = time.time()
-        log_fault(configuration, {"kind": "k8s-node-delete", "fault_at": fault_at, "node": node})
-        try:
-            k8s_nodes.delete_node(ctx.core, node)
-        except K8sError:
-            state_path(configuration, "node-delete").unlink(missing_ok=True)  # not deleted
-            raise
+        before, node, fault_at, _ = _strike_node(
+            ctx,
+            configuration,
+            "node-delete",
+            pod,
+            allow_bystanders,
+            lambda node: {"raw": k8s_nodes.snapshot_node(ctx.core, node)},
+            lambda node: k8s_nodes.delete_node(ctx.core, node),
+            logged=(),
+        )
         recovery = _node_pods_recovery(ctx, before, node, fault_at, recovery_timeout_s, poll_s)
     except K8sError as exc:
         raise ActivityFailed(str(exc)) from None
-    log_fault(
-        configuration, {"kind": "k8s-recovery", "fault_at": fault_at, "node": node, **recovery}
+    _log_recovery(
+        configuration, fault_at, node, recovery, f"deleted node {node}", f"{recovery_timeout_s:g} s"
     )
-    if recovery["unrecovered"]:
-        raise ActivityFailed(
-            f"{len(recovery['unrecovered'])} target pod(s) of deleted node {node} without a Ready "
-            f"replacement after {recovery_timeout_s:g} s: {', '.join(recovery['unrecovered'])}"
-        )
     return {"kind": "k8s-node-delete", "fault_at": fault_at, "node": node, "recovery": recovery}
 
 

@@ -1,11 +1,8 @@
-"""The oom-kill drill's question and acceptance criteria (``docs/definitions.md``, "Drill
-criteria")."""
+"""The oom-kill drill's question and acceptance criteria (see ``drills/criterion.py``)."""
 
 from __future__ import annotations
 
 from chaoslib_infer.drills.criterion import Criterion, interruption
-
-__all__ = ["CRITERIA", "DROPPED_COMMON", "QUESTION"]
 
 QUESTION = (
     "When the kernel OOM-kills one model server, is it restarted and routed around meanwhile, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chaoslib_infer.drills.interruption import interruption_figures
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.figkit import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 
@@ -78,11 +79,7 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     ground["replica_serving_again_at"] = serving_again
 
     intr = mfig.interruption(ctx.records, fault_at)
-    figures["interruption_s"] = float(intr.get("interruption_s") or 0.0)
-    figures["failed_requests"] = int(intr.get("failed_requests") or 0)
-    figures["interruption_sustained"] = bool(intr.get("sustained"))
-    figures["first_failure_at"] = intr.get("first_failure_at")
-    figures["last_failure_at"] = intr.get("last_failure_at")
+    figures.update(interruption_figures(intr))
     figures["restart_s"] = num(mfig.restart_from_records(ctx.records, replica, died_at))
     figures["restart_s_ground_truth"] = (serving_again - died_at) if serving_again else None
     steady = num(mfig.steady_ttft_p50(ctx.records_before(fault_at), None, None))

@@ -2,9 +2,7 @@
 
 A memory hog inside a model pod's memory cgroup until the kernel OOM-kills the server, and its stop.
 
-Each fault saves its rollback data before injecting (``k8s-state/<kind>.json``,
-:func:`chaoslib_infer.activities.k8s_common.save_state`) and appends its lines to the drill's fault
-log; :mod:`chaoslib_infer.activities.k8s` re-exports these actions under their historical module.
+Conventions every room's ``k8s.py`` follows: :mod:`chaoslib_infer.drills`.
 """
 
 from __future__ import annotations
@@ -105,17 +103,15 @@ def k8s_oom_kill(
         }
         save_state(configuration, "oom-kill", state, t)
         fault_at = time.time()
-        log_fault(
-            configuration,
-            {
-                "kind": "k8s-oom-kill",
-                "fault_at": fault_at,
-                "pod": name,
-                "container": t.container,
-                "hog_mb": mb,
-                "memory_limit_bytes": limit,
-            },
-        )
+        line = {
+            "kind": "k8s-oom-kill",
+            "fault_at": fault_at,
+            "pod": name,
+            "container": t.container,
+            "hog_mb": mb,
+            "memory_limit_bytes": limit,
+        }
+        log_fault(configuration, line)
         with held_interrupts():  # the hog is recorded before a Ctrl-C can reach the rollback
             try:
                 hog = k8s_oom.start_hog(
@@ -140,12 +136,7 @@ def k8s_oom_kill(
     except K8sError as exc:
         raise ActivityFailed(str(exc)) from None
     result = {
-        "kind": "k8s-oom-kill",
-        "fault_at": fault_at,
-        "pod": name,
-        "container": t.container,
-        "hog_mb": mb,
-        "memory_limit_bytes": limit,
+        **line,
         "hog": hog,
         "restart_count_before": before,
         **{k: v for k, v in fig.items() if k not in ("died", "polls")},

@@ -1,11 +1,8 @@
-"""The quota-cut drill's question and acceptance criteria (``docs/definitions.md``, "Drill
-criteria")."""
+"""The quota-cut drill's question and acceptance criteria (see ``drills/criterion.py``)."""
 
 from __future__ import annotations
 
 from chaoslib_infer.drills.criterion import Criterion
-
-__all__ = ["CRITERIA", "DROPPED_COMMON", "QUESTION"]
 
 QUESTION = (
     "When the instances allowed drop to the capacity plan's minimum, does that count still "

@@ -55,6 +55,10 @@ def _hypothesis_after(run_dir: Path) -> bool | None:
     return bool(met) if met is not None else None
 
 
+#: The quota window's figures, each ``quota_<name>`` (fractions; seconds).
+_AT_QUOTA = ("availability", "error_rate", "timeout_rate", "p50_e2e_s", "p95_e2e_s", "p99_e2e_s")
+
+
 def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     """Return ``(figures, ground_truth)`` for the last ``quota-cut`` fault of the run.
 
@@ -119,12 +123,7 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
         "replicas_stopped": len(stopped),
         "cut_s": cut_done - fault_at,
         "quota_requests": int(at_q.get("requests") or 0),
-        "quota_availability": num(at_q.get("availability")),
-        "quota_error_rate": num(at_q.get("error_rate")),
-        "quota_timeout_rate": num(at_q.get("timeout_rate")),
-        "quota_p50_e2e_s": num(at_q.get("p50_e2e_s")),
-        "quota_p95_e2e_s": num(at_q.get("p95_e2e_s")),
-        "quota_p99_e2e_s": num(at_q.get("p99_e2e_s")),
+        **{f"quota_{k}": num(at_q.get(k)) for k in _AT_QUOTA},
     }
     exits = [
         e

@@ -1,11 +1,8 @@
-"""The simultaneous-restarts drill's question and acceptance criteria (``docs/definitions.md``,
-"Drill criteria")."""
+"""The simultaneous-restarts drill's question and criteria (see ``drills/criterion.py``)."""
 
 from __future__ import annotations
 
 from chaoslib_infer.drills.criterion import ROUTED_TO_DOWN, Criterion, interruption
-
-__all__ = ["CRITERIA", "DROPPED_COMMON", "QUESTION"]
 
 QUESTION = (
     "When several replicas restart at once, does the gateway pour all traffic onto the "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chaoslib_infer.drills.interruption import interruption_figures
 from chaoslib_infer.lab.restarts import KIND, ground_truth
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.figkit import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
@@ -131,9 +132,5 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     figures["warmup_ttft_s"] = max(means) if means else None
     figures["steady_ttft_p50_s"] = steady
     intr = mfig.interruption(ctx.records, fault_at)
-    figures["interruption_s"] = float(intr.get("interruption_s") or 0.0)
-    figures["failed_requests"] = int(intr.get("failed_requests") or 0)
-    figures["interruption_sustained"] = bool(intr.get("sustained"))
-    figures["first_failure_at"] = intr.get("first_failure_at")
-    figures["last_failure_at"] = intr.get("last_failure_at")
+    figures.update(interruption_figures(intr))
     return figures, ground

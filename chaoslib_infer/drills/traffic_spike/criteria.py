@@ -1,11 +1,8 @@
-"""The traffic-spike drill's question and acceptance criteria (``docs/definitions.md``, "Drill
-criteria")."""
+"""The traffic-spike drill's question and acceptance criteria (see ``drills/criterion.py``)."""
 
 from __future__ import annotations
 
 from chaoslib_infer.drills.criterion import Criterion
-
-__all__ = ["CRITERIA", "DROPPED_COMMON", "QUESTION"]
 
 QUESTION = (
     "When traffic jumps to twice the peak, how fast does the service scale out, does it shed "

@@ -1,11 +1,8 @@
-"""The upstream-timeout drill's question and acceptance criteria (``docs/definitions.md``, "Drill
-criteria")."""
+"""The upstream-timeout drill's question and acceptance criteria (see ``drills/criterion.py``)."""
 
 from __future__ import annotations
 
 from chaoslib_infer.drills.criterion import Criterion
-
-__all__ = ["CRITERIA", "DROPPED_COMMON", "QUESTION"]
 
 QUESTION = (
     "When one model server stops answering but keeps its socket open, does the service fail "

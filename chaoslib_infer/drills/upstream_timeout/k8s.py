@@ -2,9 +2,7 @@
 
 Freeze a model server (socket left open) or block its ingress with a NetworkPolicy, and undo it.
 
-Each fault saves its rollback data before injecting (``k8s-state/<kind>.json``,
-:func:`chaoslib_infer.activities.k8s_common.save_state`) and appends its lines to the drill's fault
-log; :mod:`chaoslib_infer.activities.k8s` re-exports these actions under their historical module.
+Conventions every room's ``k8s.py`` follows: :mod:`chaoslib_infer.drills`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,33 @@
+"""The interruption figures every drill that kills or drops replicas reports (node-loss, oom-kill,
+simultaneous-restarts); their criteria: :func:`chaoslib_infer.drills.criterion.interruption`.
+
+Dependency-free: a room's ``figures.py`` hands it what
+:func:`chaoslib_infer.measure.figures.interruption` returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["interruption_figures"]
+
+
+def interruption_figures(intr: Mapping[str, Any]) -> dict[str, Any]:
+    """The drill figures of one interruption measurement.
+
+    Args:
+        intr: :func:`chaoslib_infer.measure.figures.interruption`'s result.
+
+    Returns:
+        ``{"interruption_s": seconds (0.0 when none), "failed_requests": count,
+        "interruption_sustained": bool, "first_failure_at", "last_failure_at": unix s or None}``,
+        in that order.
+    """
+    return {
+        "interruption_s": float(intr.get("interruption_s") or 0.0),
+        "failed_requests": int(intr.get("failed_requests") or 0),
+        "interruption_sustained": bool(intr.get("sustained")),
+        "first_failure_at": intr.get("first_failure_at"),
+        "last_failure_at": intr.get("last_failure_at"),
+    }
