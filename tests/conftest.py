@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labutil import GamedayRun, run_default_gameday
 
 # The operator's Kubernetes allowlist for the suite's fake clusters (issue 13: a target file can
 # only narrow it, never grant it). Subprocesses the tests start inherit it.
@@ -35,15 +36,79 @@ def pytest_configure(config: pytest.Config) -> None:
         "k8s_rbac_last: run after every other test of the session (the RBAC test checks every "
         "request the suite sent to the fake Kubernetes API)",
     )
+    # pytest-xdist registers it when installed; the suite also runs without it
+    config.addinivalue_line("markers", "xdist_group(name): run with the tests of that group")
 
 
+#: Fixtures whose one run serves tests in several files: under pytest-xdist those tests share a
+#: worker (an ``xdist_group`` of that name), so the run happens once per session, not per worker.
+SHARED_RUNS = ("default_gameday",)
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    """The pytest-xdist group of ``item`` (``--dist loadgroup``, scripts/quickstart test).
+
+    A test that reads a shared run goes with that run; a test that talks to a fake Kubernetes API
+    goes with every other such test, so the RBAC test (last of the group) sees all their requests
+    in its own process; every other test stays with its file, so a module-scoped lab is brought up
+    once."""
+    names = getattr(item, "fixturenames", ())
+    for shared in SHARED_RUNS:
+        if shared in names:
+            return shared
+    module = getattr(item, "module", None)
+    if module is not None and ("fake_k8s" in vars(module) or "k8s_sim" in vars(module)):
+        return "k8s"
+    if module is not None and any(
+        getattr(v, "__module__", "") in ("fake_k8s", "k8s_sim") for v in vars(module).values()
+    ):
+        return "k8s"
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Move the tests marked ``k8s_rbac_last`` to the end of the session: by then every fake API
     server of the other files has closed and added its requests to ``fake_k8s.ALL_REQUESTS``
-    (module fixtures are torn down before the next file's first test)."""
+    (module fixtures are torn down before the next file's first test). Give every test its
+    pytest-xdist group (:func:`_xdist_group`); groups holding lab tests go first, so the longest
+    ones start while the short ones fill the gaps."""
     last = [i for i in items if i.get_closest_marker("k8s_rbac_last")]
     if last:
         items[:] = [i for i in items if not i.get_closest_marker("k8s_rbac_last")] + last
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if not any(True for _ in item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+        group = next(item.iter_markers("xdist_group")).args[0]
+        groups.setdefault(group, []).append(item)
+
+    def weight(members: list[pytest.Item]) -> int:
+        return sum(
+            1 for i in members if i.get_closest_marker("slow") or i.get_closest_marker("lab")
+        )
+
+    def rank(members: list[pytest.Item]) -> tuple[bool, int]:
+        # the RBAC test's group stays last, the rest by lab weight, heaviest first
+        return (any(i.get_closest_marker("k8s_rbac_last") for i in members), -weight(members))
+
+    ordered = sorted(groups.values(), key=rank)  # stable: ties keep their collection order
+    items[:] = [i for members in ordered for i in members]
+
+
+@pytest.fixture(scope="session")
+def default_gameday(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GamedayRun]:
+    """The README's main job run once for the session (``chaos-infer gameday``: the default plan
+    on the default lab); the tests that only read one of its drills' outcomes share it."""
+    out = tmp_path_factory.mktemp("default-gameday") / "gd"
+    run = run_default_gameday(out)
+    yield run
+    with contextlib.suppress(Exception):  # the game day takes its lab down; make sure of it
+        from chaoslib_infer.lab.fleet import Lab
+
+        lab = Lab.attach(out / "lab")
+        if lab.supervisord_alive():
+            lab.down()
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +90,41 @@ def plan_copy(base: Path, edit: Callable[[str, dict[str, Any]], None]) -> dict[s
         drill["experiment"] = str(exp_dir / f"{name}.yaml")
     (base / "gameday.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
     return {"CHAOS_INFER_PLAN": str(base / "gameday.yaml"), "CHAOS_INFER_EXPERIMENTS": str(exp_dir)}
+
+
+@dataclass(frozen=True)
+class GamedayRun:
+    """One finished ``chaos-infer gameday`` run: the process, its ``--out`` folder, its wall time
+    (seconds) and ``summary.json``; :meth:`drill` is one drill's entry by name."""
+
+    proc: subprocess.CompletedProcess[str]
+    out: Path
+    elapsed_s: float
+    summary: dict[str, Any]
+
+    def drill(self, name: str) -> dict[str, Any]:
+        """The summary entry of drill ``name``. Raises KeyError when the run has no such drill."""
+        for d in self.summary["drills"]:
+            if d["name"] == name:
+                return dict(d)
+        raise KeyError(name)
+
+
+def run_default_gameday(out: Path, timeout_s: float = 900.0) -> GamedayRun:
+    """Run the README's main job (``chaos-infer gameday --out OUT``: the default plan on the
+    default lab) as a user would; return the run. The suite runs it once (the session fixture
+    ``default_gameday`` in conftest.py) and every test that only reads a drill's outcome of the
+    default plan reads it there instead of bringing up a lab of its own."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
+    elapsed = time.monotonic() - t0
+    summary_file = out / "summary.json"
+    assert summary_file.is_file(), proc.stdout[-3000:] + proc.stderr[-2000:]
+    return GamedayRun(proc, out, elapsed, json.loads(summary_file.read_text()))

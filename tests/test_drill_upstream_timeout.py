@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labutil import check_verdict
+from labutil import GamedayRun, check_verdict
 
 from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
 from chaoslib_infer.lab.haproxy import find_haproxy
@@ -112,15 +112,15 @@ def _after_run_checks(out: Path) -> dict[str, Any]:
 
 
 def test_upstream_timeout_drill_fails_on_hung_requests_and_figures_match_ground_truth(
-    tmp_path: Path,
+    default_gameday: GamedayRun,
 ) -> None:
     """HAProxy keeps sending to the frozen replica until its health checks eject it (~2 s): those
     requests hang until the client gives up. The gateway does not fail fast, so the drill FAILS
-    and says which requests hung and for how long."""
-    out = tmp_path / "out"
-    proc = _cli("drill", "run", "upstream-timeout", "--out", str(out))
+    and says which requests hung and for how long. Read from the session's default game day (the
+    plan and lab ``drill run upstream-timeout`` uses)."""
+    out, proc = default_gameday.out, default_gameday.proc
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    drill = json.loads((out / "summary.json").read_text())["drills"][0]
+    drill = default_gameday.drill("upstream-timeout")
     assert drill["status"] == "failed", json.dumps(drill, indent=1)[:3000]
     check_verdict(drill)
     assert drill["hypothesis"] == {"before": True, "after": False}  # drill-criteria-hold

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from labutil import GamedayRun
 from labutil import alive_pids as _pids_alive
 
 from chaoslib_infer.load.records import read_records
@@ -53,11 +54,12 @@ def _lab_pids(lab_dir: Path) -> list[int]:
 def _check_oom_summary(
     out: Path, engine: str, min_requests: int = 50, ledger: bool = True
 ) -> dict[str, Any]:
+    """Check the oom-kill drill of the run in ``out`` (alone, or one drill of a game day); return
+    the drill's summary entry."""
     summary = json.loads((out / "summary.json").read_text())
     assert summary["target"]["kind"] == "lab"
     assert summary["target"]["engine"] == engine
-    drill = summary["drills"][0]
-    assert drill["name"] == "oom-kill"
+    drill = next(d for d in summary["drills"] if d["name"] == "oom-kill")
     # judged: the verdict and its reasons agree with the criteria rows
     assert drill["status"] in ("passed", "failed"), json.dumps(drill, indent=1)[:3000]
     failing = [r for r in drill["verdict"]["rows"] if r["result"] == "fail"]
@@ -106,19 +108,18 @@ def _check_oom_summary(
     assert (out / "index.html").exists()
     html = (out / "oom-kill" / "evidence.html").read_text()
     assert "data:image/png;base64," in html
-    return summary
+    return drill
 
 
-def test_drill_oom_kill_sim_fails_on_its_warm_up_with_evidence(tmp_path: Path) -> None:
+def test_drill_oom_kill_sim_fails_on_its_warm_up_with_evidence(default_gameday: GamedayRun) -> None:
     """The sim engine's first requests after a restart carry a 0.5 s warm-up penalty (about 40x
-    its 8 ms steady TTFT): the drill exists to find that, so it fails and says why."""
-    out = tmp_path / "gd"
-    proc = _cli("drill", "run", "oom-kill", "--out", str(out))
+    its 8 ms steady TTFT): the drill exists to find that, so it fails and says why. Read from the
+    session's default game day (the same plan and lab ``drill run oom-kill`` brings up)."""
+    out, proc = default_gameday.out, default_gameday.proc
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "drill oom-kill: FAILED" in proc.stdout
     assert "reason: first-request TTFT / steady-state TTFT" in proc.stdout
-    summary = _check_oom_summary(out, "sim")
-    drill = summary["drills"][0]
+    drill = _check_oom_summary(out, "sim")
     assert drill["status"] == "failed"
     assert any("(warmup_ratio)" in r for r in drill["reasons"])
     junit = (out / "junit.xml").read_text()
@@ -271,9 +272,9 @@ def test_gameday_oom_kill_llama_cpp_engine(tmp_path: Path) -> None:
         "drill", "run", "oom-kill", "--out", str(out), "--engine", "llama-cpp", "--replicas", "2"
     )
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = _check_oom_summary(out, "llama-cpp", min_requests=40, ledger=False)
-    assert proc.returncode == (0 if summary["drills"][0]["status"] == "passed" else 1)
-    assert summary["drills"][0]["figures"]["p50_e2e_s"] < 1.0
+    drill = _check_oom_summary(out, "llama-cpp", min_requests=40, ledger=False)
+    assert proc.returncode == (0 if drill["status"] == "passed" else 1)
+    assert drill["figures"]["p50_e2e_s"] < 1.0
     assert _pids_alive(_lab_pids(out / "lab")) == []
 
 
@@ -289,7 +290,7 @@ SEVEN = [
 
 
 @pytest.mark.slow
-def test_default_gameday_runs_all_seven_drills(tmp_path: Path) -> None:
+def test_default_gameday_runs_all_seven_drills(default_gameday: GamedayRun) -> None:
     """The main job: the default plan on the default lab, every drill judged, evidence complete.
 
     The default lab has real weaknesses the drills exist to find (README, "What the default game
@@ -299,10 +300,7 @@ def test_default_gameday_runs_all_seven_drills(tmp_path: Path) -> None:
     drills fail with those reasons; traffic-spike and quota-cut hold."""
     from chaoslib_infer.evidence.bundle import verify_manifest
 
-    out = tmp_path / "gd"
-    t0 = time.monotonic()
-    proc = _cli("gameday", "--out", str(out), timeout=900)
-    elapsed = time.monotonic() - t0
+    out, proc, elapsed = default_gameday.out, default_gameday.proc, default_gameday.elapsed_s
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-3000:]
     assert "game day FAILED" in proc.stdout
     assert elapsed < 600, f"game day took {elapsed:.0f} s"
