@@ -112,12 +112,18 @@ def default_gameday(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gameda
 
 
 @pytest.fixture(autouse=True)
-def _take_down_leftover_labs(tmp_path: Path) -> Iterator[None]:
+def _take_down_leftover_labs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     from chaoslib_infer.lab.fleet import Lab
 
+    started: list[str] = []
     for lab_json in tmp_path.rglob("lab.json"):
+        if (lab_json.parent / "supervisord.conf").exists():
+            started.append(str(lab_json.parent))
         with contextlib.suppress(Exception):
             lab = Lab.attach(lab_json.parent)
             if lab.supervisord_alive():
                 lab.down()
+    # the fast tier (scripts/quickstart test-fast: -m "not lab and not slow ...") promises no lab
+    if started and request.node.get_closest_marker("lab") is None:
+        pytest.fail(f"brought up a lab ({started[0]}) but is not marked lab", pytrace=False)

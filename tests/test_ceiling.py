@@ -13,6 +13,9 @@ from chaoslib_infer.load.records import read_records
 from chaoslib_infer.load.shard import e2e_histogram, merge_histograms, run_sharded
 from chaoslib_infer.measure.metrics import window_stats
 
+# timing-sensitive: scripts/quickstart test runs it alone, after the parallel pass
+pytestmark = [pytest.mark.serial]
+
 
 def test_refusal_rule() -> None:
     check_rate(50, 100)  # exactly half: allowed

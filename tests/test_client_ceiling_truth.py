@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 
+# timing-sensitive: scripts/quickstart test runs it alone, after the parallel pass
+pytestmark = [pytest.mark.serial]
+
 
 def _bench() -> ModuleType:
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "client_ceiling.py"

@@ -18,6 +18,9 @@ from chaoslib_infer.load.ceiling import sim_engine
 from chaoslib_infer.load.client import LoadSpec, run_load_blocking
 from chaoslib_infer.load.records import read_records
 
+# timing-sensitive: scripts/quickstart test runs it alone, after the parallel pass
+pytestmark = [pytest.mark.serial]
+
 #: cross-process clock slack: client times are perf-derived unix seconds, the engine's are
 #: CLOCK_REALTIME; both sides' offsets are read within microseconds of each other
 _SLACK_S = 0.002

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "gateways" / "litellm"
 pytestmark = [
     pytest.mark.lab,
+    pytest.mark.litellm,
     pytest.mark.skipif(
         find_litellm() is None, reason="LiteLLM not installed (scripts/quickstart litellm)"
     ),

@@ -32,6 +32,9 @@ from chaoslib_infer.load.records import (
     unix_now,
 )
 
+# timing-sensitive: scripts/quickstart test runs it alone, after the parallel pass
+pytestmark = [pytest.mark.serial]
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[FakeServer]:

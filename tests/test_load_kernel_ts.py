@@ -30,6 +30,9 @@ from chaoslib_infer.load.fakeserver import FakeServer
 from chaoslib_infer.load.records import OPTIONAL_FIELDS, RECORD_FIELDS, read_records
 from chaoslib_infer.measure.metrics import client_lag_s, window_stats
 
+# timing-sensitive: scripts/quickstart test runs it alone, after the parallel pass
+pytestmark = [pytest.mark.serial]
+
 LOOP_FIELDS = (
     "sent_source",
     "sent_at_loop",

@@ -37,6 +37,9 @@ from chaoslib_infer.load.fakeserver import FakeServer  # noqa: E402
 from chaoslib_infer.load.locuststats import write_locust_stats  # noqa: E402
 from chaoslib_infer.load.records import read_records  # noqa: E402
 
+# timing-sensitive: scripts/quickstart test runs it alone, after the parallel pass
+pytestmark = [pytest.mark.serial]
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[FakeServer]:
