@@ -66,20 +66,23 @@ def _xdist_group(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-@pytest.hookimpl(tryfirst=True)
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Give every test its pytest-xdist group (:func:`_xdist_group`) as it is collected: xdist reads
+    the marker in its own ``pytest_collection_modifyitems``, which runs before ours."""
+    if not any(True for _ in item.iter_markers("xdist_group")):
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Move the tests marked ``k8s_rbac_last`` to the end of the session: by then every fake API
     server of the other files has closed and added its requests to ``fake_k8s.ALL_REQUESTS``
-    (module fixtures are torn down before the next file's first test). Give every test its
-    pytest-xdist group (:func:`_xdist_group`); groups holding lab tests go first, so the longest
-    ones start while the short ones fill the gaps."""
+    (module fixtures are torn down before the next file's first test). Groups holding lab tests
+    go first, so the longest ones start while the short ones fill the gaps."""
     last = [i for i in items if i.get_closest_marker("k8s_rbac_last")]
     if last:
         items[:] = [i for i in items if not i.get_closest_marker("k8s_rbac_last")] + last
     groups: dict[str, list[pytest.Item]] = {}
     for item in items:
-        if not any(True for _ in item.iter_markers("xdist_group")):
-            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
         group = next(item.iter_markers("xdist_group")).args[0]
         groups.setdefault(group, []).append(item)
 
