@@ -69,29 +69,22 @@ def snapshot(
         "hpa": None,
         "hpa_skipped": None,
     }
+
+    def read(kind: str, name: str, reader: Any) -> bytes:
+        return call_bytes(f"get {kind} {namespace}/{name}", reader, name, namespace)
+
     if quota:
-        raw = call_bytes(
-            f"get resourcequota {namespace}/{quota}",
-            core.read_namespaced_resource_quota,
-            quota,
-            namespace,
-        )
+        raw = read("resourcequota", quota, core.read_namespaced_resource_quota)
         out["quota"] = {"name": quota, "raw": raw.decode("utf-8")}
     if deployment:
-        raw = call_bytes(
-            f"get deployment {namespace}/{deployment}",
-            apps.read_namespaced_deployment,
-            deployment,
-            namespace,
-        )
+        raw = read("deployment", deployment, apps.read_namespaced_deployment)
         out["deployment"] = {"name": deployment, "raw": raw.decode("utf-8")}
     if hpa:
         try:
-            raw = call_bytes(
-                f"get horizontalpodautoscaler {namespace}/{hpa}",
-                _autoscaling(core).read_namespaced_horizontal_pod_autoscaler,
+            raw = read(
+                "horizontalpodautoscaler",
                 hpa,
-                namespace,
+                _autoscaling(core).read_namespaced_horizontal_pod_autoscaler,
             )
         except K8sError as exc:
             if exc.status != 404 or not hpa_optional:
