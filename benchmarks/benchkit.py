@@ -10,18 +10,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BenchError", "check_cores", "engine_port", "stop", "work_dir"]
+from chaoslib_infer.load.ceiling import listening_port
 
-_LISTEN = re.compile(r"lab-engine listening .* port=(\d+)")
+__all__ = ["BenchError", "check_cores", "engine_port", "pinned_engine", "stop", "work_dir"]
 
 
 class BenchError(Exception):
@@ -35,15 +36,37 @@ def engine_port(proc: subprocess.Popen[str], deadline: float) -> int:
     Raises:
         BenchError: no such line before the deadline or the end of its stderr.
     """
-    assert proc.stderr is not None
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        m = _LISTEN.search(line)
-        if m:
-            return int(m.group(1))
+    port = listening_port(proc, deadline)
+    if port is not None:
+        return port
     raise BenchError(f"the sim engine did not start (exit {proc.poll()})")
+
+
+@contextlib.contextmanager
+def pinned_engine(
+    core: int, args: list[str], start_s: float = 20.0
+) -> Iterator[tuple[subprocess.Popen[str], int, float]]:
+    """Run ``python -m chaoslib_infer.lab.engine <args>`` pinned to CPU ``core`` (``taskset``).
+
+    ``args`` must include ``--port 0``. Yields ``(proc, port, deadline)``: the engine's process,
+    the port read from its stderr and the ``time.monotonic()`` deadline (``start_s`` seconds after the start)
+    for the caller's own readiness wait; the rest of stderr is drained by a daemon thread. The
+    engine is stopped with :func:`stop` on exit.
+
+    Raises:
+        BenchError: the engine did not say its port before the deadline.
+    """
+    cmd = ["taskset", "-c", str(core), sys.executable, "-m", "chaoslib_infer.lab.engine", *args]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + start_s
+        port = engine_port(proc, deadline)
+        # drain stderr so a chatty engine never blocks on a full pipe
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        yield proc, port, deadline
+    finally:
+        stop(proc)
 
 
 def stop(proc: subprocess.Popen[Any], group: bool = False) -> None:

@@ -67,7 +67,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -76,7 +75,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchkit: run, or loaded by path
-from benchkit import BenchError, check_cores, engine_port, stop, work_dir  # noqa: E402
+from benchkit import BenchError, check_cores, pinned_engine, stop, work_dir  # noqa: E402
 
 MODEL = "chaos-sim"
 PEERS = ("aiperf", "guidellm", "inference-perf", "vllm", "locust", "locust-recorded")
@@ -168,20 +167,13 @@ def run_engine(core: int, max_tokens: int, workdir: Path) -> Iterator[Engine]:
         BenchError: it did not start within 20 s.
     """
     ttft_log = workdir / "engine-ttft.jsonl"
-    cmd = [
-        "taskset", "-c", str(core), sys.executable, "-m", "chaoslib_infer.lab.engine",
+    args = [
         "--port", "0", "--zero-latency", "--load-delay-s", "0", "--warmup-requests", "0",
         "--prefill-s-per-token", "0", "--output-tokens", str(max_tokens), "--max-num-seqs", "4096",
         "--max-waiting", "16384", "--model", MODEL, "--no-admin-faults",
         "--kv-bytes-per-token", "0", "--ttft-log", str(ttft_log),
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stderr is not None
-        deadline = time.monotonic() + 20
-        port = engine_port(proc, deadline)
-        # drain stderr so a chatty engine never blocks on a full pipe
-        threading.Thread(target=proc.stderr.read, daemon=True).start()
+    with pinned_engine(core, args) as (proc, port, deadline):
         eng = Engine(proc, f"http://127.0.0.1:{port}", ttft_log)
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
@@ -191,8 +183,6 @@ def run_engine(core: int, max_tokens: int, workdir: Path) -> Iterator[Engine]:
         else:
             raise BenchError("the sim engine never answered /metrics")
         yield eng
-    finally:
-        stop(proc)
 
 
 # ------------------------------------------------------------------------ one tool run

@@ -44,14 +44,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchkit: run, or loaded by path
-from benchkit import BenchError, check_cores, engine_port, stop, work_dir  # noqa: E402
+from benchkit import BenchError, check_cores, pinned_engine, stop, work_dir  # noqa: E402
 
 TARGET_RSS_MB = 300.0
 TARGET_REPORT_S = 30.0
@@ -96,18 +95,12 @@ def fake_server(core: int, tokens: int) -> Iterator[str]:
 @contextlib.contextmanager
 def sim_engine(core: int) -> Iterator[str]:
     """The zero-latency lab engine pinned to ``core``; yields its base URL."""
-    cmd = [
-        "taskset", "-c", str(core), sys.executable, "-m", "chaoslib_infer.lab.engine",
+    args = [
         "--port", "0", "--zero-latency", "--load-delay-s", "0", "--warmup-requests", "0",
         "--prefill-s-per-token", "0", "--max-num-seqs", "4096", "--max-waiting", "16384",
         "--kv-bytes-per-token", "0", "--no-admin-faults", "--model", "sim",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stderr is not None
-        deadline = time.monotonic() + 20
-        port = engine_port(proc, deadline)
-        threading.Thread(target=proc.stderr.read, daemon=True).start()
+    with pinned_engine(core, args) as (_proc, port, deadline):
         import urllib.request
 
         while time.monotonic() < deadline:
@@ -116,8 +109,6 @@ def sim_engine(core: int) -> Iterator[str]:
                     break
             time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(proc)
 
 
 # ------------------------------------------------------------------------ part 1: soak RSS

@@ -131,21 +131,26 @@ def _openai_compatible(**fields: Any) -> Profile:
     return Profile(**{**_OPENAI_CONVENTIONS, **fields})
 
 
+def _self_hosted(**fields: Any) -> Profile:
+    """An OpenAI-compatible server you run yourself: Prometheus text on ``/metrics``, not a
+    managed service, no default base URL (the operator names the endpoint)."""
+    return _openai_compatible(
+        metrics_path="/metrics", managed=False, default_base_url=None, **fields
+    )
+
+
 #: The six profiles, by name.
 PROFILES: dict[str, Profile] = {
-    "vllm": _openai_compatible(
+    "vllm": _self_hosted(
         name="vllm",
         title="vLLM (OpenAI-compatible server)",
         health_paths=("/health",),
-        metrics_path="/metrics",
         metrics_prefix="vllm:",
         stream_options=("include_usage", "continuous_usage_stats"),
         role_chunk="role+empty",
         error_shape="openai",
         stream_error_shape="openai",
         unauthorized=(401, {"error": "Unauthorized"}),
-        managed=False,
-        default_base_url=None,
         model_note="the served model name (--served-model-name, default the model path)",
         sources=(
             "https://docs.vllm.ai/en/v0.8.1/serving/openai_compatible_server.html",
@@ -157,19 +162,16 @@ PROFILES: dict[str, Profile] = {
             '/v1 routes, 401 {"error": "Unauthorized"})',
         ),
     ),
-    "sglang": _openai_compatible(
+    "sglang": _self_hosted(
         name="sglang",
         title="SGLang (OpenAI-compatible server)",
         health_paths=("/health", "/health_generate"),
-        metrics_path="/metrics",
         metrics_prefix="sglang:",
         stream_options=("include_usage", "continuous_usage_stats"),
         role_chunk="role+empty",
         error_shape="flat",
         stream_error_shape="openai",
         unauthorized=(401, {"error": "Unauthorized"}),
-        managed=False,
-        default_base_url=None,
         model_note="the served model name (--served-model-name, default the model path)",
         sources=(
             "https://docs.sglang.io/basic_usage/native_api.html (/health, /health_generate)",
@@ -181,19 +183,16 @@ PROFILES: dict[str, Profile] = {
             '/health exempt, 401 {"error": "Unauthorized"})',
         ),
     ),
-    "tgi": _openai_compatible(
+    "tgi": _self_hosted(
         name="tgi",
         title="Hugging Face TGI (Messages API)",
         health_paths=("/health",),
-        metrics_path="/metrics",
         metrics_prefix="tgi_",
         stream_options=("include_usage",),
         role_chunk="none",
         error_shape="tgi",
         stream_error_shape="tgi",
         unauthorized=(401, None),
-        managed=False,
-        default_base_url=None,
         model_note='any string ("tgi"); the server serves one model',
         status_kinds=((422, "validation"), (424, "server"), (429, "overload")),
         sources=(
@@ -206,19 +205,16 @@ PROFILES: dict[str, Profile] = {
             "include_usage, role on every delta)",
         ),
     ),
-    "trtllm": _openai_compatible(
+    "trtllm": _self_hosted(
         name="trtllm",
         title="TensorRT-LLM behind Triton's OpenAI-compatible frontend",
         health_paths=("/health/ready",),
-        metrics_path="/metrics",
         metrics_prefix="nv_",
         stream_options=("include_usage",),
         role_chunk="role+empty",
         error_shape="detail",
         stream_error_shape="openai",
         unauthorized=None,
-        managed=False,
-        default_base_url=None,
         model_note="the Triton model name (e.g. the ensemble / tensorrt_llm_bls model)",
         sources=(
             "https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/"

@@ -12,9 +12,10 @@ Keys (all optional, declared in every experiment's ``configuration`` block so ``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,22 @@ def run_dir(configuration: Mapping[str, Any] | None) -> Path:
     path = Path(str(value)).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def load_error_saved(configuration: Mapping[str, Any] | None) -> Iterator[None]:
+    """Save why the load could not start, for ``drill_run`` to report.
+
+    An ``InterruptExecution`` raised inside the block has its message written to
+    ``run_dir(configuration) / LOAD_ERROR_FILE`` (UTF-8; an ``OSError`` while writing is ignored)
+    and is raised again unchanged; other exceptions pass through untouched.
+    """
+    try:
+        yield
+    except InterruptExecution as exc:
+        with contextlib.suppress(OSError):
+            (run_dir(configuration) / LOAD_ERROR_FILE).write_text(str(exc), encoding="utf-8")
+        raise
 
 
 def records_path(configuration: Mapping[str, Any] | None) -> Path:

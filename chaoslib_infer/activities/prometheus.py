@@ -16,6 +16,7 @@ Errors (unreachable server, timeout, HTTP error, a PromQL error answered by Prom
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -139,6 +140,22 @@ def prometheus_query(
     }
 
 
+def _built_query(
+    url: str,
+    timeout_s: float,
+    configuration: dict[str, Any] | None,
+    build: Callable[..., str],
+    *args: Any,
+) -> dict[str, Any]:
+    """:func:`prometheus_query` of the query ``build(*args)``; its ``ValueError`` (a bad window,
+    selector or quantile) becomes ``ActivityFailed("prometheus: <why>")``."""
+    try:
+        query = build(*args)
+    except ValueError as exc:
+        raise ActivityFailed(f"prometheus: {exc}") from None
+    return prometheus_query(url, query, timeout_s, configuration)
+
+
 def error_rate(
     url: str = "",
     window: str = "2m",
@@ -157,11 +174,7 @@ def error_rate(
     Raises:
         ActivityFailed: see :func:`prometheus_query`; a malformed window or selector.
     """
-    try:
-        query = pq.error_rate_query(window, selector)
-    except ValueError as exc:
-        raise ActivityFailed(f"prometheus: {exc}") from None
-    out = prometheus_query(url, query, timeout_s, configuration)
+    out = _built_query(url, timeout_s, configuration, pq.error_rate_query, window, selector)
     out["threshold"] = 0.005
     out["passed"] = None if out["value"] is None else out["value"] <= 0.005
     return out
@@ -185,11 +198,11 @@ def p99_from_histogram(
     Raises:
         ActivityFailed: see :func:`prometheus_query`; a quantile outside (0, 1).
     """
-    try:
-        query = pq.quantile_query(float(quantile), window, selector, histogram)
-    except ValueError as exc:
-        raise ActivityFailed(f"prometheus: {exc}") from None
-    return prometheus_query(url, query, timeout_s, configuration)
+
+    def query() -> str:  # float() inside, so a bad quantile is an ActivityFailed too
+        return pq.quantile_query(float(quantile), window, selector, histogram)
+
+    return _built_query(url, timeout_s, configuration, query)
 
 
 def queue_depth(
@@ -203,11 +216,7 @@ def queue_depth(
     Raises:
         ActivityFailed: see :func:`prometheus_query`.
     """
-    try:
-        query = pq.queue_depth_query(selector)
-    except ValueError as exc:
-        raise ActivityFailed(f"prometheus: {exc}") from None
-    return prometheus_query(url, query, timeout_s, configuration)
+    return _built_query(url, timeout_s, configuration, pq.queue_depth_query, selector)
 
 
 def restarts(
@@ -226,11 +235,7 @@ def restarts(
     Raises:
         ActivityFailed: see :func:`prometheus_query`.
     """
-    try:
-        query = pq.restarts_query(window, selector)
-    except ValueError as exc:
-        raise ActivityFailed(f"prometheus: {exc}") from None
-    out = prometheus_query(url, query, timeout_s, configuration)
+    out = _built_query(url, timeout_s, configuration, pq.restarts_query, window, selector)
     out["threshold"] = 2
     out["passed"] = out["value"] is None or out["value"] <= 2
     return out

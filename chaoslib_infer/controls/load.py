@@ -48,7 +48,7 @@ from chaoslib.exceptions import InterruptExecution
 from chaoslib_infer import settings
 from chaoslib_infer.drills.criterion import MIN_REQUESTS
 from chaoslib_infer.errors import InferChaosError
-from chaoslib_infer.settings import LOAD_ERROR_FILE
+from chaoslib_infer.settings import LOAD_ERROR_FILE as LOAD_ERROR_FILE  # re-exported
 
 __all__ = ["after_experiment_control", "before_experiment_control", "start_load", "stop_load"]
 
@@ -332,19 +332,13 @@ def before_experiment_control(
     }
     unknown = sorted(set(arguments) - allowed)
     kwargs = {k: v for k, v in arguments.items() if k in allowed and k != "observe_after_s"}
-    try:
+    with settings.load_error_saved(configuration):
         if unknown:
             raise InterruptExecution(
                 f"background-load: unknown argument(s) {', '.join(unknown)}; "
                 f"known: {', '.join(sorted(allowed))}"
             )
         start_load(configuration=configuration, **kwargs)
-    except InterruptExecution as exc:
-        with contextlib.suppress(OSError):
-            (settings.run_dir(configuration) / LOAD_ERROR_FILE).write_text(
-                str(exc), encoding="utf-8"
-            )
-        raise
 
 
 def after_experiment_control(

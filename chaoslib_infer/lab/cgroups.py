@@ -31,6 +31,7 @@ __all__ = [
     "read_mounts",
     "read_self_cgroups",
     "remove_tree",
+    "rmdir_when_drained",
 ]
 
 UNLIMITED_V1 = 9223372036854771712  # PAGE_COUNTER_MAX as shown by v1 memory.limit_in_bytes
@@ -322,13 +323,28 @@ def remove_tree(root: Path, timeout_s: float = 5.0) -> None:
     """rmdir the cgroup tree at ``root`` (children first); retries while the kernel drains it."""
     deadline = time.monotonic() + timeout_s
     for d in _tree(root):
-        while True:
-            try:
-                d.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError as exc:
-                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise CgroupError(f"cannot remove cgroup {d}: {exc.strerror}") from exc
-                time.sleep(0.02)
+        try:
+            rmdir_when_drained(d, deadline, 0.02)
+        except OSError as exc:
+            raise CgroupError(f"cannot remove cgroup {d}: {exc.strerror}") from exc
+
+
+def rmdir_when_drained(path: Path, deadline: float, pause_s: float) -> None:
+    """rmdir the (cgroup) directory ``path``, retrying every ``pause_s`` seconds while the kernel
+    answers EBUSY (its last tasks are still leaving) until ``deadline`` (``time.monotonic()``).
+
+    A directory that is already gone counts as removed.
+
+    Raises:
+        OSError: any other error, or still EBUSY after ``deadline``.
+    """
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(pause_s)

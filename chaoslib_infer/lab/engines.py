@@ -47,19 +47,10 @@ def _sim_command(
     replica: str, port: int, ledger: Path, engine_args: dict[str, object]
 ) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "chaoslib_infer.lab.engine",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--replica-id",
-        replica,
-        "--ledger",
-        str(ledger),
-        *cli_args(engine_args),
-    ]
+        sys.executable, "-m", "chaoslib_infer.lab.engine",
+        "--host", "127.0.0.1", "--port", str(port), "--replica-id", replica,
+        "--ledger", str(ledger), *cli_args(engine_args),
+    ]  # fmt: skip
 
 
 ENGINES: dict[str, EngineBuilder] = {"sim": _sim_command}

@@ -382,14 +382,10 @@ class Lab:
     def oom_kill(self, replica: str, timeout_s: float = 30.0) -> dict[str, Any]:
         """Make the kernel OOM-kill ``replica``'s engine with a memory hog in its cgroup.
 
-        Returns:
-            ``{"replica", "fault_at", "oom_kills_before", "oom_kills_after", "killed_pid",
-            "hog_pid", "cgroup", "injected_at"}``; ``fault_at`` is the unix time the OOM kill
-            was observed (the cgroup's counter rose), ``injected_at`` when the hog started.
-
-        Raises:
-            LabError: unknown or not running replica, a fault already active on it, or no OOM
-                kill within ``timeout_s`` (the hog is removed).
+        Same as :func:`chaoslib_infer.lab.oom.oom_kill` on this lab: returns its dict (the
+        unix time ``fault_at`` the kill was observed, the pids, the cgroup) and raises its
+        :class:`LabError` (unknown or stopped replica, a fault already active, no kill within
+        ``timeout_s`` seconds).
         """
         return oom_kill(self, replica, timeout_s)
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import os
 import re
@@ -53,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.lab import processes, procfs
-from chaoslib_infer.lab.cgroups import MemoryCgroup
+from chaoslib_infer.lab.cgroups import MemoryCgroup, rmdir_when_drained
 from chaoslib_infer.lab.freezer import FREEZERS as FREEZERS
 from chaoslib_infer.lab.freezer import find_freezer as find_freezer
 from chaoslib_infer.lab.freezer import (
@@ -357,16 +356,10 @@ def thaw(rec: dict[str, Any]) -> str | None:
             except LabError:
                 write_control(fallback / "cgroup.procs", f"{p}\n")
         deadline = time.monotonic() + _SETTLE_S
-        while True:
-            try:
-                path.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError as exc:
-                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise LabError(f"cannot remove freezer cgroup {path}: {exc.strerror}") from exc
-                time.sleep(0.01)
+        try:
+            rmdir_when_drained(path, deadline, 0.01)
+        except OSError as exc:
+            raise LabError(f"cannot remove freezer cgroup {path}: {exc.strerror}") from exc
         note = note or f"upstream-timeout on {who}: removed freezer cgroup {path}"
     return note
 

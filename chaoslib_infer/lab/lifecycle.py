@@ -36,7 +36,7 @@ from chaoslib_infer.lab.cgroups import (
 from chaoslib_infer.lab.engines import check_sim_args, engine_command, health_path
 from chaoslib_infer.lab.gateways import dispatch as lab_gateways
 from chaoslib_infer.lab.ports import free_port, http_status, port_free
-from chaoslib_infer.lab.processes import alive, kill, lab_child_env, wait_dead
+from chaoslib_infer.lab.processes import alive, kill, lab_child_env, spawn_in_cgroup, wait_dead
 from chaoslib_infer.lab.recorder import EVENTS_FILE, SUPERVISORD_LOG
 from chaoslib_infer.lab.standby import QUEUE_SAMPLES, scaling_options, supervisor_program
 from chaoslib_infer.lab.statedir import (
@@ -353,30 +353,12 @@ def start(lab: Lab, haproxy_bin: str) -> None:
             meta, sd, [haproxy_bin, "-db", "-f", str(cfg)], request_log, programs
         )
     )
-    env = lab_child_env()  # lab children never get the API key
-    env["PYTHONUNBUFFERED"] = "1"
-    with open(sd / "supervisord.out", "ab") as out:
-        lab.supervisord_process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "chaoslib_infer.lab.cgexec",
-                "--cgroup",
-                meta["ctl_cgroup"],
-                "--",
-                sys.executable,
-                "-m",
-                "supervisor.supervisord",
-                "-c",
-                str(conf),
-            ],
-            cwd=sd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    lab.supervisord_process = spawn_in_cgroup(
+        meta["ctl_cgroup"],
+        [sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)],
+        sd,
+        sd / "supervisord.out",
+    )
     meta["pids"] = {"supervisord": lab.supervisord_process.pid}
     write_json(sd / LAB_FILE, meta)
 

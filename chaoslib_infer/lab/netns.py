@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.errors import InferChaosError
+from chaoslib_infer.lab.cgexec import command_after_dashes, exec_command, join_cgroup
 from chaoslib_infer.safety.redact import child_env
 
 __all__ = [
@@ -337,18 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cgroup", default=None, help="cgroup directory to join first")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command [args...]")
     args = parser.parse_args(argv)
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        parser.error("no command given after --")
+    cmd = command_after_dashes(parser, args.cmd)
     if args.cgroup:
-        try:
-            with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as fh:
-                fh.write(f"{os.getpid()}\n")
-        except OSError as exc:
-            print(f"netns: cannot join cgroup {args.cgroup}: {exc}", file=sys.stderr, flush=True)
-            return 125
+        failed = join_cgroup(args.cgroup, "netns")
+        if failed is not None:
+            return failed
     entry = read_placement(args.state_dir).get(args.replica)
     if entry:
         try:
@@ -357,12 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         except NetnsError as exc:
             print(f"netns: {args.replica}: {exc}", file=sys.stderr, flush=True)
             return 126
-    try:
-        os.execvp(cmd[0], cmd)
-    except OSError as exc:
-        print(f"netns: cannot exec {cmd[0]}: {exc}", file=sys.stderr, flush=True)
-        return 127
-    return 127  # pragma: no cover - execvp does not return
+    return exec_command(cmd, "netns")
 
 
 if __name__ == "__main__":

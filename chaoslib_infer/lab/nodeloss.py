@@ -15,7 +15,6 @@ import contextlib
 import http.client
 import os
 import signal
-import subprocess
 import sys
 import time
 import xmlrpc.client
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.lab import netns, procfs
 from chaoslib_infer.lab.netns import NetnsError
-from chaoslib_infer.lab.processes import alive, lab_child_env, wait_dead
+from chaoslib_infer.lab.processes import alive, spawn_in_cgroup, wait_dead
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
 from chaoslib_infer.lab.statedir import HAPROXY_SOCK, LabError
 from chaoslib_infer.lab.supervisor_rpc import rpc
@@ -268,33 +267,13 @@ def _update_record(lab: Lab, fault_id: str, **fields: Any) -> None:
 
 def _spawn_controller(lab: Lab, fault_id: str) -> int:
     sd = lab.state_dir
-    env = lab_child_env()  # lab children never get the API key
-    env["PYTHONUNBUFFERED"] = "1"
     (sd / "logs").mkdir(exist_ok=True)
-    with open(sd / "logs" / "node-controller.log", "ab") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "chaoslib_infer.lab.cgexec",
-                "--cgroup",
-                str(lab.meta["ctl_cgroup"]),
-                "--",
-                sys.executable,
-                "-m",
-                MODULE,
-                "--state-dir",
-                str(sd),
-                "--fault-id",
-                fault_id,
-            ],
-            cwd=sd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = spawn_in_cgroup(
+        str(lab.meta["ctl_cgroup"]),
+        [sys.executable, "-m", MODULE, "--state-dir", str(sd), "--fault-id", fault_id],
+        sd,
+        sd / "logs" / "node-controller.log",
+    )
     return int(proc.pid)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +18,15 @@ from chaoslib_infer.lab import procfs
 from chaoslib_infer.lab.hog import HOG_MODULE
 from chaoslib_infer.safety.redact import child_env
 
-__all__ = ["PACKAGE_PARENT", "alive", "is_hog", "kill", "lab_child_env", "wait_dead"]
+__all__ = [
+    "PACKAGE_PARENT",
+    "alive",
+    "is_hog",
+    "kill",
+    "lab_child_env",
+    "spawn_in_cgroup",
+    "wait_dead",
+]
 
 #: the directory holding the ``chaoslib_infer`` package (put first on a lab child's PYTHONPATH)
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -64,3 +74,28 @@ def lab_child_env() -> dict[str, str]:
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_PARENT, *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+def spawn_in_cgroup(cgroup: str, cmd: list[str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` as a lab control process inside the cgroup directory ``cgroup``.
+
+    Runs ``python -m chaoslib_infer.lab.cgexec --cgroup <cgroup> -- <cmd>`` in ``cwd``, in a
+    new session (no signal of ours reaches it), stdin from /dev/null, stdout and stderr appended
+    to ``log``, with :func:`lab_child_env` and ``PYTHONUNBUFFERED=1``. Returns at once; the
+    pid is the wrapper's, which becomes ``cmd`` (exit 125: cgroup not joined, 127: no ``cmd``).
+
+    Raises:
+        OSError: ``log`` cannot be opened, or the interpreter cannot be started.
+    """
+    env = lab_child_env()  # lab children never get the API key
+    env["PYTHONUNBUFFERED"] = "1"
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "chaoslib_infer.lab.cgexec", "--cgroup", cgroup, "--", *cmd],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )

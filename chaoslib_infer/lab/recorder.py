@@ -34,6 +34,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -236,11 +237,16 @@ class Recorder:
 
     def poll_forever(self) -> None:
         """Readiness thread body."""
-        while not self.stop.wait(POLL_INTERVAL_S):
+        self._every(POLL_INTERVAL_S, self.poll_once, "poll")
+
+    def _every(self, interval_s: float, once: Callable[[], object], what: str) -> None:
+        """Call ``once`` every ``interval_s`` seconds until :attr:`stop` is set; an exception is
+        printed as ``recorder: <what> failed: ...`` on stderr and the loop goes on."""
+        while not self.stop.wait(interval_s):
             try:
-                self.poll_once()
-            except Exception as exc:  # keep polling whatever happens
-                print(f"recorder: poll failed: {exc!r}", file=sys.stderr, flush=True)
+                once()
+            except Exception as exc:  # keep going whatever happens
+                print(f"recorder: {what} failed: {exc!r}", file=sys.stderr, flush=True)
 
     # -- load balancer state ---------------------------------------------------------------
     def sample_lb_once(self) -> bool:
@@ -261,11 +267,7 @@ class Recorder:
 
     def sample_lb_forever(self) -> None:
         """Load-balancer sampling thread body."""
-        while not self.stop.wait(LB_SAMPLE_S):
-            try:
-                self.sample_lb_once()
-            except Exception as exc:  # keep sampling whatever happens
-                print(f"recorder: lb sample failed: {exc!r}", file=sys.stderr, flush=True)
+        self._every(LB_SAMPLE_S, self.sample_lb_once, "lb sample")
 
 
 def _serve(recorder: Recorder, stdin: BinaryIO, stdout: BinaryIO) -> None:

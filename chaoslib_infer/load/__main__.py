@@ -37,10 +37,13 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from chaoslib_infer.safety.redact import env_key
+
+_T = TypeVar("_T")
 
 PROG = "python -m chaoslib_infer.load"
 
@@ -147,6 +150,16 @@ async def _watch_parent(parent: int, stop: asyncio.Event, period_s: float = 0.2)
         await asyncio.sleep(period_s)
 
 
+def _parsed(
+    parser: argparse.ArgumentParser, flag: str, parse: Callable[[str], _T], text: str
+) -> _T:
+    """``parse(text)``; a ``ValueError`` ends the program with ``parser.error("<flag>: <why>")``."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        parser.error(f"{flag}: {exc}")
+
+
 def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
     # imported here so that the signal handlers above are in place during the slow aiohttp import
     from .client import DEFAULT_RETRY_ON, INFLIGHT_FILE, LoadSpec, new_loop, run_load
@@ -158,10 +171,7 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
     args = parser.parse_args(argv)
     profile = None
     if args.profile is not None:
-        try:
-            profile = parse_profile(args.profile)
-        except ValueError as exc:
-            parser.error(f"--profile: {exc}")
+        profile = _parsed(parser, "--profile", parse_profile, args.profile)
         if args.duration_s is not None:
             try:
                 profile = truncate_profile(profile, args.duration_s)
@@ -175,10 +185,7 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
             parser.error(f"{' and '.join(missing)} required (or --profile, or --trace)")
     prompt_mix = None
     if args.prompt_mix is not None:
-        try:
-            prompt_mix = parse_prompt_mix(args.prompt_mix)
-        except ValueError as exc:
-            parser.error(f"--prompt-mix: {exc}")
+        prompt_mix = _parsed(parser, "--prompt-mix", parse_prompt_mix, args.prompt_mix)
     for flag, value in (
         ("--ttft-timeout-s", args.ttft_timeout_s),
         ("--idle-timeout-s", args.idle_timeout_s),

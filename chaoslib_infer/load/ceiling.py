@@ -38,6 +38,7 @@ __all__ = [
     "CEILING_FILE",
     "CeilingRefused",
     "check_rate",
+    "listening_port",
     "load_ceiling",
     "measure_ceiling",
     "sim_engine",
@@ -48,6 +49,24 @@ CEILING_FILE = Path(os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")
     "chaos-infer/client_ceiling.json"
 )
 _LISTEN = re.compile(r"lab-engine listening .* port=(\d+)")
+
+
+def listening_port(proc: subprocess.Popen[str], deadline: float) -> int | None:
+    """The port a lab engine started with ``--port 0`` listens on, read from its stderr.
+
+    ``proc`` must have ``stderr=subprocess.PIPE`` in text mode; lines are read until one says
+    ``lab-engine listening ... port=N`` or ``deadline`` (``time.monotonic()``, seconds) passes.
+    Returns ``N``, or ``None`` when the deadline passed or stderr ended first (the engine died).
+    """
+    assert proc.stderr is not None
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        m = _LISTEN.search(line)
+        if m:
+            return int(m.group(1))
+    return None
 
 
 class CeilingRefused(ValueError):
@@ -91,16 +110,7 @@ def sim_engine(
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + start_timeout_s
-        port = None
-        assert proc.stderr is not None
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            m = _LISTEN.search(line)
-            if m:
-                port = int(m.group(1))
-                break
+        port = listening_port(proc, deadline)
         if port is None:
             raise TargetUnreachable(f"sim engine did not start (exit {proc.poll()})")
         _wait_healthy(port, deadline)

@@ -434,14 +434,8 @@ def before_experiment_control(
     kwargs = {k: v for k, v in arguments.items() if k in allowed}
     if "locustfile" not in kwargs:
         raise InterruptExecution("locust load: 'locustfile' is required")
-    try:
+    with settings.load_error_saved(configuration):
         start_locust(configuration=configuration, **kwargs)
-    except InterruptExecution as exc:
-        with contextlib.suppress(OSError):
-            (settings.run_dir(configuration) / settings.LOAD_ERROR_FILE).write_text(
-                str(exc), encoding="utf-8"
-            )
-        raise
 
 
 def after_experiment_control(

@@ -26,6 +26,7 @@ __all__ = [
     "STOP",
     "DrillContext",
     "Marker",
+    "json_objects",
     "mark",
     "num",
     "read_jsonl",
@@ -45,16 +46,22 @@ STOP = "#ff7f0e"
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Read a JSONL file, skipping unparsable lines (a writer killed mid-line). Missing file: []."""
-    out: list[dict[str, Any]] = []
     if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        line = line.strip()
-        if not line:
-            continue
+        return []
+    return json_objects(path.read_text(encoding="utf-8", errors="replace"))
+
+
+def json_objects(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of JSONL ``text``, in order: one per line that parses to an object.
+
+    Blank lines, lines that do not parse (a writer killed mid-line) and lines holding another
+    JSON value (a list, a number) are skipped. Never raises.
+    """
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
         try:
             item = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:
             continue
         if isinstance(item, dict):
             out.append(item)

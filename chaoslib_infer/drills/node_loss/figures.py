@@ -15,17 +15,9 @@ from typing import Any
 
 from chaoslib_infer.drills.interruption import interruption_figures
 from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.measure import figkit
 from chaoslib_infer.measure import figures as mfig
-from chaoslib_infer.measure.figkit import (
-    FAULT,
-    MILESTONE,
-    RECOVERY,
-    REMOVED,
-    DrillContext,
-    Marker,
-    mark,
-    num,
-)
+from chaoslib_infer.measure.figkit import DrillContext, Marker, mark, num
 from chaoslib_infer.measure.metrics import window_stats
 
 __all__ = ["LEDGER_LABELS", "SETTLE_S", "compute", "inflight_at_loss", "markers"]
@@ -80,24 +72,30 @@ def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
     """Timeline markers: node down, per lost replica its ejection, rescheduling, ready, HAProxy
     UP and first request served at its new place; back in the baseline bands; node back up."""
     node = ground.get("node")
-    out = mark(ground.get("node_down_at"), f"node {node} down", FAULT)
+    out = mark(ground.get("node_down_at"), f"node {node} down", figkit.FAULT)
     for r in ground.get("lost_replica_names") or []:
         out += mark(
-            (ground.get("lb_ejected_at") or {}).get(r), f"{r} ejected by HAProxy", MILESTONE
+            (ground.get("lb_ejected_at") or {}).get(r), f"{r} ejected by HAProxy", figkit.MILESTONE
         )
         move = (ground.get("rescheduled") or {}).get(r) or {}
         out += mark(
             move.get("t"),
             f"{r} rescheduled {move.get('from_node')}→{move.get('to_node')}",
-            MILESTONE,
+            figkit.MILESTONE,
         )
-        out += mark((ground.get("replica_ready_at") or {}).get(r), f"{r} ready", RECOVERY)
-        out += mark((ground.get("lb_up_at") or {}).get(r), f"{r} UP in HAProxy", RECOVERY)
-        out += mark((ground.get("replica_serving_at") or {}).get(r), f"{r} serving again", RECOVERY)
+        out += mark((ground.get("replica_ready_at") or {}).get(r), f"{r} ready", figkit.RECOVERY)
+        out += mark((ground.get("lb_up_at") or {}).get(r), f"{r} UP in HAProxy", figkit.RECOVERY)
+        out += mark(
+            (ground.get("replica_serving_at") or {}).get(r), f"{r} serving again", figkit.RECOVERY
+        )
     rec, fault_at = figures.get("recovery_s"), ground.get("fault_at")
     if rec is not None and fault_at is not None:
-        out += mark(float(fault_at) + float(rec), "P99 and errors back in baseline", RECOVERY)
-    out += mark(ground.get("node_up_at"), f"node {node} back ({ground.get('node_up_by')})", REMOVED)
+        out += mark(
+            float(fault_at) + float(rec), "P99 and errors back in baseline", figkit.RECOVERY
+        )
+    out += mark(
+        ground.get("node_up_at"), f"node {node} back ({ground.get('node_up_by')})", figkit.REMOVED
+    )
     return out
 
 

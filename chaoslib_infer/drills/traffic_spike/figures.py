@@ -16,17 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.measure import figkit
 from chaoslib_infer.measure import figures as mfig
-from chaoslib_infer.measure.figkit import (
-    FAULT,
-    MILESTONE,
-    RECOVERY,
-    REMOVED,
-    DrillContext,
-    Marker,
-    mark,
-    num,
-)
+from chaoslib_infer.measure.figkit import DrillContext, Marker, mark, num
 from chaoslib_infer.measure.metrics import logical_outcomes, select, window_stats
 
 __all__ = [
@@ -118,17 +110,19 @@ def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
     replica ready, enabled in HAProxy, serving), back in the baseline bands after the spike."""
     r = ground.get("scale_out_replica")
     q = ground.get("queue_depth_at_trigger")
-    out = mark(ground.get("fault_at"), "spike starts", FAULT)
-    out += mark(ground.get("spike_end_at"), "spike ends", REMOVED)
+    out = mark(ground.get("fault_at"), "spike starts", figkit.FAULT)
+    out += mark(ground.get("spike_end_at"), "spike ends", figkit.REMOVED)
     out += mark(
-        ground.get("scale_out_triggered_at"), f"scale-out triggered ({r}, queue {q})", MILESTONE
+        ground.get("scale_out_triggered_at"),
+        f"scale-out triggered ({r}, queue {q})",
+        figkit.MILESTONE,
     )
-    out += mark(ground.get("scale_out_ready_at"), f"{r} ready", RECOVERY)
-    out += mark(ground.get("scale_out_enabled_at"), f"{r} enabled in HAProxy", RECOVERY)
-    out += mark(ground.get("scale_out_serving_at"), f"{r} serving", RECOVERY)
+    out += mark(ground.get("scale_out_ready_at"), f"{r} ready", figkit.RECOVERY)
+    out += mark(ground.get("scale_out_enabled_at"), f"{r} enabled in HAProxy", figkit.RECOVERY)
+    out += mark(ground.get("scale_out_serving_at"), f"{r} serving", figkit.RECOVERY)
     rec, end = figures.get("recovery_s"), ground.get("spike_end_at")
     if rec is not None and end is not None:
-        out += mark(float(end) + float(rec), "P99 and errors back in baseline", RECOVERY)
+        out += mark(float(end) + float(rec), "P99 and errors back in baseline", figkit.RECOVERY)
     return out
 
 

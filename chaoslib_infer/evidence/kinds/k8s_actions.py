@@ -26,14 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from chaoslib_infer.drills import is_k8s_actions_module
-from chaoslib_infer.measure.figkit import (
-    MILESTONE,
-    RECOVERY,
-    REMOVED,
-    DrillContext,
-    Marker,
-    mark,
-)
+from chaoslib_infer.measure import figkit
+from chaoslib_infer.measure.figkit import DrillContext, Marker, mark
 
 __all__ = ["ACTIONS", "LEDGER_LABELS", "compute", "markers", "read_journal"]
 
@@ -373,9 +367,13 @@ def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
     removed``); the fault's own start is marked from the fault log already.
     """
     out: list[Marker] = []
-    out += mark(_num(ground.get("k8s_oom_killed_at")), "container OOM-killed (k8s)", MILESTONE)
-    out += mark(_num(ground.get("k8s_oom_running_at")), "container running again", MILESTONE)
-    out += mark(_num(ground.get("k8s_oom_ready_at")), "container Ready again (k8s)", RECOVERY)
+    out += mark(
+        _num(ground.get("k8s_oom_killed_at")), "container OOM-killed (k8s)", figkit.MILESTONE
+    )
+    out += mark(_num(ground.get("k8s_oom_running_at")), "container running again", figkit.MILESTONE)
+    out += mark(
+        _num(ground.get("k8s_oom_ready_at")), "container Ready again (k8s)", figkit.RECOVERY
+    )
     for key, row in ground.items():
         if not key.startswith("k8s_recovery_pod ") or not isinstance(row, dict):
             continue
@@ -383,7 +381,9 @@ def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
         if ready is None:
             start, total = _num(row.get("deleted_at")), _num(row.get("total_recovery_s"))
             ready = start + total if start is not None and total is not None else None
-        out += mark(ready, f"replacement of {key.split(' ', 1)[1]} Ready (k8s)", RECOVERY)
+        out += mark(ready, f"replacement of {key.split(' ', 1)[1]} Ready (k8s)", figkit.RECOVERY)
     for _kind, prefix, _rec, _fn in ACTIONS.values():
-        out += mark(_num(ground.get(f"{prefix}_cleared_at")), "fault removed (rollback)", REMOVED)
+        out += mark(
+            _num(ground.get(f"{prefix}_cleared_at")), "fault removed (rollback)", figkit.REMOVED
+        )
     return out

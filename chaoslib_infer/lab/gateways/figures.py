@@ -34,6 +34,7 @@ from typing import Any
 
 import chaoslib_infer.lab.gateways.nginx as lab_nginx
 from chaoslib_infer.lab.gateways.dispatch import GATEWAY_FILE, describe
+from chaoslib_infer.measure.figkit import json_objects
 
 __all__ = ["CUT_CLASSES", "TTFT_LOG", "calibrate", "gateway_figures", "stream_gaps"]
 
@@ -43,19 +44,11 @@ CUT_CLASSES = frozenset({"reset", "truncated", "stream_error", "empty"})
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        text = path.read_text(errors="replace")
     except OSError:
-        return out
-    for ln in lines:
-        try:
-            item = json.loads(ln)
-        except ValueError:
-            continue
-        if isinstance(item, dict):
-            out.append(item)
-    return out
+        return []
+    return json_objects(text)
 
 
 def stream_gaps(records: list[dict[str, Any]], ttft: list[dict[str, Any]]) -> list[float]:

@@ -31,9 +31,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from chaoslib_infer.platforms.kubernetes import K8sError, call
+from chaoslib_infer.platforms.kubernetes import K8sError
 from chaoslib_infer.platforms.kubernetes import scripts as S
 from chaoslib_infer.platforms.kubernetes.exec import run_script
+from chaoslib_infer.platforms.kubernetes.pods import read_pod_if_present
 from chaoslib_infer.safety.redact import clip
 from chaoslib_infer.safety.signals import held_interrupts
 
@@ -307,12 +308,9 @@ def thaw(core: Any, saved: dict[str, Any]) -> str:
             processes went with it.
     """
     ns, pod = saved["namespace"], saved["pod"]
-    try:
-        doc = call(f"get pod {ns}/{pod}", core.read_namespaced_pod, pod, ns)
-    except K8sError as exc:
-        if exc.status == 404:
-            return f"pod {ns}/{pod} is gone; its frozen processes went with it"
-        raise
+    doc = read_pod_if_present(core, ns, pod)
+    if doc is None:
+        return f"pod {ns}/{pod} is gone; its frozen processes went with it"
     if container_id(doc, saved["container"]) != saved.get("container_id"):
         return f"container {saved['container']} of pod {ns}/{pod} restarted since the freeze; nothing to thaw"
     outcome, _ = _signal(core, saved, "CONT", 0)

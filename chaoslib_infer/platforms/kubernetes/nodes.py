@@ -72,11 +72,16 @@ def cordon(core: Any, node: str) -> None:
     Raises:
         K8sError: node absent (404) or permission denied (403).
     """
+    _patch_unschedulable(core, node, True, "cordon")
+
+
+def _patch_unschedulable(core: Any, node: str, value: bool | None, verb: str) -> None:
+    """Strategic-merge PATCH ``spec.unschedulable: value`` (None: remove the field)."""
     call(
-        f"cordon node {node}",
+        f"{verb} node {node}",
         core.patch_node,
         node,
-        {"spec": {"unschedulable": True}},
+        {"spec": {"unschedulable": value}},
         _content_type=_STRATEGIC,
     )
 
@@ -92,13 +97,7 @@ def uncordon(core: Any, node: str, was_unschedulable: bool = False) -> str:
     """
     if was_unschedulable:
         return f"node {node} was unschedulable before the drill; left cordoned"
-    call(
-        f"uncordon node {node}",
-        core.patch_node,
-        node,
-        {"spec": {"unschedulable": None}},
-        _content_type=_STRATEGIC,
-    )
+    _patch_unschedulable(core, node, None, "uncordon")
     return f"node {node} uncordoned"
 
 

@@ -27,6 +27,7 @@ from chaoslib_infer.platforms.kubernetes import K8sError, call
 from chaoslib_infer.platforms.kubernetes import scripts as S
 from chaoslib_infer.platforms.kubernetes.exec import run_script
 from chaoslib_infer.platforms.kubernetes.observe.common import k8s_time
+from chaoslib_infer.platforms.kubernetes.pods import read_pod_if_present
 from chaoslib_infer.safety.redact import clip
 
 __all__ = [
@@ -121,12 +122,9 @@ def stop_hog(core: Any, saved: dict[str, Any]) -> str:
     """
     ns, pod, container = saved["namespace"], saved["pod"], saved["container"]
     hog = saved["hog"]
-    try:
-        doc = call(f"get pod {ns}/{pod}", core.read_namespaced_pod, pod, ns)
-    except K8sError as exc:
-        if exc.status == 404:
-            return f"pod {ns}/{pod} is gone; the hog went with it"
-        raise
+    doc = read_pod_if_present(core, ns, pod)
+    if doc is None:
+        return f"pod {ns}/{pod} is gone; the hog went with it"
     cs = container_status(doc, container)
     if cs.get("containerID") != saved.get("container_id") or "running" not in (
         cs.get("state") or {}

@@ -27,9 +27,24 @@ __all__ = [
     "is_ready",
     "list_pods",
     "owner_uid",
+    "read_pod_if_present",
     "recovery_timings",
     "select_pods",
 ]
+
+
+def read_pod_if_present(core: Any, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The pod ``namespace/pod`` as the API returns it (a dict), or ``None`` when it is gone (404).
+
+    Raises:
+        K8sError: any other failure of the GET (403, 5xx, unreachable).
+    """
+    try:
+        return call(f"get pod {namespace}/{pod}", core.read_namespaced_pod, pod, namespace)
+    except K8sError as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def is_ready(pod: dict[str, Any]) -> bool:

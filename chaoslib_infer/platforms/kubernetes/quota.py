@@ -69,29 +69,22 @@ def snapshot(
         "hpa": None,
         "hpa_skipped": None,
     }
+
+    def read(kind: str, name: str, reader: Any) -> bytes:
+        return call_bytes(f"get {kind} {namespace}/{name}", reader, name, namespace)
+
     if quota:
-        raw = call_bytes(
-            f"get resourcequota {namespace}/{quota}",
-            core.read_namespaced_resource_quota,
-            quota,
-            namespace,
-        )
+        raw = read("resourcequota", quota, core.read_namespaced_resource_quota)
         out["quota"] = {"name": quota, "raw": raw.decode("utf-8")}
     if deployment:
-        raw = call_bytes(
-            f"get deployment {namespace}/{deployment}",
-            apps.read_namespaced_deployment,
-            deployment,
-            namespace,
-        )
+        raw = read("deployment", deployment, apps.read_namespaced_deployment)
         out["deployment"] = {"name": deployment, "raw": raw.decode("utf-8")}
     if hpa:
         try:
-            raw = call_bytes(
-                f"get horizontalpodautoscaler {namespace}/{hpa}",
-                _autoscaling(core).read_namespaced_horizontal_pod_autoscaler,
+            raw = read(
+                "horizontalpodautoscaler",
                 hpa,
-                namespace,
+                _autoscaling(core).read_namespaced_horizontal_pod_autoscaler,
             )
         except K8sError as exc:
             if exc.status != 404 or not hpa_optional:
@@ -137,6 +130,12 @@ def cut(
     """
     ns = saved["namespace"]
     out: dict[str, Any] = {"quota": None, "deployment": None, "hpa": None}
+
+    def patch(kind: str, name: str, patcher: Any, spec: dict[str, Any]) -> Any:
+        return call(
+            f"patch {kind} {ns}/{name}", patcher, name, ns, {"spec": spec}, _content_type=_MERGE
+        )
+
     if gpus is not None:
         if not saved.get("quota"):
             raise K8sError("a GPU quota cut needs the ResourceQuota name (target 'quota:')")
@@ -146,13 +145,11 @@ def cut(
         before = (
             (json.loads(saved["quota"]["raw"]).get("spec") or {}).get("hard", {}).get(GPU_QUOTA_KEY)
         )
-        doc = call(
-            f"patch resourcequota {ns}/{name}",
-            core.patch_namespaced_resource_quota,
+        doc = patch(
+            "resourcequota",
             name,
-            ns,
-            {"spec": {"hard": {GPU_QUOTA_KEY: str(gpus)}}},
-            _content_type=_MERGE,
+            core.patch_namespaced_resource_quota,
+            {"hard": {GPU_QUOTA_KEY: str(gpus)}},
         )
         out["quota"] = {
             "name": name,
@@ -166,13 +163,8 @@ def cut(
             raise K8sError(f"replicas must be >= 0, got {replicas}")
         name = saved["deployment"]["name"]
         before = (json.loads(saved["deployment"]["raw"]).get("spec") or {}).get("replicas")
-        doc = call(
-            f"patch deployment {ns}/{name}",
-            apps.patch_namespaced_deployment,
-            name,
-            ns,
-            {"spec": {"replicas": int(replicas)}},
-            _content_type=_MERGE,
+        doc = patch(
+            "deployment", name, apps.patch_namespaced_deployment, {"replicas": int(replicas)}
         )
         out["deployment"] = {"name": name, "before": before, "after": doc["spec"].get("replicas")}
     if hpa_max_replicas is not None and saved.get("hpa"):
@@ -180,17 +172,15 @@ def cut(
             raise K8sError(f"hpa_max_replicas must be >= 1, got {hpa_max_replicas}")
         name = saved["hpa"]["name"]
         spec = json.loads(saved["hpa"]["raw"]).get("spec") or {}
-        patch: dict[str, Any] = {"maxReplicas": int(hpa_max_replicas)}
+        hpa_patch: dict[str, Any] = {"maxReplicas": int(hpa_max_replicas)}
         min_before = spec.get("minReplicas", 1)
         if hpa_max_replicas < min_before:
-            patch["minReplicas"] = int(hpa_max_replicas)
-        doc = call(
-            f"patch horizontalpodautoscaler {ns}/{name}",
-            _autoscaling(core).patch_namespaced_horizontal_pod_autoscaler,
+            hpa_patch["minReplicas"] = int(hpa_max_replicas)
+        doc = patch(
+            "horizontalpodautoscaler",
             name,
-            ns,
-            {"spec": patch},
-            _content_type=_MERGE,
+            _autoscaling(core).patch_namespaced_horizontal_pod_autoscaler,
+            hpa_patch,
         )
         out["hpa"] = {
             "name": name,

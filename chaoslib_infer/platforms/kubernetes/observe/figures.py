@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from chaoslib_infer.measure.figkit import json_objects
 
 
 def read_observations(path: Path) -> list[dict[str, Any]]:
@@ -13,19 +14,11 @@ def read_observations(path: Path) -> list[dict[str, Any]]:
     Returns:
         The JSON objects in file order; ``[]`` when the file does not exist.
     """
-    out: list[dict[str, Any]] = []
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
-        return out
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict):
-            out.append(item)
-    return out
+        return []
+    return json_objects(text)
 
 
 def _samples(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
