@@ -100,9 +100,14 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+def lab_events(lab_dir: Path) -> list[dict[str, Any]]:
+    """A lab's events (its ``events.jsonl``)."""
+    return jsonl(lab_dir / "events.jsonl")
+
+
 def lab_pids(lab_dir: Path) -> list[int]:
     """The pids a lab's ``events.jsonl`` names, in its order."""
-    return [int(e["pid"]) for e in jsonl(lab_dir / "events.jsonl") if e.get("pid")]
+    return [int(e["pid"]) for e in lab_events(lab_dir) if e.get("pid")]
 
 
 def pid_alive(pid: int, marker: str | None = None) -> bool:
