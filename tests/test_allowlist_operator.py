@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import http.server
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from chaoslib.exceptions import ActivityFailed
+from labutil import serve_http
 
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.safety import allowlist
@@ -169,13 +169,8 @@ class _Redirect(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def redirector() -> Iterator[str]:
     _Redirect.hits = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirect)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serve_http(_Redirect) as url:
+        yield url
 
 
 def test_prometheus_probe_allowlist_and_redirects(redirector: str) -> None:

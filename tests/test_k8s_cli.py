@@ -13,7 +13,6 @@ import inspect
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +24,7 @@ from chaoslib.experiment import ensure_experiment_is_valid
 from chaoslib.loader import load_experiment
 from click.testing import CliRunner
 from fake_k8s import FakeK8s, make_cluster, write_target
+from labutil import cli
 
 from chaoslib_infer.cli import main
 from chaoslib_infer.load.ceiling import sim_engine
@@ -35,14 +35,7 @@ DRILLS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    return cli(*args, timeout=timeout, env=env, inherit_env=False)
 
 
 def _invoke(*args: str, env: dict[str, str]) -> Any:

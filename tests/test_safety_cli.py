@@ -14,11 +14,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labutil import cli, serve_http
 
 from chaoslib_infer.load.fakeserver import stream_bytes
 
@@ -29,14 +29,7 @@ KEY = "sk-fake-0123456789abcdef"
 def _cli(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-    )
+    return cli(*args, timeout=timeout, cwd=cwd, env=env)
 
 
 def _procs_mentioning(fragment: str) -> list[int]:
@@ -234,14 +227,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[str]:
     _Handler.seen = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serve_http(_Handler) as url:
+        yield url
 
 
 def test_load_client_sends_key_from_env_not_argv(tmp_path: Path, server: str) -> None:

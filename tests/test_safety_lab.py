@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from labutil import BackgroundRun, cli
 
 from chaoslib_infer.lab.fleet import Lab
 
@@ -37,44 +37,19 @@ KEY = "sk-fake-9c1d2e3f4a5b6c7d8e9f"
 def _cli(
     *args: str, timeout: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-    )
+    return cli(*args, timeout=timeout, env=env)
 
 
-class Runner:
+class Runner(BackgroundRun):
     """``chaos-infer gameday`` in the background; stdout lines collected by a thread."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chaoslib_infer.cli", "gameday", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, **(env or {})},
-        )
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
+        argv = [sys.executable, "-m", "chaoslib_infer.cli", "gameday", *args]
+        super().__init__(argv, {**os.environ, **(env or {})})
 
     def wait(self, timeout: float = 180) -> int:
         code = self.proc.wait(timeout=timeout)
-        self.reader.join(timeout=5)
+        self._reader.join(timeout=5)
         return code
 
     def kill(self) -> None:

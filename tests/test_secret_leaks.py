@@ -32,6 +32,7 @@ from urllib.parse import quote_plus
 
 import pytest
 import yaml
+from labutil import serve_http
 
 from chaoslib_infer.safety import redact
 
@@ -116,14 +117,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def echo_server() -> Iterator[str]:
     _Handler.keys_seen = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serve_http(_Handler) as url:
+        yield url
 
 
 def test_needles_catch_what_a_cut_leaves() -> None:
