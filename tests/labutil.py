@@ -252,6 +252,13 @@ def free_port() -> int:
     return port
 
 
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler that logs nothing (the test servers' base)."""
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
 @contextlib.contextmanager
 def serve_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
     """A threaded HTTP server on a free loopback port answering with ``handler``; yields its base

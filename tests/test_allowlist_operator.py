@@ -5,7 +5,6 @@ are refused (raw transport too)."""
 from __future__ import annotations
 
 import asyncio
-import http.server
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from chaoslib.exceptions import ActivityFailed
-from labutil import serve_http
+from labutil import QuietHandler, serve_http
 
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.safety import allowlist
@@ -146,7 +145,7 @@ def test_bare_star_is_refused_everywhere(
 
 
 # ---- outbound clients: allowlist and no redirect --------------------------------------------
-class _Redirect(http.server.BaseHTTPRequestHandler):
+class _Redirect(QuietHandler):
     hits: list[str] = []
 
     def do_GET(self) -> None:  # noqa: N802
@@ -161,9 +160,6 @@ class _Redirect(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        return
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import subprocess
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labutil import cli, serve_http
+from labutil import QuietHandler, cli, serve_http
 
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.plan import load_plan
@@ -46,7 +45,7 @@ def _plan(tmp_path: Path, extra: str) -> Path:
     return plan
 
 
-class _Fail500(http.server.BaseHTTPRequestHandler):
+class _Fail500(QuietHandler):
     def _answer(self) -> None:
         n = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(n)
@@ -55,9 +54,6 @@ class _Fail500(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     do_GET = do_POST = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture()

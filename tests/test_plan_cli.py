@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from labutil import SEVEN_DRILLS
 
 from chaoslib_infer.cli import main
 from chaoslib_infer.errors import ConfigError
@@ -20,15 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_default_plan_loads() -> None:
     plan = load_plan(ROOT / "drills" / "gameday.yaml")
-    assert [d.name for d in plan.drills] == [
-        "node-loss",
-        "oom-kill",
-        "network-jitter",
-        "traffic-spike",
-        "upstream-timeout",
-        "simultaneous-restarts",
-        "quota-cut",
-    ]
+    assert [d.name for d in plan.drills] == SEVEN_DRILLS
     assert plan.drills[0].experiment.is_file()
     assert plan.lab.replicas >= 2
 

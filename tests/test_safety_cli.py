@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
@@ -18,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from labutil import cli, serve_http
+from labutil import QuietHandler, cli, serve_http
 
 from chaoslib_infer.load.fakeserver import stream_bytes
 
@@ -207,7 +206,7 @@ def test_rollback_and_report_without_a_run(tmp_path: Path) -> None:
 
 
 # ---- the key reaches the server through the environment only ------------------------------
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     seen: list[str | None] = []
 
     def do_POST(self) -> None:  # noqa: N802 - http.server API
@@ -219,9 +218,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from urllib.parse import quote_plus
 
 import pytest
 import yaml
-from labutil import serve_http
+from labutil import QuietHandler, serve_http
 
 from chaoslib_infer.safety import redact
 
@@ -92,7 +92,7 @@ _ONE_OF_EACH = (0, 1, 3, 5, 7, 9)
 assert sorted({5 if n % 2 == 0 else (n // 2) % 5 for n in _ONE_OF_EACH}) == [0, 1, 2, 3, 4, 5]
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     counter = itertools.count()
     keys_seen: list[str] = []
 
@@ -109,9 +109,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        return
 
 
 @pytest.fixture
