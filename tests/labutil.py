@@ -243,6 +243,32 @@ def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> str:
+    """Read ``proc``'s stdout line by line up to the first line holding ``marker`` (or to its
+    end, or until ``timeout_s`` have passed); return all that was read."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen += line
+        if marker in line or not line:
+            break
+    return seen
+
+
+@contextlib.contextmanager
+def killed_at_exit(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``with killed_at_exit(proc):`` whatever happens in the block, ``proc`` does not outlive it
+    (killed and reaped if still running)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def free_port() -> int:
     """A loopback TCP port nothing listens on (bound, then closed again)."""
     s = socket.socket()

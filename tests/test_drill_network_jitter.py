@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labutil import GamedayRun, check_verdict, cli, jsonl, lab_pids, plan_copy
+from labutil import (
+    GamedayRun,
+    check_verdict,
+    cli,
+    jsonl,
+    killed_at_exit,
+    lab_pids,
+    plan_copy,
+    read_until,
+)
 from labutil import pid_alive as _alive
 
 from chaoslib_infer.lab.netem import netem_available
@@ -213,23 +222,12 @@ def test_sigint_during_jitter_rolls_back(tmp_path: Path) -> None:
         text=True,
         cwd=ROOT,
     )
-    try:
-        assert proc.stdout is not None
-        seen = ""
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            seen += line
-            if "injecting the fault" in line or not line:
-                break
+    with killed_at_exit(proc):
+        seen = read_until(proc, "injecting the fault", 90)
         assert "injecting the fault" in seen, seen
         time.sleep(2.0)  # inside the 20 s jitter pause
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, seen + rest
     journal = json.loads((out / DRILL / "journal.json").read_text())
     assert journal["status"] == "interrupted"

@@ -17,7 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labutil import GamedayRun, check_verdict, cli, jsonl, lab_pids, lab_skip_reason, pid_alive
+from labutil import (
+    GamedayRun,
+    check_verdict,
+    cli,
+    jsonl,
+    killed_at_exit,
+    lab_pids,
+    lab_skip_reason,
+    pid_alive,
+    read_until,
+)
 
 from chaoslib_infer.load.records import read_records
 
@@ -193,12 +203,9 @@ def test_sigint_during_the_freeze_thaws_and_takes_the_lab_down(tmp_path: Path) -
          "--replicas", "2", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )  # fmt: skip
-    seen = ""
-    try:
-        assert proc.stdout is not None
+    with killed_at_exit(proc):
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and "injecting the fault" not in seen:
-            seen += proc.stdout.readline()
+        seen = read_until(proc, "injecting the fault", 120)
         assert "injecting the fault" in seen, seen
         faults = out / "upstream-timeout" / "faults.jsonl"
         while time.monotonic() < deadline and not faults.exists():
@@ -208,9 +215,6 @@ def test_sigint_during_the_freeze_thaws_and_takes_the_lab_down(tmp_path: Path) -
         assert injected["phase"] == "injected"
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, seen + rest
     journal = json.loads((out / "upstream-timeout" / "journal.json").read_text())
     assert journal["status"] == "interrupted"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from labutil import SEVEN_DRILLS as SEVEN
-from labutil import GamedayRun, cli, lab_pids
+from labutil import GamedayRun, cli, killed_at_exit, lab_pids, read_until
 from labutil import alive_pids as _pids_alive
 
 from chaoslib_infer.load.records import read_records
@@ -218,22 +218,12 @@ def test_gameday_sigint_plays_rollbacks_and_takes_lab_down(tmp_path: Path) -> No
         text=True,
         cwd=ROOT,
     )
-    try:
-        deadline = time.monotonic() + 120
-        assert proc.stdout is not None
-        seen = ""
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            seen += line
-            if "injecting the fault" in line:
-                break
+    with killed_at_exit(proc):
+        seen = read_until(proc, "injecting the fault", 120)
         assert "injecting the fault" in seen, seen
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, seen + rest
     summary = json.loads((out / "summary.json").read_text())
     assert summary["drills"][0]["status"] == "aborted"

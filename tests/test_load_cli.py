@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labutil import killed_at_exit
 
 from chaoslib_infer.load.fakeserver import FakeServer
 from chaoslib_infer.load.records import read_records
@@ -94,36 +95,29 @@ def test_cli_progress_lines(server: FakeServer, tmp_path: Path) -> None:
     assert len(lines) >= 2 and all("in_flight=" in ln and "failed=" in ln for ln in lines)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_cli_signal_stops_cleanly(server: FakeServer, tmp_path: Path, sig: int) -> None:
-    out = tmp_path / "rec.jsonl"
-    # half the requests finish, half stall until cancelled
-    proc = subprocess.Popen(
-        cli(
-            "--url",
-            server.url + "/mode=ok,tokens=4",
-            "--rate",
-            "50",
-            "--duration-s",
-            "60",
-            "--out",
-            str(out),
-        ),
+def _start_60s(url: str, rate: str, out: Path) -> subprocess.Popen[str]:
+    """The load CLI in the background: ``rate`` requests/s to ``url`` for 60 s, records to
+    ``out``."""
+    return subprocess.Popen(
+        cli("--url", url, "--rate", rate, "--duration-s", "60", "--out", str(out)),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    try:
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_signal_stops_cleanly(server: FakeServer, tmp_path: Path, sig: int) -> None:
+    out = tmp_path / "rec.jsonl"
+    # half the requests finish, half stall until cancelled
+    proc = _start_60s(server.url + "/mode=ok,tokens=4", "50", out)
+    with killed_at_exit(proc):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (not out.exists() or out.stat().st_size < 2000):
             time.sleep(0.05)
         proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, stderr
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["stopped"] is True
@@ -134,30 +128,11 @@ def test_cli_signal_stops_cleanly(server: FakeServer, tmp_path: Path, sig: int) 
 
 def test_cli_signal_records_in_flight_as_cut_off(server: FakeServer, tmp_path: Path) -> None:
     out = tmp_path / "rec.jsonl"
-    proc = subprocess.Popen(
-        cli(
-            "--url",
-            server.url + "/mode=stall,k=1",
-            "--rate",
-            "20",
-            "--duration-s",
-            "60",
-            "--out",
-            str(out),
-        ),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    proc = _start_60s(server.url + "/mode=stall,k=1", "20", out)
+    with killed_at_exit(proc):
         time.sleep(1.5)
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, stderr
     summary = json.loads(stdout.strip().splitlines()[-1])
     # each attempt on the wire at the signal is recorded as cut off (outcome unknown), not dropped
