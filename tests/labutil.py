@@ -49,18 +49,23 @@ def lab_skip_reason() -> str | None:
     return None
 
 
+def chaos_infer_argv(*args: str) -> list[str]:
+    """The command line of ``chaos-infer ARGS`` run by this interpreter."""
+    return [sys.executable, "-m", "chaoslib_infer.cli", *args]
+
+
 def cli(
     *args: str,
     timeout: float,
-    cwd: Path = ROOT,
+    cwd: Path | None = ROOT,
     env: Mapping[str, str] | None = None,
     inherit_env: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``chaos-infer ARGS`` as a user would (a child process of this interpreter), output
-    captured as text. The child's environment is this one with ``env`` on top, or, with
-    ``inherit_env=False``, ``env`` alone."""
+    captured as text, from ``cwd`` (None: this process's). The child's environment is this one
+    with ``env`` on top, or, with ``inherit_env=False``, ``env`` alone."""
     return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
+        chaos_infer_argv(*args),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -93,6 +98,49 @@ def write_plan(tmp: Path, plan: dict[str, Any], file: str = "gameday.yaml") -> P
     path = tmp / "drills" / file
     path.write_text(yaml.safe_dump(plan))
     return path
+
+
+def write_k8s_plan(path: Path, drill: str, drill_vars: dict[str, Any] | None = None) -> Path:
+    """Write a Kubernetes plan (``platform: kubernetes``, name ``k8s-test``) of one drill,
+    ``experiments/k8s/DRILL.yaml``, with ``drill_vars`` as its ``vars`` when given, to ``path``;
+    return ``path``."""
+    entry: dict[str, Any] = {
+        "name": drill,
+        "experiment": str(ROOT / "experiments" / "k8s" / f"{drill}.yaml"),
+    }
+    if drill_vars is not None:
+        entry["vars"] = drill_vars
+    plan = {"name": "k8s-test", "platform": "kubernetes", "drills": [entry]}
+    path.write_text(yaml.safe_dump(plan))
+    return path
+
+
+def background_load_control(**arguments: Any) -> dict[str, Any]:
+    """An experiment's ``background-load`` control (:mod:`chaoslib_infer.controls.load`) with
+    ``arguments``."""
+    return {
+        "name": "background-load",
+        "provider": {
+            "type": "python",
+            "module": "chaoslib_infer.controls.load",
+            "arguments": arguments,
+        },
+    }
+
+
+def put_hpa(fake: Any, spec: dict[str, Any]) -> None:
+    """Put a HorizontalPodAutoscaler ``llm/vllm`` (``autoscaling/v2``) with ``spec`` in the fake
+    Kubernetes API ``fake`` (a :class:`fake_k8s.FakeK8s`)."""
+    fake.put(
+        "autoscaling",
+        "horizontalpodautoscalers",
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "vllm", "namespace": "llm"},
+            "spec": spec,
+        },
+    )
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:
@@ -241,6 +289,15 @@ def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float
             return value
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def engine_argv(replica: str, ledger: Path, *args: str) -> list[str]:
+    """The command line of a lab engine (``chaoslib_infer.lab.engine``) on 127.0.0.1, port 0 (it
+    prints the port it got), replica ``replica``, ledger ``ledger``, then ``args``."""
+    return [
+        sys.executable, "-m", "chaoslib_infer.lab.engine", "--host", "127.0.0.1", "--port", "0",
+        "--replica-id", replica, "--ledger", str(ledger), *args,
+    ]  # fmt: skip
 
 
 def read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> str:

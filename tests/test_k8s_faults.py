@@ -21,6 +21,7 @@ from k8s_sim import (
     running_as_root_with_memory_cgroup,
     set_container,
 )
+from labutil import put_hpa
 
 from chaoslib_infer.activities import k8s
 from chaoslib_infer.platforms.kubernetes import K8sError, clients
@@ -610,17 +611,11 @@ def test_quota_cut_hpa_absent_or_foreign(tmp_path: Path, fake: FakeK8s) -> None:
     assert k8s.k8s_restore_quota(target_file=target, configuration=cfg) == [
         "resourcequota llm/gpu-quota restored"
     ]
-    fake.put(
-        "autoscaling",
-        "horizontalpodautoscalers",
+    put_hpa(
+        fake,
         {
-            "apiVersion": "autoscaling/v2",
-            "kind": "HorizontalPodAutoscaler",
-            "metadata": {"name": "vllm", "namespace": "llm"},
-            "spec": {
-                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "sglang"},
-                "maxReplicas": 4,
-            },
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "sglang"},
+            "maxReplicas": 4,
         },
     )
     with pytest.raises(ActivityFailed, match="scales Deployment sglang, not Deployment vllm"):

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from labutil import BackgroundRun, cli
+from labutil import BackgroundRun, background_load_control, cli
 
 from chaoslib_infer.lab.fleet import Lab
 
@@ -153,20 +153,9 @@ def _experiment(
             **(configuration or {}),
         },
         "controls": [
-            {
-                "name": "background-load",
-                "provider": {
-                    "type": "python",
-                    "module": "chaoslib_infer.controls.load",
-                    "arguments": {
-                        "rate_rps": rate,
-                        "warmup_s": warmup_s,
-                        "max_duration_s": 90,
-                        "max_tokens": 16,
-                        "timeout_s": 5,
-                    },  # fmt: skip
-                },
-            },
+            background_load_control(
+                rate_rps=rate, warmup_s=warmup_s, max_duration_s=90, max_tokens=16, timeout_s=5
+            ),
             *(controls or []),
         ],
         "steady-state-hypothesis": {

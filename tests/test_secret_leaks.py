@@ -32,7 +32,7 @@ from urllib.parse import quote_plus
 
 import pytest
 import yaml
-from labutil import QuietHandler, serve_http
+from labutil import QuietHandler, background_load_control, chaos_infer_argv, serve_http
 
 from chaoslib_infer.safety import redact
 
@@ -225,20 +225,9 @@ def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_ser
             "infer_api_key": {"type": "env", "key": "CHAOS_INFER_API_KEY"},
         },
         "controls": [
-            {
-                "name": "background-load",
-                "provider": {
-                    "type": "python",
-                    "module": "chaoslib_infer.controls.load",
-                    "arguments": {
-                        "rate_rps": 30,
-                        "warmup_s": 4,
-                        "max_duration_s": 60,
-                        "max_tokens": 4,
-                        "timeout_s": 3,
-                    },  # fmt: skip
-                },
-            }
+            background_load_control(
+                rate_rps=30, warmup_s=4, max_duration_s=60, max_tokens=4, timeout_s=3
+            )
         ],
         "steady-state-hypothesis": {
             "title": "available",
@@ -279,17 +268,7 @@ def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_ser
     out = tmp_path / "out"
     env = {**os.environ, "CHAOS_INFER_API_KEY": KEY}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "chaoslib_infer.cli",
-            "gameday",
-            str(plan),
-            "--out",
-            str(out),
-            "--target",
-            echo_server,
-        ],  # fmt: skip
+        chaos_infer_argv("gameday", str(plan), "--out", str(out), "--target", echo_server),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=ROOT,
