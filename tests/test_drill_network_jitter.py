@@ -15,17 +15,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import labutil
 import pytest
-from labutil import (
-    GamedayRun,
-    check_verdict,
-    cli,
-    jsonl,
-    killed_at_exit,
-    lab_pids,
-    plan_copy,
-    read_until,
-)
+from labutil import GamedayRun, check_verdict, cli, jsonl, lab_pids, plan_copy
 from labutil import pid_alive as _alive
 
 from chaoslib_infer.lab.netem import netem_available
@@ -222,8 +214,8 @@ def test_sigint_during_jitter_rolls_back(tmp_path: Path) -> None:
         text=True,
         cwd=ROOT,
     )
-    with killed_at_exit(proc):
-        seen = read_until(proc, "injecting the fault", 90)
+    with labutil.killed_at_exit(proc):
+        seen = labutil.read_until(proc, "injecting the fault", 90)
         assert "injecting the fault" in seen, seen
         time.sleep(2.0)  # inside the 20 s jitter pause
         proc.send_signal(signal.SIGINT)

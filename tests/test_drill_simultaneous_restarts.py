@@ -14,17 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+import labutil
 import pytest
-from labutil import (
-    check_verdict,
-    cli,
-    drill_run,
-    jsonl,
-    lab_pids,
-    lab_skip_reason,
-    pid_alive,
-    write_plan,
-)
+from labutil import check_verdict, cli, jsonl, lab_pids, lab_skip_reason, pid_alive
 
 from chaoslib_infer.load.records import read_records
 
@@ -48,7 +40,7 @@ def _run_drill(tmp_path: Path, drill_vars: dict[str, Any]) -> tuple[int, Path, s
         ],
     }
     out = tmp_path / "out"
-    proc = drill_run(DRILL, out, write_plan(tmp_path, plan), timeout=240)
+    proc = labutil.drill_run(DRILL, out, labutil.write_plan(tmp_path, plan), timeout=240)
     return proc.returncode, out, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 

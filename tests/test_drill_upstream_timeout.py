@@ -16,18 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import labutil
 import pytest
-from labutil import (
-    GamedayRun,
-    check_verdict,
-    cli,
-    jsonl,
-    killed_at_exit,
-    lab_pids,
-    lab_skip_reason,
-    pid_alive,
-    read_until,
-)
+from labutil import GamedayRun, check_verdict, cli, jsonl, lab_pids, lab_skip_reason, pid_alive
 
 from chaoslib_infer.load.records import read_records
 
@@ -203,9 +194,9 @@ def test_sigint_during_the_freeze_thaws_and_takes_the_lab_down(tmp_path: Path) -
          "--replicas", "2", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )  # fmt: skip
-    with killed_at_exit(proc):
+    with labutil.killed_at_exit(proc):
         deadline = time.monotonic() + 120
-        seen = read_until(proc, "injecting the fault", 120)
+        seen = labutil.read_until(proc, "injecting the fault", 120)
         assert "injecting the fault" in seen, seen
         faults = out / "upstream-timeout" / "faults.jsonl"
         while time.monotonic() < deadline and not faults.exists():
