@@ -54,6 +54,27 @@ def chaos_infer_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "chaoslib_infer.cli", *args]
 
 
+def run_module(
+    module: str,
+    *args: str,
+    timeout: float,
+    cwd: Path | None = ROOT,
+    env: Mapping[str, str] | None = None,
+    inherit_env: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m MODULE ARGS`` (this interpreter) as a user would, output captured as text,
+    from ``cwd`` (None: this process's). The child's environment is this one with ``env`` on
+    top, or, with ``inherit_env=False``, ``env`` alone."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, **(env or {})} if inherit_env else dict(env or {}),
+    )
+
+
 def cli(
     *args: str,
     timeout: float,
@@ -61,16 +82,9 @@ def cli(
     env: Mapping[str, str] | None = None,
     inherit_env: bool = True,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``chaos-infer ARGS`` as a user would (a child process of this interpreter), output
-    captured as text, from ``cwd`` (None: this process's). The child's environment is this one
-    with ``env`` on top, or, with ``inherit_env=False``, ``env`` alone."""
-    return subprocess.run(
-        chaos_infer_argv(*args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env={**os.environ, **(env or {})} if inherit_env else dict(env or {}),
+    """Run ``chaos-infer ARGS`` as a user would (:func:`run_module`)."""
+    return run_module(
+        "chaoslib_infer.cli", *args, timeout=timeout, cwd=cwd, env=env, inherit_env=inherit_env
     )
 
 
@@ -141,6 +155,22 @@ def put_hpa(fake: Any, spec: dict[str, Any]) -> None:
             "spec": spec,
         },
     )
+
+
+def echo_key_probe(pause_after_s: float) -> dict[str, Any]:
+    """An experiment probe ``echo-key`` that hands ``${infer_api_key}`` to Chaos Toolkit (which
+    journals and logs activity outputs), then pauses ``pause_after_s``."""
+    return {
+        "type": "probe",
+        "name": "echo-key",
+        "provider": {
+            "type": "python",
+            "module": "chaoslib_infer.safety.testfault",
+            "func": "echo",
+            "arguments": {"value": "${infer_api_key}"},
+        },
+        "pauses": {"after": pause_after_s},
+    }
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from labutil import killed_at_exit
+from labutil import killed_at_exit, run_module
 
 from chaoslib_infer.load.fakeserver import FakeServer
 from chaoslib_infer.load.records import read_records
@@ -33,26 +32,22 @@ def cli(*args: str) -> list[str]:
 
 def test_cli_end_to_end(server: FakeServer, tmp_path: Path) -> None:
     out = tmp_path / "rec.jsonl"
-    proc = subprocess.run(
-        cli(
-            "--url",
-            server.url + "/mode=ok,tokens=8,itl=0.002",
-            "--rate",
-            "30",
-            "--duration-s",
-            "3",
-            "--out",
-            str(out),
-            "--max-tokens",
-            "8",
-            "--seed",
-            "5",
-            "--api",
-            "completions",
-        ),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = run_module(
+        "chaoslib_infer.load",
+        "--url",
+        server.url + "/mode=ok,tokens=8,itl=0.002",
+        "--rate",
+        "30",
+        "--duration-s",
+        "3",
+        "--out",
+        str(out),
+        "--max-tokens",
+        "8",
+        "--seed",
+        "5",
+        "--api",
+        "completions",
         timeout=30,
     )
     assert proc.returncode == 0, proc.stderr
@@ -72,22 +67,18 @@ def test_cli_end_to_end(server: FakeServer, tmp_path: Path) -> None:
 
 
 def test_cli_progress_lines(server: FakeServer, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        cli(
-            "--url",
-            server.url,
-            "--rate",
-            "20",
-            "--duration-s",
-            "1.2",
-            "--out",
-            str(tmp_path / "r.jsonl"),
-            "--progress-s",
-            "0.5",
-        ),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = run_module(
+        "chaoslib_infer.load",
+        "--url",
+        server.url,
+        "--rate",
+        "20",
+        "--duration-s",
+        "1.2",
+        "--out",
+        str(tmp_path / "r.jsonl"),
+        "--progress-s",
+        "0.5",
         timeout=30,
     )
     assert proc.returncode == 0, proc.stderr
@@ -176,9 +167,7 @@ def test_cli_signal_records_in_flight_as_cut_off(server: FakeServer, tmp_path: P
 )
 def test_cli_bad_arguments(tmp_path: Path, args: list[str]) -> None:
     args = [str(tmp_path / "x.jsonl") if a == "X" else a for a in args]
-    proc = subprocess.run(
-        cli(*args), cwd=ROOT, capture_output=True, text=True, timeout=30, env={**os.environ}
-    )
+    proc = run_module("chaoslib_infer.load", *args, timeout=30)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "error:" in lines[0], proc.stderr

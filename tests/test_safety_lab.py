@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from labutil import BackgroundRun, background_load_control, cli
+from labutil import BackgroundRun, background_load_control, cli, echo_key_probe
 
 from chaoslib_infer.lab.fleet import Lab
 
@@ -127,6 +127,17 @@ def _kill_orphan_load(drill_dir: Path) -> None:
         return
     if "chaoslib_infer.load" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
         os.kill(pid, signal.SIGKILL)
+
+
+def _kill_at_ledger(runner: Runner, lab_dir: Path, n: int, what: str, drill_dir: Path) -> None:
+    """Once the lab's ledger holds ``n`` faults (within 90 s), SIGKILL the runner, then its load
+    generator (of the drill run in ``drill_dir``)."""
+    try:
+        _wait_for(lambda: len(_ledger(lab_dir)) == n, 90, what, runner)
+        time.sleep(0.3)
+    finally:
+        runner.kill()
+    _kill_orphan_load(drill_dir)
 
 
 def _experiment(
@@ -236,12 +247,7 @@ def test_killed_runner_watchdog_expires_faults_rollback_and_report(tmp_path: Pat
         )
     plan = _plan(tmp_path, "killed", _experiment(method), replicas=2)
     runner = Runner(str(plan), "--out", str(out))
-    try:
-        _wait_for(lambda: len(_ledger(lab_dir)) == 3, 90, "three faults in the ledger", runner)
-        time.sleep(0.3)
-    finally:
-        runner.kill()
-    _kill_orphan_load(out / "killed")
+    _kill_at_ledger(runner, lab_dir, 3, "three faults in the ledger", out / "killed")
     records = {r["id"]: r for r in _ledger(lab_dir)}
     assert len(records) == 3 and m1.exists() and m2.exists()
     short = [r for r in records.values() if float(r["ttl_s"]) < 100]
@@ -313,12 +319,7 @@ def test_gameday_rolls_back_a_killed_runs_faults_on_start(tmp_path: Path) -> Non
         ]
     )
     runner = Runner(str(_plan(tmp_path, "first", first, replicas=2)), "--out", str(out))
-    try:
-        _wait_for(lambda: len(_ledger(lab_dir)) == 2, 90, "two faults in the ledger", runner)
-        time.sleep(0.3)
-    finally:
-        runner.kill()
-    _kill_orphan_load(out / "first")
+    _kill_at_ledger(runner, lab_dir, 2, "two faults in the ledger", out / "first")
     stopped = next(r for r in _ledger(lab_dir) if r["kind"] == "test-sigstop")
     old_pids = _lab_pids(lab_dir)
     assert marker.exists() and _state(int(stopped["pid"])) == "T"
@@ -423,19 +424,7 @@ def test_api_key_is_used_but_never_written(tmp_path: Path) -> None:
     key_file.write_text(KEY + "\n")
     exp = _experiment(
         # a probe that hands the key to Chaos Toolkit, which journals and logs activity outputs
-        [
-            {
-                "type": "probe",
-                "name": "echo-key",
-                "provider": {
-                    "type": "python",
-                    "module": "chaoslib_infer.safety.testfault",
-                    "func": "echo",
-                    "arguments": {"value": "${infer_api_key}"},
-                },
-                "pauses": {"after": 2},
-            }
-        ],  # fmt: skip
+        [echo_key_probe(2)],
         configuration={"infer_api_key": {"type": "env", "key": "CHAOS_INFER_API_KEY"}},
     )
     plan = _plan(tmp_path, "secret", exp, replicas=1)

@@ -32,7 +32,13 @@ from urllib.parse import quote_plus
 
 import pytest
 import yaml
-from labutil import QuietHandler, background_load_control, chaos_infer_argv, serve_http
+from labutil import (
+    QuietHandler,
+    background_load_control,
+    chaos_infer_argv,
+    echo_key_probe,
+    serve_http,
+)
 
 from chaoslib_infer.safety import redact
 
@@ -245,19 +251,7 @@ def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_ser
                 }
             ],
         },
-        "method": [
-            {
-                "type": "probe",
-                "name": "echo-key",  # the key reaches Chaos Toolkit's journal and log
-                "provider": {
-                    "type": "python",
-                    "module": "chaoslib_infer.safety.testfault",
-                    "func": "echo",
-                    "arguments": {"value": "${infer_api_key}"},
-                },
-                "pauses": {"after": 4},
-            }
-        ],
+        "method": [echo_key_probe(4)],  # the key reaches Chaos Toolkit's journal and log
         "rollbacks": [],
         "runtime": {"rollbacks": {"strategy": "always"}},
     }
