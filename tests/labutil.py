@@ -371,6 +371,12 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         return
 
+    def send_body(self, body: bytes) -> None:
+        """The ``Content-Length`` header, the end of the headers, then ``body``."""
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
 
 @contextlib.contextmanager
 def serve_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:

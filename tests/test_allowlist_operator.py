@@ -157,9 +157,7 @@ class _Redirect(QuietHandler):
             body = b"moved"
             self.send_response(302)
             self.send_header("Location", "/elsewhere" + self.path)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_body(body)
 
 
 @pytest.fixture

@@ -215,9 +215,7 @@ class _Handler(QuietHandler):
         body = b"".join(stream_bytes("chat", tokens=2))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_body(body)
 
 
 @pytest.fixture
