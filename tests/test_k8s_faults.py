@@ -8,6 +8,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,16 @@ def _state(cfg: dict[str, Any], kind: str) -> dict[str, Any] | None:
 def _faults(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     text = (Path(cfg["infer_run_dir"]) / "faults.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines()]
+
+
+def _again_sends_nothing(
+    fake: FakeK8s, activity: Callable[..., Any], target: str, cfg: dict[str, Any]
+) -> Any:
+    """Call the rollback ``activity`` again; it sends no request to the API. Returns its answer."""
+    n = len(fake.requests)
+    answer = activity(target_file=target, configuration=cfg)
+    assert len(fake.requests) == n
+    return answer
 
 
 def _first_pod(fake: FakeK8s) -> str:
@@ -205,11 +216,9 @@ def test_oom_kill_figures_against_the_kubelet_and_rollback(tmp_path: Path, fake:
     line = k8s.k8s_stop_memory_hog(target_file=target, configuration=cfg)
     assert line == f"container vllm of pod llm/{pod} restarted; the hog died with it"
     assert len(fake.calls("GET", "/exec")) == 1 and _state(cfg, "oom-kill") is None
-    n = len(fake.requests)
-    assert k8s.k8s_stop_memory_hog(target_file=target, configuration=cfg) == (
+    assert _again_sends_nothing(fake, k8s.k8s_stop_memory_hog, target, cfg) == (
         "no memory hog started by this run"
     )
-    assert len(fake.requests) == n
 
 
 def test_oom_kill_timeout_leaves_the_hog_to_the_rollback(tmp_path: Path, fake: FakeK8s) -> None:
@@ -232,9 +241,7 @@ def test_oom_kill_timeout_leaves_the_hog_to_the_rollback(tmp_path: Path, fake: F
     assert sim.calls[-1] == ("python3", "kill", [str(hog["pid"]), hog["start"]])
     assert hog["pid"] not in sim.procs and _state(cfg, "oom-kill") is None
     assert sim.procs[7]["state"] == "S"  # the server was never touched
-    n = len(fake.requests)
-    k8s.k8s_stop_memory_hog(target_file=target, configuration=cfg)
-    assert len(fake.requests) == n
+    _again_sends_nothing(fake, k8s.k8s_stop_memory_hog, target, cfg)
 
 
 def test_oom_kill_refusals_and_a_restart_for_another_reason(tmp_path: Path, fake: FakeK8s) -> None:
@@ -343,11 +350,9 @@ def test_freeze_and_thaw_model_server(tmp_path: Path, fake: FakeK8s, python: boo
     assert all(p["state"] == "S" for p in sim.procs.values()) and timer["pid"] not in sim.procs
     assert _state(cfg, "upstream-freeze") is None
     assert [f.get("phase") for f in _faults(cfg)] == [None, "cleared"]
-    n = len(fake.requests)
-    assert k8s.k8s_thaw_model_server(target_file=target, configuration=cfg) == (
+    assert _again_sends_nothing(fake, k8s.k8s_thaw_model_server, target, cfg) == (
         "no model server frozen by this run"
     )
-    assert len(fake.requests) == n
 
 
 def test_freeze_when_the_model_server_is_pid1(tmp_path: Path, fake: FakeK8s) -> None:
@@ -416,9 +421,7 @@ def test_block_pod_ingress_and_exact_restore(tmp_path: Path, fake: FakeK8s) -> N
     assert fake.calls("PATCH")[-1].body == {"metadata": {"labels": {BLOCK_LABEL: None}}}
     assert fake.get("", "pods", pod, "llm")["metadata"]["labels"] == labels0
     assert fake.get("networking.k8s.io", "networkpolicies", name, "llm") is None
-    n = len(fake.requests)
-    assert k8s.k8s_restore_pod_ingress(target_file=target, configuration=cfg) == []
-    assert len(fake.requests) == n
+    assert _again_sends_nothing(fake, k8s.k8s_restore_pod_ingress, target, cfg) == []
 
 
 def test_block_pod_ingress_refusals(tmp_path: Path, fake: FakeK8s) -> None:
