@@ -57,6 +57,14 @@ def _faults(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines()]
 
 
+def _cluster_and_pod(tmp_path: Path, fake: FakeK8s) -> tuple[str, dict[str, Any], str]:
+    """The default fake cluster, a target and configuration for it (:func:`_setup`), and the
+    name of its first model pod."""
+    make_cluster(fake)
+    target, cfg = _setup(tmp_path, fake)
+    return target, cfg, _first_pod(fake)
+
+
 def _again_sends_nothing(
     fake: FakeK8s, activity: Callable[..., Any], target: str, cfg: dict[str, Any]
 ) -> Any:
@@ -173,9 +181,7 @@ def test_exec_channels_exit_codes_interpreter_fallback_and_errors(
 
 
 def test_oom_kill_figures_against_the_kubelet_and_rollback(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     truth: list[dict[str, float]] = []
     down_s, ready_s = 0.3, 0.4
 
@@ -222,9 +228,7 @@ def test_oom_kill_figures_against_the_kubelet_and_rollback(tmp_path: Path, fake:
 
 
 def test_oom_kill_timeout_leaves_the_hog_to_the_rollback(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     sim = SimContainer(pod)  # a container that never reaches its limit
     fake.exec_handler = sim
     with pytest.raises(ActivityFailed) as err:
@@ -245,9 +249,7 @@ def test_oom_kill_timeout_leaves_the_hog_to_the_rollback(tmp_path: Path, fake: F
 
 
 def test_oom_kill_refusals_and_a_restart_for_another_reason(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     fake.exec_handler = SimContainer(pod)
     with pytest.raises(ActivityFailed, match="hog_mb must be >= 1"):
         k8s.k8s_oom_kill(hog_mb=0, target_file=target, configuration=cfg)
@@ -322,9 +324,7 @@ def test_resolve_targets_pid1_rules() -> None:
 
 @pytest.mark.parametrize("python", [True, False], ids=["python3", "sh"])
 def test_freeze_and_thaw_model_server(tmp_path: Path, fake: FakeK8s, python: bool) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     sim = SimContainer(pod, has_python=python)
     fake.exec_handler = sim
     out = k8s.k8s_freeze_model_server(target_file=target, configuration=cfg)
@@ -356,9 +356,7 @@ def test_freeze_and_thaw_model_server(tmp_path: Path, fake: FakeK8s, python: boo
 
 
 def test_freeze_when_the_model_server_is_pid1(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     sim = SimContainer(pod, procs={1: {"ppid": 0, "start": "100", "state": "S", "comm": "vllm"}})
     fake.exec_handler = sim
     with pytest.raises(ActivityFailed) as err:  # no child: nothing that SIGSTOP can reach
@@ -390,9 +388,7 @@ def test_freeze_when_the_model_server_is_pid1(tmp_path: Path, fake: FakeK8s) -> 
 
 
 def test_block_pod_ingress_and_exact_restore(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     labels0 = fake.get("", "pods", pod, "llm")["metadata"]["labels"]
     out = k8s.k8s_block_pod_ingress(target_file=target, configuration=cfg)
     token = out["label"][BLOCK_LABEL]
@@ -425,9 +421,7 @@ def test_block_pod_ingress_and_exact_restore(tmp_path: Path, fake: FakeK8s) -> N
 
 
 def test_block_pod_ingress_refusals(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     labels0 = fake.get("", "pods", pod, "llm")["metadata"]["labels"]
     fake.forbid("create", "networkpolicies")
     with pytest.raises(ActivityFailed) as err:
@@ -459,9 +453,7 @@ def test_block_pod_ingress_refusals(tmp_path: Path, fake: FakeK8s) -> None:
 def test_noexecute_taint_evicts_and_rollback_removes_only_ours(
     tmp_path: Path, fake: FakeK8s
 ) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     node = fake.get("", "pods", pod, "llm")["spec"]["nodeName"]
     node0 = fake.get("", "nodes", node)
     out = k8s.k8s_taint_model_node(poll_s=POLL_S, target_file=target, configuration=cfg)
@@ -531,9 +523,7 @@ def test_taint_refusals(tmp_path: Path, fake: FakeK8s) -> None:
 
 
 def test_delete_node_recovery_and_restore(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     node = fake.get("", "pods", pod, "llm")["spec"]["nodeName"]
     node0 = fake.get("", "nodes", node)
     out = k8s.k8s_delete_model_node(poll_s=POLL_S, target_file=target, configuration=cfg)
@@ -638,9 +628,7 @@ _SERVER = "import subprocess, time; subprocess.Popen(['sleep', '60']); x = b'1' 
 def test_real_freeze_under_an_init_and_the_pid1_rule(
     tmp_path: Path, fake: FakeK8s, python: bool
 ) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     shim = ["sh", "-c", f'{sys.executable} -c "{_SERVER}" & wait']
     box = LocalContainer(fake, "llm", pod, "vllm", shim, has_python=python).start()
     try:
@@ -697,9 +685,7 @@ def test_real_freeze_under_an_init_and_the_pid1_rule(
 @pytest.mark.skipif(_NO_LAB is not None, reason=str(_NO_LAB))
 @pytest.mark.parametrize("python", [True, False], ids=["python3", "sh"])
 def test_real_oom_kill_in_the_container_cgroup(tmp_path: Path, fake: FakeK8s, python: bool) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     with fake.lock:
         res = fake.objects[("", "pods")][("llm", pod)]["spec"]["containers"][0]["resources"]
         res["limits"]["memory"] = res["requests"]["memory"] = "96Mi"
