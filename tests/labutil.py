@@ -1,29 +1,205 @@
-"""Helpers shared by the lab tests (imported as ``from labutil import ...``)."""
+"""Helpers shared by the tests, the lab tests above all (imported as ``from labutil import ...``)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
+import textwrap
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: The seven drills of the default plan, in its order.
+SEVEN_DRILLS = [
+    "node-loss",
+    "oom-kill",
+    "network-jitter",
+    "traffic-spike",
+    "upstream-timeout",
+    "simultaneous-restarts",
+    "quota-cut",
+]
 
-def pid_alive(pid: int) -> bool:
-    """True if ``pid`` is a live process (zombies and dead processes count as gone)."""
+
+def lab_skip_reason() -> str | None:
+    """Why a lab cannot come up on this machine (no HAProxy, no writable memory cgroup), or
+    None when it can: the ``skipif`` of the lab tests."""
+    from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
+    from chaoslib_infer.lab.haproxy import find_haproxy
+
+    if find_haproxy() is None:
+        return "haproxy not installed"
+    try:
+        detect_hierarchy()
+    except CgroupError as exc:
+        return str(exc)
+    return None
+
+
+def chaos_infer_argv(*args: str) -> list[str]:
+    """The command line of ``chaos-infer ARGS`` run by this interpreter."""
+    return [sys.executable, "-m", "chaoslib_infer.cli", *args]
+
+
+def run_module(
+    module: str,
+    *args: str,
+    timeout: float,
+    cwd: Path | None = ROOT,
+    env: Mapping[str, str] | None = None,
+    inherit_env: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m MODULE ARGS`` (this interpreter) as a user would, output captured as text,
+    from ``cwd`` (None: this process's). The child's environment is this one with ``env`` on
+    top, or, with ``inherit_env=False``, ``env`` alone."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, **(env or {})} if inherit_env else dict(env or {}),
+    )
+
+
+def cli(
+    *args: str,
+    timeout: float,
+    cwd: Path | None = ROOT,
+    env: Mapping[str, str] | None = None,
+    inherit_env: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``chaos-infer ARGS`` as a user would (:func:`run_module`)."""
+    return run_module(
+        "chaoslib_infer.cli", *args, timeout=timeout, cwd=cwd, env=env, inherit_env=inherit_env
+    )
+
+
+def drill_run(
+    name: str, out: Path, plan: Path, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """``chaos-infer drill run NAME --out OUT`` with ``plan`` as the plan (``$CHAOS_INFER_PLAN``)."""
+    return cli(
+        "drill",
+        "run",
+        name,
+        "--out",
+        str(out),
+        timeout=timeout,
+        env={"CHAOS_INFER_PLAN": str(plan)},
+    )
+
+
+def write_plan(tmp: Path, plan: dict[str, Any], file: str = "gameday.yaml") -> Path:
+    """Write ``plan`` to ``tmp/drills/FILE``, with ``tmp/experiments`` linked to the checkout's
+    experiments (``drill run`` looks experiments up next to the plan's folder); return its path."""
+    (tmp / "drills").mkdir(parents=True, exist_ok=True)
+    if not (tmp / "experiments").exists():
+        (tmp / "experiments").symlink_to(ROOT / "experiments")
+    path = tmp / "drills" / file
+    path.write_text(yaml.safe_dump(plan))
+    return path
+
+
+def write_k8s_plan(path: Path, drill: str, drill_vars: dict[str, Any] | None = None) -> Path:
+    """Write a Kubernetes plan (``platform: kubernetes``, name ``k8s-test``) of one drill,
+    ``experiments/k8s/DRILL.yaml``, with ``drill_vars`` as its ``vars`` when given, to ``path``;
+    return ``path``."""
+    entry: dict[str, Any] = {
+        "name": drill,
+        "experiment": str(ROOT / "experiments" / "k8s" / f"{drill}.yaml"),
+    }
+    if drill_vars is not None:
+        entry["vars"] = drill_vars
+    plan = {"name": "k8s-test", "platform": "kubernetes", "drills": [entry]}
+    path.write_text(yaml.safe_dump(plan))
+    return path
+
+
+def background_load_control(**arguments: Any) -> dict[str, Any]:
+    """An experiment's ``background-load`` control (:mod:`chaoslib_infer.controls.load`) with
+    ``arguments``."""
+    return {
+        "name": "background-load",
+        "provider": {
+            "type": "python",
+            "module": "chaoslib_infer.controls.load",
+            "arguments": arguments,
+        },
+    }
+
+
+def put_hpa(fake: Any, spec: dict[str, Any]) -> None:
+    """Put a HorizontalPodAutoscaler ``llm/vllm`` (``autoscaling/v2``) with ``spec`` in the fake
+    Kubernetes API ``fake`` (a :class:`fake_k8s.FakeK8s`)."""
+    fake.put(
+        "autoscaling",
+        "horizontalpodautoscalers",
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "vllm", "namespace": "llm"},
+            "spec": spec,
+        },
+    )
+
+
+def echo_key_probe(pause_after_s: float) -> dict[str, Any]:
+    """An experiment probe ``echo-key`` that hands ``${infer_api_key}`` to Chaos Toolkit (which
+    journals and logs activity outputs), then pauses ``pause_after_s``."""
+    return {
+        "type": "probe",
+        "name": "echo-key",
+        "provider": {
+            "type": "python",
+            "module": "chaoslib_infer.lab.testfault",
+            "func": "echo",
+            "arguments": {"value": "${infer_api_key}"},
+        },
+        "pauses": {"after": pause_after_s},
+    }
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, one a non-blank line."""
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def lab_events(lab_dir: Path) -> list[dict[str, Any]]:
+    """A lab's events (its ``events.jsonl``)."""
+    return jsonl(lab_dir / "events.jsonl")
+
+
+def lab_pids(lab_dir: Path) -> list[int]:
+    """The pids a lab's ``events.jsonl`` names, in its order."""
+    return [int(e["pid"]) for e in lab_events(lab_dir) if e.get("pid")]
+
+
+def pid_alive(pid: int, marker: str | None = None) -> bool:
+    """True if ``pid`` is a live process (zombies and dead processes count as gone) and, with
+    ``marker``, its command line contains it (a pid the kernel reused for another process since
+    is not ours)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = "" if marker is None else Path(f"/proc/{pid}/cmdline").read_bytes().decode()
     except OSError:
         return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X") and (
+        marker is None or marker in cmdline.replace("\0", " ")
+    )
 
 
 def alive_pids(pids: Iterable[int]) -> list[int]:
@@ -128,3 +304,152 @@ def run_default_gameday(out: Path, timeout_s: float = 900.0) -> GamedayRun:
     summary_file = out / "summary.json"
     assert summary_file.is_file(), proc.stdout[-3000:] + proc.stderr[-2000:]
     return GamedayRun(proc, out, elapsed, json.loads(summary_file.read_text()))
+
+
+def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.02) -> Any:
+    """Poll ``pred`` every ``poll_s`` until it returns something true; return that.
+
+    Raises:
+        AssertionError: not within ``timeout_s`` (naming ``what``).
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def engine_argv(replica: str, ledger: Path, *args: str) -> list[str]:
+    """The command line of a lab engine (``chaoslib_infer.lab.engine``) on 127.0.0.1, port 0 (it
+    prints the port it got), replica ``replica``, ledger ``ledger``, then ``args``."""
+    return [
+        sys.executable, "-m", "chaoslib_infer.lab.engine", "--host", "127.0.0.1", "--port", "0",
+        "--replica-id", replica, "--ledger", str(ledger), *args,
+    ]  # fmt: skip
+
+
+def read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> str:
+    """Read ``proc``'s stdout line by line up to the first line holding ``marker`` (or to its
+    end, or until ``timeout_s`` have passed); return all that was read."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen += line
+        if marker in line or not line:
+            break
+    return seen
+
+
+@contextlib.contextmanager
+def killed_at_exit(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``with killed_at_exit(proc):`` whatever happens in the block, ``proc`` does not outlive it
+    (killed and reaped if still running)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on (bound, then closed again)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port: int = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler that logs nothing (the test servers' base)."""
+
+    def log_message(self, *args: object) -> None:
+        return
+
+    def send_body(self, body: bytes) -> None:
+        """The ``Content-Length`` header, the end of the headers, then ``body``."""
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@contextlib.contextmanager
+def serve_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A threaded HTTP server on a free loopback port answering with ``handler``; yields its base
+    URL and shuts it down after."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def write_locustfile(tmp_path: Path) -> Path:
+    """A locustfile in ``tmp_path``: one :class:`LLMStreamUser` at 10 requests/s, 4 tokens."""
+    lf = tmp_path / "lf.py"
+    lf.write_text(
+        textwrap.dedent("""
+        from locust import constant_throughput
+        from chaoslib_infer.locust.user import LLMStreamUser
+
+        class Chat(LLMStreamUser):
+            wait_time = constant_throughput(10)
+            max_tokens = 4
+        """)
+    )
+    return lf
+
+
+class BackgroundRun:
+    """A subprocess (stdout and stderr merged, from the repository root) whose output a thread
+    reads into ``lines`` (so it never blocks); :meth:`on_line` sees each line as it comes."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], **popen: Any) -> None:
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            **popen,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def on_line(self, line: str) -> None:
+        """Called by the reader thread with each line, after it is added to ``lines``."""
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            self.on_line(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; the test fails (the process killed, :meth:`kill`) after ``timeout``."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the runner did not exit within {timeout:g} s:\n{self.output[-4000:]}")
+        self._reader.join(timeout=5)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

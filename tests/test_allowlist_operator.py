@@ -5,15 +5,14 @@ are refused (raw transport too)."""
 from __future__ import annotations
 
 import asyncio
-import http.server
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from chaoslib.exceptions import ActivityFailed
+from labutil import QuietHandler, serve_http
 
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.safety import allowlist
@@ -146,7 +145,7 @@ def test_bare_star_is_refused_everywhere(
 
 
 # ---- outbound clients: allowlist and no redirect --------------------------------------------
-class _Redirect(http.server.BaseHTTPRequestHandler):
+class _Redirect(QuietHandler):
     hits: list[str] = []
 
     def do_GET(self) -> None:  # noqa: N802
@@ -158,24 +157,14 @@ class _Redirect(http.server.BaseHTTPRequestHandler):
             body = b"moved"
             self.send_response(302)
             self.send_header("Location", "/elsewhere" + self.path)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        return
+        self.send_body(body)
 
 
 @pytest.fixture
 def redirector() -> Iterator[str]:
     _Redirect.hits = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirect)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serve_http(_Redirect) as url:
+        yield url
 
 
 def test_prometheus_probe_allowlist_and_redirects(redirector: str) -> None:

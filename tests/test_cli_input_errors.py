@@ -11,17 +11,14 @@
 
 from __future__ import annotations
 
-import http.server
 import json
-import os
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from labutil import QuietHandler, cli, serve_http
 
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.plan import load_plan
@@ -31,14 +28,7 @@ DEAD_URL = "http://127.0.0.1:1"
 
 
 def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60):
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-    )
+    return cli(*args, timeout=timeout, cwd=cwd, env=env)
 
 
 def _one_line_exit(proc: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
@@ -55,7 +45,7 @@ def _plan(tmp_path: Path, extra: str) -> Path:
     return plan
 
 
-class _Fail500(http.server.BaseHTTPRequestHandler):
+class _Fail500(QuietHandler):
     def _answer(self) -> None:
         n = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(n)
@@ -65,20 +55,11 @@ class _Fail500(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_POST = _answer
 
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 @pytest.fixture()
 def failing_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Fail500)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_Fail500) as url:
+        yield url
 
 
 def test_plan_unknown_keys_are_refused_with_a_close_match(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ and the client's attempt records; the fault window against the lab's own events.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,8 +15,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import labutil
 import pytest
-from labutil import GamedayRun, check_verdict, plan_copy
+from labutil import GamedayRun, check_verdict, cli, jsonl, lab_pids, plan_copy
 from labutil import pid_alive as _alive
 
 from chaoslib_infer.lab.netem import netem_available
@@ -29,18 +29,7 @@ pytestmark = [pytest.mark.lab]
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return cli(*args, timeout=240, env=env)
 
 
 def _check_nothing_left(out: Path) -> None:
@@ -48,10 +37,10 @@ def _check_nothing_left(out: Path) -> None:
     status = json.loads(_cli("lab", "status", "--json", "--state-dir", str(lab_dir)).stdout)
     assert status["active_faults"] == []
     assert json.loads((lab_dir / "faults.json").read_text()) == []
-    pids = [int(e["pid"]) for e in _jsonl(lab_dir / "events.jsonl") if e.get("pid")]
+    pids = lab_pids(lab_dir)
     pids += [
         int(f["shim_pid"])
-        for f in _jsonl(out / DRILL / "faults.jsonl")
+        for f in jsonl(out / DRILL / "faults.jsonl")
         if f.get("shim_pid") and f.get("phase") == "injected"
     ]
     assert pids and [p for p in pids if _alive(p)] == []
@@ -60,7 +49,7 @@ def _check_nothing_left(out: Path) -> None:
 def _jitter_events(out: Path, token: str) -> list[dict[str, Any]]:
     return [
         e
-        for e in _jsonl(out / "lab" / "events.jsonl")
+        for e in jsonl(out / "lab" / "events.jsonl")
         if e.get("event") == DRILL and (e.get("token") == token or e.get("label") == token)
     ]
 
@@ -91,7 +80,7 @@ def test_drill_counts_duplicate_generations_exactly_and_fails_on_them(
     assert fig["mechanism"] == gt["mechanism"] == expected_mech
 
     # fault window = the lab's own applied/removed events (HAProxy re-pointed and pointed back)
-    injected = [f for f in _jsonl(out / DRILL / "faults.jsonl") if f.get("phase") == "injected"]
+    injected = [f for f in jsonl(out / DRILL / "faults.jsonl") if f.get("phase") == "injected"]
     assert len(injected) == 1
     token = injected[0]["token"]
     events = _jitter_events(out, token)
@@ -107,7 +96,7 @@ def test_drill_counts_duplicate_generations_exactly_and_fails_on_them(
     records = read_records(out / DRILL / "records.jsonl")
     ledger = [
         e
-        for e in _jsonl(out / "lab" / "ledger.jsonl")
+        for e in jsonl(out / "lab" / "ledger.jsonl")
         if e.get("event", "generation") == "generation"
     ]
     gens = Counter(e["request_id"] for e in ledger)
@@ -122,7 +111,7 @@ def test_drill_counts_duplicate_generations_exactly_and_fails_on_them(
     # the tokens the duplicates wasted: every generation of a duplicated request but its
     # largest, from the engine's own end lines (each duplicate's generations all ended)
     ends: dict[str, list[int]] = {}
-    for e in _jsonl(out / "lab" / "ledger.jsonl"):
+    for e in jsonl(out / "lab" / "ledger.jsonl"):
         if e.get("event") == "generation_end" and e["request_id"] in dups:
             ends.setdefault(e["request_id"], []).append(e["prompt_tokens"] + e["completion_tokens"])
     assert all(len(ends[rid]) == gens[rid] for rid in dups)
@@ -225,27 +214,16 @@ def test_sigint_during_jitter_rolls_back(tmp_path: Path) -> None:
         text=True,
         cwd=ROOT,
     )
-    try:
-        assert proc.stdout is not None
-        seen = ""
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            seen += line
-            if "injecting the fault" in line or not line:
-                break
+    with labutil.killed_at_exit(proc):
+        seen = labutil.read_until(proc, "injecting the fault", 90)
         assert "injecting the fault" in seen, seen
         time.sleep(2.0)  # inside the 20 s jitter pause
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, seen + rest
     journal = json.loads((out / DRILL / "journal.json").read_text())
     assert journal["status"] == "interrupted"
-    injected = [f for f in _jsonl(out / DRILL / "faults.jsonl") if f.get("phase") == "injected"]
+    injected = [f for f in jsonl(out / DRILL / "faults.jsonl") if f.get("phase") == "injected"]
     assert len(injected) == 1
     removed = [e for e in _jitter_events(out, injected[0]["token"]) if e["phase"] == "removed"]
     assert len(removed) == 1 and removed[0]["by"] == "undo"  # the rollback pointed HAProxy back

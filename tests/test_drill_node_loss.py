@@ -10,16 +10,14 @@ repository's experiments, since ``drill run`` finds the experiments next to the 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from labutil import check_verdict
+from labutil import check_verdict, drill_run, write_plan
+from labutil import lab_events as _events
 from labutil import pid_alive as _alive
 
 from chaoslib_infer.lab import netns
@@ -30,33 +28,12 @@ pytestmark = [pytest.mark.lab]
 
 
 def _plan(tmp: Path, drills: list[dict[str, Any]], **lab: Any) -> Path:
-    (tmp / "drills").mkdir(parents=True, exist_ok=True)
-    if not (tmp / "experiments").exists():
-        (tmp / "experiments").symlink_to(ROOT / "experiments")
     plan = {
         "name": "nodes-gameday",
         "lab": {"replicas": 3, "engine": "sim", "memory_limit_mb": 512, "nodes": 3, **lab},
         "drills": drills,
     }
-    path = tmp / "drills" / "gameday.yaml"
-    path.write_text(yaml.safe_dump(plan))
-    return path
-
-
-def _cli(*args: str, plan: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "CHAOS_INFER_PLAN": str(plan)},
-    )
-
-
-def _events(lab_dir: Path) -> list[dict[str, Any]]:
-    text = (lab_dir / "events.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return write_plan(tmp, plan)
 
 
 def _nothing_left(lab_dir: Path) -> None:
@@ -142,7 +119,7 @@ def test_drill_run_node_loss_figures_match_ground_truth(tmp_path: Path) -> None:
     )
     out = tmp_path / "out"
     t0 = time.monotonic()
-    proc = _cli("drill", "run", "node-loss", "--out", str(out), plan=plan)
+    proc = drill_run("node-loss", out, plan, timeout=240)
     wall = time.monotonic() - t0
     print(f"\nnode-loss drill wall time (lab up + drill + lab down): {wall:.1f} s")
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -180,7 +157,7 @@ def test_node_loss_deviates_when_rescheduling_is_slower_than_the_drill(tmp_path:
         ],
     )
     out = tmp_path / "out"
-    proc = _cli("drill", "run", "node-loss", "--out", str(out), plan=plan)
+    proc = drill_run("node-loss", out, plan, timeout=240)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
     assert drill["status"] == "failed"

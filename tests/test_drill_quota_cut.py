@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from labutil import alive_pids as _alive
-from labutil import check_verdict
+from labutil import check_verdict, drill_run, write_plan
+from labutil import lab_events as _events
 
 from chaoslib_infer.capacity import instances
 from chaoslib_infer.lab import haproxy as hap
@@ -32,26 +29,7 @@ pytestmark = [pytest.mark.lab]
 def _plan(tmp: Path, lab: dict[str, Any], drill: dict[str, Any]) -> Path:
     """A plan in ``tmp/drills/`` whose sibling ``experiments`` is the checkout's (``drill run`` looks
     experiments up next to the plan's folder)."""
-    (tmp / "drills").mkdir(parents=True)
-    (tmp / "experiments").symlink_to(ROOT / "experiments")
-    path = tmp / "drills" / "plan.yaml"
-    path.write_text(yaml.safe_dump({"name": "test", "lab": lab, "drills": [drill]}))
-    return path
-
-
-def _drill_run(name: str, out: Path, plan: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", "drill", "run", name, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-        env={**os.environ, "CHAOS_INFER_PLAN": str(plan)},
-    )
-
-
-def _events(lab_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (lab_dir / "events.jsonl").read_text().splitlines() if x]
+    return write_plan(tmp, {"name": "test", "lab": lab, "drills": [drill]}, "plan.yaml")
 
 
 def _unix(iso: str) -> float:
@@ -99,7 +77,7 @@ def test_quota_cut_to_the_planned_instances_carries_the_load(tmp_path: Path) -> 
         {"name": "quota-cut", "experiment": "../experiments/quota-cut.yaml"},
     )
     out = tmp_path / "out"
-    proc = _drill_run("quota-cut", out, plan)
+    proc = drill_run("quota-cut", out, plan, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
     assert drill["status"] == "passed", drill["reasons"]
@@ -172,7 +150,7 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     }
     plan = _plan(tmp_path / "plan", lab, drill_spec)
     out = tmp_path / "out"
-    proc = _drill_run("quota-cut", out, plan)
+    proc = drill_run("quota-cut", out, plan, timeout=240)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
     assert drill["status"] == "failed"

@@ -11,41 +11,27 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import labutil
 import pytest
-import yaml
-from labutil import check_verdict
+from labutil import check_verdict, cli, jsonl, lab_pids, lab_skip_reason, pid_alive
 
-from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
-from chaoslib_infer.lab.haproxy import find_haproxy
 from chaoslib_infer.load.records import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 DRILL = "simultaneous-restarts"
 
 
-def _skip() -> str | None:
-    if find_haproxy() is None:
-        return "haproxy not installed"
-    try:
-        detect_hierarchy()
-    except CgroupError as exc:
-        return str(exc)
-    return None
-
-
-pytestmark = [pytest.mark.lab, pytest.mark.skipif(_skip() is not None, reason=_skip() or "")]
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(lab_skip_reason() is not None, reason=lab_skip_reason() or ""),
+]
 
 
 def _run_drill(tmp_path: Path, drill_vars: dict[str, Any]) -> tuple[int, Path, str]:
     """``chaos-infer drill run`` with a plan of our own (``$CHAOS_INFER_PLAN``)."""
-    (tmp_path / "drills").mkdir()
-    (tmp_path / "experiments").symlink_to(ROOT / "experiments")
     plan = {
         "name": "restarts-test",
         "lab": {"replicas": 3, "engine": "sim", "memory_limit_mb": 512, "gateway_retry": True},
@@ -53,33 +39,9 @@ def _run_drill(tmp_path: Path, drill_vars: dict[str, Any]) -> tuple[int, Path, s
             {"name": DRILL, "experiment": f"../experiments/{DRILL}.yaml", "vars": drill_vars}
         ],
     }
-    path = tmp_path / "drills" / "gameday.yaml"
-    path.write_text(yaml.safe_dump(plan))
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", "drill", "run", DRILL, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-        env={**os.environ, "CHAOS_INFER_PLAN": str(path)},
-    )
+    proc = labutil.drill_run(DRILL, out, labutil.write_plan(tmp_path, plan), timeout=240)
     return proc.returncode, out, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
-def _alive(pid: int, marker: str | None = None) -> bool:
-    """``pid`` runs (not a zombie) and, with ``marker``, its command line contains it (a pid the
-    kernel reused for another process since is not ours)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return False
-    return state not in ("Z", "X") and (marker is None or marker in cmdline)
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def _interruption(records: list[dict[str, Any]], fault_at: float, settle_s: float = 5.0) -> float:
@@ -101,8 +63,8 @@ def _interruption(records: list[dict[str, Any]], fault_at: float, settle_s: floa
 
 def _check_restarts(out: Path, gt: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
     """Ground truth against events.jsonl and the engine ledger; returns the events."""
-    events = _jsonl(out / "lab" / "events.jsonl")
-    ledger = _jsonl(out / "lab" / "ledger.jsonl")
+    events = jsonl(out / "lab" / "events.jsonl")
+    ledger = jsonl(out / "lab" / "ledger.jsonl")
     fault_at = gt["fault_at"]
     assert sorted(gt["restarts"]) == targets
     for name, row in gt["restarts"].items():
@@ -134,15 +96,11 @@ def _check_restarts(out: Path, gt: dict[str, Any], targets: list[str]) -> list[d
 
 
 def _after_run_checks(out: Path) -> None:
-    status = subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", "lab", "status", "--json", "--state-dir",
-         str(out / "lab")],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+    status = cli("lab", "status", "--json", "--state-dir", str(out / "lab"), timeout=60)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["active_faults"] == []
-    pids = [int(e["pid"]) for e in _jsonl(out / "lab" / "events.jsonl") if e.get("pid")]
-    assert [p for p in pids if _alive(p, str((out / "lab").resolve()))] == []
+    pids = lab_pids(out / "lab")
+    assert [p for p in pids if pid_alive(p, str((out / "lab").resolve()))] == []
 
 
 def test_restarts_with_a_survivor_judged_and_figures_match_ground_truth(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ import pytest
 import yaml
 from chaoslib.exceptions import ActivityFailed, InterruptExecution
 from click.testing import CliRunner
+from labutil import cli as chaos_infer
 
 from chaoslib_infer import cli
 from chaoslib_infer.activities import engine_faults as ef
@@ -48,13 +49,7 @@ TOKEN = "t" * 32
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    return chaos_infer(*args, timeout=timeout)
 
 
 # ---------------------------------------------------------------------------- engine: who may arm

@@ -8,17 +8,14 @@ The lab comes from a plan written by the test (``$CHAOS_INFER_PLAN``): 3 replica
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from labutil import alive_pids as _alive
-from labutil import check_verdict
+from labutil import check_verdict, drill_run, write_plan
+from labutil import lab_events as _events
 
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.load.records import read_records
@@ -31,27 +28,7 @@ SPIKE = {"name": "traffic-spike", "experiment": "../experiments/traffic-spike.ya
 
 
 def _plan(tmp: Path, lab: dict[str, Any]) -> Path:
-    (tmp / "drills").mkdir(parents=True)
-    (tmp / "experiments").symlink_to(ROOT / "experiments")
-    path = tmp / "drills" / "plan.yaml"
-    path.write_text(yaml.safe_dump({"name": "test", "lab": lab, "drills": [SPIKE]}))
-    return path
-
-
-def _drill_run(out: Path, plan: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", "drill", "run", "traffic-spike"]
-        + ["--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-        env={**os.environ, "CHAOS_INFER_PLAN": str(plan)},
-    )
-
-
-def _events(lab_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (lab_dir / "events.jsonl").read_text().splitlines() if x]
+    return write_plan(tmp, {"name": "test", "lab": lab, "drills": [SPIKE]}, "plan.yaml")
 
 
 def _shed_ground_truth(out: Path, records: list[dict[str, Any]]) -> int:
@@ -115,7 +92,7 @@ def test_traffic_spike_scales_out_and_holds_the_slo(tmp_path: Path) -> None:
         "engine_args": {"max_num_seqs": 4},
     }
     out = tmp_path / "out"
-    proc = _drill_run(out, _plan(tmp_path / "plan", lab))
+    proc = drill_run("traffic-spike", out, _plan(tmp_path / "plan", lab), timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
     assert drill["status"] == "passed" and drill["hypothesis"] == {"before": True, "after": True}
@@ -169,7 +146,7 @@ def test_traffic_spike_without_autoscaling_and_a_tiny_queue_deviates(tmp_path: P
         "engine_args": {"max_num_seqs": 4, "max_waiting": 1},
     }
     out = tmp_path / "out"
-    proc = _drill_run(out, _plan(tmp_path / "plan", lab))
+    proc = drill_run("traffic-spike", out, _plan(tmp_path / "plan", lab), timeout=240)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
     assert drill["status"] == "failed"

@@ -10,69 +10,29 @@ independent computation; counts exact.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import labutil
 import pytest
-from labutil import GamedayRun, check_verdict
+from labutil import GamedayRun, check_verdict, cli, jsonl, lab_pids, lab_skip_reason, pid_alive
 
-from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
-from chaoslib_infer.lab.haproxy import find_haproxy
 from chaoslib_infer.load.records import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _skip() -> str | None:
-    if find_haproxy() is None:
-        return "haproxy not installed"
-    try:
-        detect_hierarchy()
-    except CgroupError as exc:
-        return str(exc)
-    return None
-
-
-pytestmark = [pytest.mark.lab, pytest.mark.skipif(_skip() is not None, reason=_skip() or "")]
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(lab_skip_reason() is not None, reason=lab_skip_reason() or ""),
+]
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=dict(os.environ),
-    )
-
-
-def _alive(pid: int, marker: str | None = None) -> bool:
-    """``pid`` runs (not a zombie) and, with ``marker``, its command line contains it (a pid the
-    kernel reused for another process since is not ours)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return False
-    return state not in ("Z", "X") and (marker is None or marker in cmdline)
-
-
-def _lab_pids(lab_dir: Path) -> list[int]:
-    out = []
-    for line in (lab_dir / "events.jsonl").read_text().splitlines():
-        ev = json.loads(line)
-        if ev.get("pid"):
-            out.append(int(ev["pid"]))
-    return out
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return cli(*args, timeout=timeout)
 
 
 def _interruption(records: list[dict[str, Any]], fault_at: float, settle_s: float = 5.0) -> float:
@@ -101,13 +61,13 @@ def _after_run_checks(out: Path) -> dict[str, Any]:
     status = _cli("lab", "status", "--json", "--state-dir", str(out / "lab"))
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["active_faults"] == []
-    fault = [f for f in _jsonl(out / "upstream-timeout" / "faults.jsonl")][-1]
+    fault = [f for f in jsonl(out / "upstream-timeout" / "faults.jsonl")][-1]
     if fault.get("cgroup") and fault.get("freezer") == 1:
         assert not Path(fault["cgroup"]).exists(), "freezer cgroup left behind"
     deadman = int(fault["deadman_pid"])
-    assert not _alive(deadman, "chaoslib_infer.lab.freeze deadman"), "dead-man timer left behind"
+    assert not pid_alive(deadman, "chaoslib_infer.lab.freeze deadman"), "dead-man timer left behind"
     lab_dir = str((out / "lab").resolve())
-    assert [p for p in _lab_pids(out / "lab") if _alive(p, lab_dir)] == []
+    assert [p for p in lab_pids(out / "lab") if pid_alive(p, lab_dir)] == []
     return fault
 
 
@@ -143,7 +103,7 @@ def test_upstream_timeout_drill_fails_on_hung_requests_and_figures_match_ground_
 
     # ejection: HAProxy's own state, sampled every ~50 ms by the action
     samples = [
-        s for s in _jsonl(out / "upstream-timeout" / "upstream-timeout-samples.jsonl")
+        s for s in jsonl(out / "upstream-timeout" / "upstream-timeout-samples.jsonl")
         if s["source"] == "haproxy"
     ]  # fmt: skip
     assert all(s["servers"][replica]["status"] == "UP" for s in samples if s["t"] < fault_at)
@@ -234,24 +194,18 @@ def test_sigint_during_the_freeze_thaws_and_takes_the_lab_down(tmp_path: Path) -
          "--replicas", "2", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )  # fmt: skip
-    seen = ""
-    try:
-        assert proc.stdout is not None
+    with labutil.killed_at_exit(proc):
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and "injecting the fault" not in seen:
-            seen += proc.stdout.readline()
+        seen = labutil.read_until(proc, "injecting the fault", 120)
         assert "injecting the fault" in seen, seen
         faults = out / "upstream-timeout" / "faults.jsonl"
         while time.monotonic() < deadline and not faults.exists():
             time.sleep(0.05)
         time.sleep(1.0)  # frozen now
-        injected = _jsonl(faults)[-1]
+        injected = jsonl(faults)[-1]
         assert injected["phase"] == "injected"
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, seen + rest
     journal = json.loads((out / "upstream-timeout" / "journal.json").read_text())
     assert journal["status"] == "interrupted"
@@ -260,7 +214,7 @@ def test_sigint_during_the_freeze_thaws_and_takes_the_lab_down(tmp_path: Path) -
         "clear-lab-faults",
     ]
     assert any("thawed" in n for n in journal["rollbacks"][0]["output"])
-    events = _jsonl(out / "lab" / "events.jsonl")
+    events = jsonl(out / "lab" / "events.jsonl")
     cleared = [
         e for e in events
         if e.get("event") == "fault" and e.get("fault_id") == injected["fault_id"]

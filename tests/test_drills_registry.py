@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from labutil import SEVEN_DRILLS as SEVEN
+
 import chaoslib_infer
 from chaoslib_infer.activities import k8s as k8s_facade
 from chaoslib_infer.drills.registry import DRILLS, drill_names
@@ -13,15 +15,6 @@ from chaoslib_infer.evidence.figures import kind_module
 from chaoslib_infer.verdict import DRILL_CRITERIA, criteria_for
 
 ROOT = Path(__file__).resolve().parent.parent
-SEVEN = [
-    "node-loss",
-    "oom-kill",
-    "network-jitter",
-    "traffic-spike",
-    "upstream-timeout",
-    "simultaneous-restarts",
-    "quota-cut",
-]
 
 
 def test_the_registry_lists_the_seven_drills_with_their_files() -> None:

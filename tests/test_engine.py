@@ -12,7 +12,6 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from labutil import engine_argv
 
 from chaoslib_infer.lab.engine import (
     EngineConfig,
@@ -366,18 +366,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     """A real engine subprocess on 127.0.0.1 (port 0) with a ledger; yields url, pid, ledger."""
     ledger = tmp_path_factory.mktemp("engine") / "ledger.jsonl"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "chaoslib_infer.lab.engine",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--replica-id",
+        engine_argv(
             "sub0",
-            "--ledger",
-            str(ledger),
+            ledger,
             "--load-delay-s",
             "1.5",  # long enough to see the 503 on a loaded machine
             "--warmup-requests",
@@ -388,7 +379,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             "0",
             "--kv-bytes-per-token",
             "16384",
-        ],  # fmt: skip
+        ),  # fmt: skip
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -15,7 +15,6 @@ import re
 import socket
 import statistics
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from chaoslib.exceptions import ActivityFailed
+from labutil import engine_argv
 
 from chaoslib_infer.activities import engine_faults as ef
 from chaoslib_infer.activities.health import health_disagreement_check
@@ -62,18 +62,9 @@ class Engine:
         self.log = ledger.with_name(f"{replica}.log")
         self._log_fh = self.log.open("w")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "chaoslib_infer.lab.engine",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--replica-id",
+            engine_argv(
                 replica,
-                "--ledger",
-                str(ledger),
+                ledger,
                 "--load-delay-s",
                 "0",
                 "--warmup-requests",
@@ -83,7 +74,7 @@ class Engine:
                 "--prefill-s-per-token",
                 "0",
                 *extra,
-            ],  # fmt: skip
+            ),  # fmt: skip
             stderr=self._log_fh,
         )
         deadline = time.monotonic() + 15

@@ -18,12 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
+from labutil import lab_skip_reason, wait_for
 from labutil import pid_alive as _alive
 
 from chaoslib_infer.lab import fleet
 from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
 from chaoslib_infer.lab.fleet import Lab, LabError
-from chaoslib_infer.lab.haproxy import find_haproxy, parse_request_log, show_stat
+from chaoslib_infer.lab.haproxy import parse_request_log, show_stat
 
 STANDIN = Path(__file__).with_name("_standin_engine.py").resolve()
 LOAD_DELAY_S = 1.0
@@ -46,28 +47,12 @@ def _standin(replica: str, port: int, ledger: Path, args: dict[str, object]) -> 
 fleet.register_engine("standin", _standin)
 
 
-def _lab_available() -> str | None:
-    if find_haproxy() is None:
-        return "haproxy not installed"
-    try:
-        detect_hierarchy()
-    except CgroupError as exc:
-        return str(exc)
-    return None
-
-
-_SKIP = _lab_available()
+_SKIP = lab_skip_reason()
 needs_lab = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 
 def _wait_for(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return wait_for(pred, timeout_s, what, poll_s=0.01)
 
 
 @pytest.fixture(scope="module")

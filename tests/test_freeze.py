@@ -15,42 +15,22 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from chaoslib.exceptions import ActivityFailed
+from labutil import lab_skip_reason
 from labutil import pid_alive as _alive
+from labutil import wait_for as _wait_for
 
 from chaoslib_infer.activities import upstream
 from chaoslib_infer.lab import freeze as fz
-from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
 from chaoslib_infer.lab.fleet import HAPROXY_SOCK, Lab, LabError
-from chaoslib_infer.lab.haproxy import find_haproxy, show_stat
+from chaoslib_infer.lab.haproxy import show_stat
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _lab_skip() -> str | None:
-    if find_haproxy() is None:
-        return "haproxy not installed"
-    try:
-        detect_hierarchy()
-    except CgroupError as exc:
-        return str(exc)
-    return None
-
-
-def _wait_for(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class Ticker:
@@ -236,7 +216,7 @@ def test_undo_stops_the_deadman_timer(ticker: Ticker) -> None:
 # A real lab replica
 # --------------------------------------------------------------------------------------------
 @pytest.mark.lab
-@pytest.mark.skipif(_lab_skip() is not None, reason=_lab_skip() or "")
+@pytest.mark.skipif(lab_skip_reason() is not None, reason=lab_skip_reason() or "")
 def test_frozen_lab_replica_is_ejected_and_the_rollback_thaws_it(tmp_path: Path) -> None:
     lab = Lab.up(tmp_path / "lab", replicas=2, engine="sim", ready_timeout_s=60)
     cfg = {"infer_lab_dir": str(lab.state_dir), "infer_run_dir": str(tmp_path / "run")}
@@ -293,7 +273,7 @@ def test_frozen_lab_replica_is_ejected_and_the_rollback_thaws_it(tmp_path: Path)
 
 
 @pytest.mark.lab
-@pytest.mark.skipif(_lab_skip() is not None, reason=_lab_skip() or "")
+@pytest.mark.skipif(lab_skip_reason() is not None, reason=lab_skip_reason() or "")
 @pytest.mark.skipif(shutil.which("iptables") is None, reason="iptables not installed")
 def test_blackhole_on_a_node_drops_the_replica_port_until_undone(tmp_path: Path) -> None:
     try:

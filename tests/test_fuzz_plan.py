@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,12 +132,23 @@ def _dump(doc: Any) -> str:
         return json.dumps(doc, default=str)
 
 
-def _plan_outcome(path: Path) -> None:
+_REFUSED = object()
+
+
+def _load_or_refused(load: Callable[[Path], Any], path: Path) -> Any:
+    """``load(path)``, or :data:`_REFUSED` where it refused the file with a one-line
+    ConfigError naming it."""
     try:
-        plan = load_plan(path)
+        return load(path)
     except ConfigError as exc:
         assert str(path) in str(exc)
         assert "\n" not in str(exc), str(exc)
+        return _REFUSED
+
+
+def _plan_outcome(path: Path) -> None:
+    plan = _load_or_refused(load_plan, path)
+    if plan is _REFUSED:
         return
     assert isinstance(plan, Plan) and plan.drills
     assert all(d.experiment.is_file() for d in plan.drills)
@@ -224,11 +235,8 @@ experiment_doc = st.fixed_dictionaries(
 
 
 def _experiment_outcome(path: Path) -> None:
-    try:
-        experiment = _load_experiment(path)
-    except ConfigError as exc:
-        assert str(path) in str(exc)
-        assert "\n" not in str(exc), str(exc)
+    experiment = _load_or_refused(_load_experiment, path)
+    if experiment is _REFUSED:
         return
     assert isinstance(experiment, dict) and isinstance(experiment.get("method"), list)
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from labutil import GamedayRun
+from labutil import SEVEN_DRILLS as SEVEN
+from labutil import GamedayRun, cli, killed_at_exit, lab_pids, read_until
 from labutil import alive_pids as _pids_alive
 
 from chaoslib_infer.load.records import read_records
@@ -29,26 +30,7 @@ pytestmark = [pytest.mark.lab]
 def _cli(
     *args: str, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def _lab_pids(lab_dir: Path) -> list[int]:
-    pids: list[int] = []
-    for ev in (
-        json.loads(line)
-        for line in (lab_dir / "events.jsonl").read_text().splitlines()
-        if line.strip()
-    ):
-        if ev.get("pid"):
-            pids.append(int(ev["pid"]))
-    return pids
+    return cli(*args, timeout=timeout, env=env)
 
 
 def _check_oom_summary(
@@ -125,7 +107,7 @@ def test_drill_oom_kill_sim_fails_on_its_warm_up_with_evidence(default_gameday: 
     junit = (out / "junit.xml").read_text()
     assert "<failure" in junit and "warmup_ratio" in junit
     # lab down left no process behind
-    assert _pids_alive(_lab_pids(out / "lab")) == []
+    assert _pids_alive(lab_pids(out / "lab")) == []
 
 
 def test_gameday_deviates_when_slo_is_impossible(tmp_path: Path) -> None:
@@ -150,7 +132,7 @@ def test_gameday_deviates_when_slo_is_impossible(tmp_path: Path) -> None:
     ][0]
     assert p99["output"]["passed"] is False
     assert p99["output"]["value"] > 0.001
-    assert _pids_alive(_lab_pids(out / "lab")) == []
+    assert _pids_alive(lab_pids(out / "lab")) == []
 
 
 def test_chaos_cli_runs_the_experiment_against_a_running_lab(tmp_path: Path) -> None:
@@ -236,29 +218,19 @@ def test_gameday_sigint_plays_rollbacks_and_takes_lab_down(tmp_path: Path) -> No
         text=True,
         cwd=ROOT,
     )
-    try:
-        deadline = time.monotonic() + 120
-        assert proc.stdout is not None
-        seen = ""
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            seen += line
-            if "injecting the fault" in line:
-                break
+    with killed_at_exit(proc):
+        seen = read_until(proc, "injecting the fault", 120)
         assert "injecting the fault" in seen, seen
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, seen + rest
     summary = json.loads((out / "summary.json").read_text())
     assert summary["drills"][0]["status"] == "aborted"
     journal = json.loads((out / "oom-kill" / "journal.json").read_text())
     assert journal["status"] == "interrupted"
     assert [r["activity"]["name"] for r in journal["rollbacks"]] == ["clear-lab-faults"]
-    assert _pids_alive(_lab_pids(out / "lab")) == []
+    assert _pids_alive(lab_pids(out / "lab")) == []
 
 
 @pytest.mark.llama
@@ -275,18 +247,7 @@ def test_gameday_oom_kill_llama_cpp_engine(tmp_path: Path) -> None:
     drill = _check_oom_summary(out, "llama-cpp", min_requests=40, ledger=False)
     assert proc.returncode == (0 if drill["status"] == "passed" else 1)
     assert drill["figures"]["p50_e2e_s"] < 1.0
-    assert _pids_alive(_lab_pids(out / "lab")) == []
-
-
-SEVEN = [
-    "node-loss",
-    "oom-kill",
-    "network-jitter",
-    "traffic-spike",
-    "upstream-timeout",
-    "simultaneous-restarts",
-    "quota-cut",
-]
+    assert _pids_alive(lab_pids(out / "lab")) == []
 
 
 @pytest.mark.slow
@@ -342,4 +303,4 @@ def test_default_gameday_runs_all_seven_drills(default_gameday: GamedayRun) -> N
         _cli("lab", "status", "--json", "--state-dir", str(out / "lab")).stdout or "{}"
     )
     assert not status.get("active_faults")
-    assert _pids_alive(_lab_pids(out / "lab")) == []
+    assert _pids_alive(lab_pids(out / "lab")) == []

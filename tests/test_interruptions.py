@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 import yaml
+from labutil import BackgroundRun, cli, plan_copy
 from labutil import pid_alive as _alive
-from labutil import plan_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 RAISE_AFTER = Path(__file__).resolve().parent / "_raise_after.py"
@@ -144,58 +144,20 @@ def light_plan(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **env},
-    )
+    return cli(*args, timeout=timeout, env=env)
 
 
-class Runner:
-    """A ``drill run`` subprocess whose output is read by a thread (so it never blocks)."""
+class Runner(BackgroundRun):
+    """A ``drill run`` subprocess whose output is read by a thread (so it never blocks);
+    ``injecting`` is set once it says the method started."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, **env},
-        )
-        self.lines: list[str] = []
         self.injecting = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        super().__init__(argv, {**os.environ, **env})
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if INJECTING in line:
-                self.injecting.set()
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            pytest.fail(f"the runner did not exit within {timeout:g} s:\n{self.output[-4000:]}")
-        self._reader.join(timeout=5)
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+    def on_line(self, line: str) -> None:
+        if INJECTING in line:
+            self.injecting.set()
 
 
 def _ledger(lab_dir: Path) -> list[dict[str, Any]]:

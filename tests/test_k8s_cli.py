@@ -13,7 +13,6 @@ import inspect
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +24,7 @@ from chaoslib.experiment import ensure_experiment_is_valid
 from chaoslib.loader import load_experiment
 from click.testing import CliRunner
 from fake_k8s import FakeK8s, make_cluster, write_target
+from labutil import cli, write_k8s_plan
 
 from chaoslib_infer.cli import main
 from chaoslib_infer.load.ceiling import sim_engine
@@ -35,14 +35,7 @@ DRILLS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    return cli(*args, timeout=timeout, env=env, inherit_env=False)
 
 
 def _invoke(*args: str, env: dict[str, str]) -> Any:
@@ -164,23 +157,9 @@ def test_drill_run_simultaneous_restarts_on_the_fake_cluster(
     tmp_path: Path, cluster: tuple[FakeK8s, dict[str, str]]
 ) -> None:
     fake, env = cluster
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(
-        yaml.safe_dump(
-            {
-                "name": "k8s-test",
-                "platform": "kubernetes",
-                "drills": [
-                    {
-                        "name": "simultaneous-restarts",
-                        "experiment": str(K8S_EXPERIMENTS / "simultaneous-restarts.yaml"),
-                        # a baseline of >= 50 requests (docs/definitions.md, "Verdicts")
-                        "vars": {"load_warmup_s": 5, "window_s": 3, "load_rate_rps": 12},
-                    }
-                ],
-            }
-        )
-    )
+    # a baseline of >= 50 requests (docs/definitions.md, "Verdicts")
+    drill_vars = {"load_warmup_s": 5, "window_s": 3, "load_rate_rps": 12}
+    plan = write_k8s_plan(tmp_path / "plan.yaml", "simultaneous-restarts", drill_vars)
     before = sorted(p["metadata"]["name"] for p in fake.pods("llm", "app=vllm"))
     out = tmp_path / "out"
     with sim_engine(zero_latency=False, itl_s=0.002, output_tokens=8) as url:

@@ -8,6 +8,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from k8s_sim import (
     running_as_root_with_memory_cgroup,
     set_container,
 )
+from labutil import put_hpa
 
 from chaoslib_infer.activities import k8s
 from chaoslib_infer.platforms.kubernetes import K8sError, clients
@@ -53,6 +55,24 @@ def _state(cfg: dict[str, Any], kind: str) -> dict[str, Any] | None:
 def _faults(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     text = (Path(cfg["infer_run_dir"]) / "faults.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines()]
+
+
+def _cluster_and_pod(tmp_path: Path, fake: FakeK8s) -> tuple[str, dict[str, Any], str]:
+    """The default fake cluster, a target and configuration for it (:func:`_setup`), and the
+    name of its first model pod."""
+    make_cluster(fake)
+    target, cfg = _setup(tmp_path, fake)
+    return target, cfg, _first_pod(fake)
+
+
+def _again_sends_nothing(
+    fake: FakeK8s, activity: Callable[..., Any], target: str, cfg: dict[str, Any]
+) -> Any:
+    """Call the rollback ``activity`` again; it sends no request to the API. Returns its answer."""
+    n = len(fake.requests)
+    answer = activity(target_file=target, configuration=cfg)
+    assert len(fake.requests) == n
+    return answer
 
 
 def _first_pod(fake: FakeK8s) -> str:
@@ -161,9 +181,7 @@ def test_exec_channels_exit_codes_interpreter_fallback_and_errors(
 
 
 def test_oom_kill_figures_against_the_kubelet_and_rollback(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     truth: list[dict[str, float]] = []
     down_s, ready_s = 0.3, 0.4
 
@@ -204,17 +222,13 @@ def test_oom_kill_figures_against_the_kubelet_and_rollback(tmp_path: Path, fake:
     line = k8s.k8s_stop_memory_hog(target_file=target, configuration=cfg)
     assert line == f"container vllm of pod llm/{pod} restarted; the hog died with it"
     assert len(fake.calls("GET", "/exec")) == 1 and _state(cfg, "oom-kill") is None
-    n = len(fake.requests)
-    assert k8s.k8s_stop_memory_hog(target_file=target, configuration=cfg) == (
+    assert _again_sends_nothing(fake, k8s.k8s_stop_memory_hog, target, cfg) == (
         "no memory hog started by this run"
     )
-    assert len(fake.requests) == n
 
 
 def test_oom_kill_timeout_leaves_the_hog_to_the_rollback(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     sim = SimContainer(pod)  # a container that never reaches its limit
     fake.exec_handler = sim
     with pytest.raises(ActivityFailed) as err:
@@ -231,15 +245,11 @@ def test_oom_kill_timeout_leaves_the_hog_to_the_rollback(tmp_path: Path, fake: F
     assert sim.calls[-1] == ("python3", "kill", [str(hog["pid"]), hog["start"]])
     assert hog["pid"] not in sim.procs and _state(cfg, "oom-kill") is None
     assert sim.procs[7]["state"] == "S"  # the server was never touched
-    n = len(fake.requests)
-    k8s.k8s_stop_memory_hog(target_file=target, configuration=cfg)
-    assert len(fake.requests) == n
+    _again_sends_nothing(fake, k8s.k8s_stop_memory_hog, target, cfg)
 
 
 def test_oom_kill_refusals_and_a_restart_for_another_reason(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     fake.exec_handler = SimContainer(pod)
     with pytest.raises(ActivityFailed, match="hog_mb must be >= 1"):
         k8s.k8s_oom_kill(hog_mb=0, target_file=target, configuration=cfg)
@@ -314,9 +324,7 @@ def test_resolve_targets_pid1_rules() -> None:
 
 @pytest.mark.parametrize("python", [True, False], ids=["python3", "sh"])
 def test_freeze_and_thaw_model_server(tmp_path: Path, fake: FakeK8s, python: bool) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     sim = SimContainer(pod, has_python=python)
     fake.exec_handler = sim
     out = k8s.k8s_freeze_model_server(target_file=target, configuration=cfg)
@@ -342,17 +350,13 @@ def test_freeze_and_thaw_model_server(tmp_path: Path, fake: FakeK8s, python: boo
     assert all(p["state"] == "S" for p in sim.procs.values()) and timer["pid"] not in sim.procs
     assert _state(cfg, "upstream-freeze") is None
     assert [f.get("phase") for f in _faults(cfg)] == [None, "cleared"]
-    n = len(fake.requests)
-    assert k8s.k8s_thaw_model_server(target_file=target, configuration=cfg) == (
+    assert _again_sends_nothing(fake, k8s.k8s_thaw_model_server, target, cfg) == (
         "no model server frozen by this run"
     )
-    assert len(fake.requests) == n
 
 
 def test_freeze_when_the_model_server_is_pid1(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     sim = SimContainer(pod, procs={1: {"ppid": 0, "start": "100", "state": "S", "comm": "vllm"}})
     fake.exec_handler = sim
     with pytest.raises(ActivityFailed) as err:  # no child: nothing that SIGSTOP can reach
@@ -384,9 +388,7 @@ def test_freeze_when_the_model_server_is_pid1(tmp_path: Path, fake: FakeK8s) -> 
 
 
 def test_block_pod_ingress_and_exact_restore(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     labels0 = fake.get("", "pods", pod, "llm")["metadata"]["labels"]
     out = k8s.k8s_block_pod_ingress(target_file=target, configuration=cfg)
     token = out["label"][BLOCK_LABEL]
@@ -415,15 +417,11 @@ def test_block_pod_ingress_and_exact_restore(tmp_path: Path, fake: FakeK8s) -> N
     assert fake.calls("PATCH")[-1].body == {"metadata": {"labels": {BLOCK_LABEL: None}}}
     assert fake.get("", "pods", pod, "llm")["metadata"]["labels"] == labels0
     assert fake.get("networking.k8s.io", "networkpolicies", name, "llm") is None
-    n = len(fake.requests)
-    assert k8s.k8s_restore_pod_ingress(target_file=target, configuration=cfg) == []
-    assert len(fake.requests) == n
+    assert _again_sends_nothing(fake, k8s.k8s_restore_pod_ingress, target, cfg) == []
 
 
 def test_block_pod_ingress_refusals(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     labels0 = fake.get("", "pods", pod, "llm")["metadata"]["labels"]
     fake.forbid("create", "networkpolicies")
     with pytest.raises(ActivityFailed) as err:
@@ -455,9 +453,7 @@ def test_block_pod_ingress_refusals(tmp_path: Path, fake: FakeK8s) -> None:
 def test_noexecute_taint_evicts_and_rollback_removes_only_ours(
     tmp_path: Path, fake: FakeK8s
 ) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     node = fake.get("", "pods", pod, "llm")["spec"]["nodeName"]
     node0 = fake.get("", "nodes", node)
     out = k8s.k8s_taint_model_node(poll_s=POLL_S, target_file=target, configuration=cfg)
@@ -527,9 +523,7 @@ def test_taint_refusals(tmp_path: Path, fake: FakeK8s) -> None:
 
 
 def test_delete_node_recovery_and_restore(tmp_path: Path, fake: FakeK8s) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     node = fake.get("", "pods", pod, "llm")["spec"]["nodeName"]
     node0 = fake.get("", "nodes", node)
     out = k8s.k8s_delete_model_node(poll_s=POLL_S, target_file=target, configuration=cfg)
@@ -610,17 +604,11 @@ def test_quota_cut_hpa_absent_or_foreign(tmp_path: Path, fake: FakeK8s) -> None:
     assert k8s.k8s_restore_quota(target_file=target, configuration=cfg) == [
         "resourcequota llm/gpu-quota restored"
     ]
-    fake.put(
-        "autoscaling",
-        "horizontalpodautoscalers",
+    put_hpa(
+        fake,
         {
-            "apiVersion": "autoscaling/v2",
-            "kind": "HorizontalPodAutoscaler",
-            "metadata": {"name": "vllm", "namespace": "llm"},
-            "spec": {
-                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "sglang"},
-                "maxReplicas": 4,
-            },
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "sglang"},
+            "maxReplicas": 4,
         },
     )
     with pytest.raises(ActivityFailed, match="scales Deployment sglang, not Deployment vllm"):
@@ -640,9 +628,7 @@ _SERVER = "import subprocess, time; subprocess.Popen(['sleep', '60']); x = b'1' 
 def test_real_freeze_under_an_init_and_the_pid1_rule(
     tmp_path: Path, fake: FakeK8s, python: bool
 ) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     shim = ["sh", "-c", f'{sys.executable} -c "{_SERVER}" & wait']
     box = LocalContainer(fake, "llm", pod, "vllm", shim, has_python=python).start()
     try:
@@ -699,9 +685,7 @@ def test_real_freeze_under_an_init_and_the_pid1_rule(
 @pytest.mark.skipif(_NO_LAB is not None, reason=str(_NO_LAB))
 @pytest.mark.parametrize("python", [True, False], ids=["python3", "sh"])
 def test_real_oom_kill_in_the_container_cgroup(tmp_path: Path, fake: FakeK8s, python: bool) -> None:
-    make_cluster(fake)
-    target, cfg = _setup(tmp_path, fake)
-    pod = _first_pod(fake)
+    target, cfg, pod = _cluster_and_pod(tmp_path, fake)
     with fake.lock:
         res = fake.objects[("", "pods")][("llm", pod)]["spec"]["containers"][0]["resources"]
         res["limits"]["memory"] = res["requests"]["memory"] = "96Mi"

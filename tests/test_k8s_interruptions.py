@@ -50,6 +50,7 @@ import yaml
 from click.testing import CliRunner, Result
 from fake_k8s import ExecCall, ExecReply, FakeK8s, Request, make_cluster, write_target
 from k8s_sim import SimContainer, _program
+from labutil import BackgroundRun
 
 from chaoslib_infer.cli import main
 from chaoslib_infer.load.ceiling import sim_engine
@@ -312,42 +313,16 @@ def _store(objects: dict[Any, Any]) -> dict[tuple[str, str, str, str], dict[str,
     }
 
 
-class Runner:
-    """A ``drill run`` subprocess whose output a thread reads (so it never blocks)."""
+class Runner(BackgroundRun):
+    """A ``drill run`` subprocess (in a session of its own) whose output a thread reads (so it
+    never blocks)."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-            env=env,
-            start_new_session=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        super().__init__(argv, env, start_new_session=True)
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if TRACE:
-                print(f"{time.monotonic() - T0[0]:6.2f} {line}", end="", flush=True)
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait(self, timeout_s: float) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"the runner did not exit within {timeout_s:g} s:\n{self.output[-4000:]}")
-        self._reader.join(timeout=5)
-        return code
+    def on_line(self, line: str) -> None:
+        if TRACE:
+            print(f"{time.monotonic() - T0[0]:6.2f} {line}", end="", flush=True)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -438,7 +413,7 @@ def test_interrupted_k8s_drill_leaves_the_cluster_as_it_was(
                 os.killpg(runner.proc.pid, signal.SIGKILL)  # the runner and all it started
             elif not in_window:
                 runner.proc.send_signal(sig)
-        code = runner.wait(timeout_s=90)
+        code = runner.wait(timeout=90)
     finally:
         runner.kill()
         if case.slow_scheduler:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from fake_k8s import ALL_REQUESTS, OPEN_FAKES, FakeK8s, Request, make_cluster, write_target
+from labutil import put_hpa
 
 from chaoslib_infer.activities import k8s
 
@@ -164,16 +165,7 @@ def _exercise_faults(fake: FakeK8s, target: str, cfg: dict[str, Any]) -> None:
     k8s.k8s_remove_node_taint(target_file=target, configuration=cfg)
     k8s.k8s_delete_model_node(poll_s=0.02, target_file=target, configuration=cfg)
     k8s.k8s_restore_node(target_file=target, configuration=cfg)
-    fake.put(
-        "autoscaling",
-        "horizontalpodautoscalers",
-        {
-            "apiVersion": "autoscaling/v2",
-            "kind": "HorizontalPodAutoscaler",
-            "metadata": {"name": "vllm", "namespace": "llm"},
-            "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "vllm"}, "maxReplicas": 5},
-        },
-    )
+    put_hpa(fake, {"scaleTargetRef": {"kind": "Deployment", "name": "vllm"}, "maxReplicas": 5})
     k8s.k8s_cut_quota(hpa_max_replicas=2, target_file=target, configuration=cfg)
     k8s.k8s_restore_quota(target_file=target, configuration=cfg)
 

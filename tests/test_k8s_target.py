@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from chaoslib.exceptions import ActivityFailed
 from fake_k8s import FakeK8s, make_cluster, write_target
+from labutil import run_module
 
 from chaoslib_infer.activities import k8s
 from chaoslib_infer.errors import ConfigError
@@ -73,23 +72,11 @@ def test_current_context_outside_allowlist_is_refused(tmp_path: Path, fake: Fake
 
 def test_cli_check_exits_2_with_one_line(tmp_path: Path, fake: FakeK8s) -> None:
     bad = write_target(tmp_path / "bad.yaml", tmp_path / "kubeconfig", context="prod-eu-1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.platforms.kubernetes.target", str(bad)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_module("chaoslib_infer.platforms.kubernetes.target", str(bad), timeout=60, cwd=None)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "not in the allowlist" in proc.stderr
     good = write_target(tmp_path / "good.yaml", tmp_path / "kubeconfig")
-    proc = subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.platforms.kubernetes.target", str(good)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_module("chaoslib_infer.platforms.kubernetes.target", str(good), timeout=60, cwd=None)
     assert proc.returncode == 0 and "context kind-lab, namespace llm" in proc.stdout
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labutil import killed_at_exit, run_module
 
 from chaoslib_infer.load.fakeserver import FakeServer
 from chaoslib_infer.load.records import read_records
@@ -32,26 +32,22 @@ def cli(*args: str) -> list[str]:
 
 def test_cli_end_to_end(server: FakeServer, tmp_path: Path) -> None:
     out = tmp_path / "rec.jsonl"
-    proc = subprocess.run(
-        cli(
-            "--url",
-            server.url + "/mode=ok,tokens=8,itl=0.002",
-            "--rate",
-            "30",
-            "--duration-s",
-            "3",
-            "--out",
-            str(out),
-            "--max-tokens",
-            "8",
-            "--seed",
-            "5",
-            "--api",
-            "completions",
-        ),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = run_module(
+        "chaoslib_infer.load",
+        "--url",
+        server.url + "/mode=ok,tokens=8,itl=0.002",
+        "--rate",
+        "30",
+        "--duration-s",
+        "3",
+        "--out",
+        str(out),
+        "--max-tokens",
+        "8",
+        "--seed",
+        "5",
+        "--api",
+        "completions",
         timeout=30,
     )
     assert proc.returncode == 0, proc.stderr
@@ -71,22 +67,18 @@ def test_cli_end_to_end(server: FakeServer, tmp_path: Path) -> None:
 
 
 def test_cli_progress_lines(server: FakeServer, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        cli(
-            "--url",
-            server.url,
-            "--rate",
-            "20",
-            "--duration-s",
-            "1.2",
-            "--out",
-            str(tmp_path / "r.jsonl"),
-            "--progress-s",
-            "0.5",
-        ),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = run_module(
+        "chaoslib_infer.load",
+        "--url",
+        server.url,
+        "--rate",
+        "20",
+        "--duration-s",
+        "1.2",
+        "--out",
+        str(tmp_path / "r.jsonl"),
+        "--progress-s",
+        "0.5",
         timeout=30,
     )
     assert proc.returncode == 0, proc.stderr
@@ -94,36 +86,29 @@ def test_cli_progress_lines(server: FakeServer, tmp_path: Path) -> None:
     assert len(lines) >= 2 and all("in_flight=" in ln and "failed=" in ln for ln in lines)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_cli_signal_stops_cleanly(server: FakeServer, tmp_path: Path, sig: int) -> None:
-    out = tmp_path / "rec.jsonl"
-    # half the requests finish, half stall until cancelled
-    proc = subprocess.Popen(
-        cli(
-            "--url",
-            server.url + "/mode=ok,tokens=4",
-            "--rate",
-            "50",
-            "--duration-s",
-            "60",
-            "--out",
-            str(out),
-        ),
+def _start_60s(url: str, rate: str, out: Path) -> subprocess.Popen[str]:
+    """The load CLI in the background: ``rate`` requests/s to ``url`` for 60 s, records to
+    ``out``."""
+    return subprocess.Popen(
+        cli("--url", url, "--rate", rate, "--duration-s", "60", "--out", str(out)),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    try:
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_signal_stops_cleanly(server: FakeServer, tmp_path: Path, sig: int) -> None:
+    out = tmp_path / "rec.jsonl"
+    # half the requests finish, half stall until cancelled
+    proc = _start_60s(server.url + "/mode=ok,tokens=4", "50", out)
+    with killed_at_exit(proc):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (not out.exists() or out.stat().st_size < 2000):
             time.sleep(0.05)
         proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, stderr
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["stopped"] is True
@@ -134,30 +119,11 @@ def test_cli_signal_stops_cleanly(server: FakeServer, tmp_path: Path, sig: int) 
 
 def test_cli_signal_records_in_flight_as_cut_off(server: FakeServer, tmp_path: Path) -> None:
     out = tmp_path / "rec.jsonl"
-    proc = subprocess.Popen(
-        cli(
-            "--url",
-            server.url + "/mode=stall,k=1",
-            "--rate",
-            "20",
-            "--duration-s",
-            "60",
-            "--out",
-            str(out),
-        ),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    proc = _start_60s(server.url + "/mode=stall,k=1", "20", out)
+    with killed_at_exit(proc):
         time.sleep(1.5)
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, stderr
     summary = json.loads(stdout.strip().splitlines()[-1])
     # each attempt on the wire at the signal is recorded as cut off (outcome unknown), not dropped
@@ -201,9 +167,7 @@ def test_cli_signal_records_in_flight_as_cut_off(server: FakeServer, tmp_path: P
 )
 def test_cli_bad_arguments(tmp_path: Path, args: list[str]) -> None:
     args = [str(tmp_path / "x.jsonl") if a == "X" else a for a in args]
-    proc = subprocess.run(
-        cli(*args), cwd=ROOT, capture_output=True, text=True, timeout=30, env={**os.environ}
-    )
+    proc = run_module("chaoslib_infer.load", *args, timeout=30)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "error:" in lines[0], proc.stderr

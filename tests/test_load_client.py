@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labutil import free_port as _closed_port
 
 from chaoslib_infer.load.client import (
     ERROR_CLASSES,
@@ -140,14 +141,6 @@ def test_error_classes(server: FakeServer, path: str, expected: str, status: int
 def test_hang_after_done_is_ok(server: FakeServer) -> None:
     r = attempt(server.url + "/mode=hang", idle_timeout_s=2.0)
     assert r["ok"] and r["end_at"] - r["sent_at"] < 0.3
-
-
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port: int = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_connect_refused() -> None:

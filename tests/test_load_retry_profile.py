@@ -7,7 +7,6 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 from chaoslib.exceptions import InterruptExecution
+from labutil import run_module
 
 from chaoslib_infer.controls import load as load_control
 from chaoslib_infer.load.client import (
@@ -357,13 +357,7 @@ def test_profile_run_reports_phases(server: FakeServer, tmp_path: Path) -> None:
 
 
 def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.load", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_module("chaoslib_infer.load", *args, timeout=timeout)
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,13 @@ import json
 import os
 import signal
 import socket
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from chaoslib.exceptions import InterruptExecution
+from labutil import write_locustfile as locustfile
 
 from chaoslib_infer.load.fakeserver import FakeServer
 from chaoslib_infer.load.records import read_records
@@ -28,21 +28,6 @@ if importlib.util.find_spec("locust") is None:  # never import it here (gevent m
 def server() -> Iterator[FakeServer]:
     with FakeServer(replica="lc") as srv:
         yield srv
-
-
-def locustfile(tmp_path: Path) -> Path:
-    lf = tmp_path / "lf.py"
-    lf.write_text(
-        textwrap.dedent("""
-        from locust import constant_throughput
-        from chaoslib_infer.locust.user import LLMStreamUser
-
-        class Chat(LLMStreamUser):
-            wait_time = constant_throughput(10)
-            max_tokens = 4
-        """)
-    )
-    return lf
 
 
 def test_killed_worker_is_reported(server: FakeServer, tmp_path: Path) -> None:

@@ -17,10 +17,8 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import textwrap
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -30,6 +28,8 @@ from typing import Any
 import pytest
 from chaoslib.exceptions import InterruptExecution
 from fake_k8s import FakeK8s, write_target
+from labutil import free_port as _port
+from labutil import write_locustfile as _locustfile
 
 from chaoslib_infer.load.fakeserver import FakeServer
 from chaoslib_infer.load.records import read_records
@@ -54,29 +54,6 @@ def _no_run_left() -> Iterator[None]:
     yield
     for run_dir in list(control._RUNNING):
         control.stop_locust({"infer_run_dir": run_dir})
-
-
-def _port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port: int = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _locustfile(tmp_path: Path) -> Path:
-    lf = tmp_path / "lf.py"
-    lf.write_text(
-        textwrap.dedent("""
-        from locust import constant_throughput
-        from chaoslib_infer.locust.user import LLMStreamUser
-
-        class Chat(LLMStreamUser):
-            wait_time = constant_throughput(10)
-            max_tokens = 4
-        """)
-    )
-    return lf
 
 
 def _worker(lf: Path | str, port: int, log: Path, env: dict[str, str] | None = None) -> Any:

@@ -14,7 +14,6 @@ import csv
 import http.server
 import importlib.util
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 from statistics import median
 
 import pytest
+from labutil import free_port as _closed_port
 
 # never import locust here: it monkey-patches the test process with gevent
 if importlib.util.find_spec("locust") is None:
@@ -45,14 +45,6 @@ pytestmark = [pytest.mark.serial]
 def server() -> Iterator[FakeServer]:
     with FakeServer(replica="fl") as srv:
         yield srv
-
-
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port: int = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def run_locust(

@@ -11,29 +11,30 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from labutil import lab_skip_reason
 from labutil import pid_alive as _alive
+from labutil import wait_for as _wait_for
 
 from chaoslib_infer.lab import netns, nodes
-from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
 from chaoslib_infer.lab.fleet import Lab, LabError
-from chaoslib_infer.lab.haproxy import find_haproxy, stats_command
+from chaoslib_infer.lab.haproxy import stats_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _lab_available() -> str | None:
-    if find_haproxy() is None:
-        return "haproxy not installed"
+    reason = lab_skip_reason()
+    if reason is not None:
+        return reason
     try:
-        detect_hierarchy()
         netns.find_ip()
-    except (CgroupError, netns.NetnsError) as exc:
+    except netns.NetnsError as exc:
         return str(exc)
     if os.geteuid() != 0:
         return "network namespaces need root"
@@ -42,16 +43,6 @@ def _lab_available() -> str | None:
 
 _SKIP = _lab_available()
 needs_lab = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
-
-
-def _wait_for(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _netns_inode(ns: str) -> int:

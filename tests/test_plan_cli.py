@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from labutil import SEVEN_DRILLS, cli
 
 from chaoslib_infer.cli import main
 from chaoslib_infer.errors import ConfigError
@@ -20,15 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_default_plan_loads() -> None:
     plan = load_plan(ROOT / "drills" / "gameday.yaml")
-    assert [d.name for d in plan.drills] == [
-        "node-loss",
-        "oom-kill",
-        "network-jitter",
-        "traffic-spike",
-        "upstream-timeout",
-        "simultaneous-restarts",
-        "quota-cut",
-    ]
+    assert [d.name for d in plan.drills] == SEVEN_DRILLS
     assert plan.drills[0].experiment.is_file()
     assert plan.lab.replicas >= 2
 
@@ -65,20 +56,7 @@ def test_bad_plans_name_file_and_field(tmp_path: Path, text: str, fragment: str)
 def test_gameday_bad_plan_exits_2_with_one_line(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text("drills: [", encoding="utf-8")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "chaoslib_infer.cli",
-            "gameday",
-            str(plan),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = cli("gameday", str(plan), "--out", str(tmp_path / "o"), timeout=60, cwd=None)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

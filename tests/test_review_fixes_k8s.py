@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from click.testing import CliRunner
 from fake_k8s import FakeK8s, make_cluster, write_target
+from labutil import write_k8s_plan
 
 from chaoslib_infer.cli import main as cli_main
 from chaoslib_infer.errors import ConfigError
@@ -95,21 +95,7 @@ def test_drill_run_against_unreachable_api_exits_2_before_load(tmp_path: Path) -
     with FakeK8s() as fake:
         kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
     target = write_target(tmp_path / "t.yaml", kubeconfig, url="http://127.0.0.1:9/v1")
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(
-        yaml.safe_dump(
-            {
-                "name": "k8s-test",
-                "platform": "kubernetes",
-                "drills": [
-                    {
-                        "name": "simultaneous-restarts",
-                        "experiment": str(ROOT / "experiments/k8s/simultaneous-restarts.yaml"),
-                    }
-                ],
-            }
-        )
-    )
+    plan = write_k8s_plan(tmp_path / "plan.yaml", "simultaneous-restarts")
     out = tmp_path / "out"
     t0 = time.monotonic()
     r = CliRunner().invoke(

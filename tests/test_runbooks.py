@@ -10,21 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labutil import SEVEN_DRILLS as SEVEN
 
 from chaoslib_infer.evidence.bundle import write_manifest
 from chaoslib_infer.evidence.runbooks import END, START, fill_runbook_text, fill_runbooks
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNBOOKS = ROOT / "runbooks"
-SEVEN = [
-    "node-loss",
-    "oom-kill",
-    "network-jitter",
-    "traffic-spike",
-    "upstream-timeout",
-    "simultaneous-restarts",
-    "quota-cut",
-]
 SECTIONS = [
     "Purpose",
     "Preconditions",

@@ -9,16 +9,15 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labutil import QuietHandler, cli, serve_http
 
 from chaoslib_infer.load.fakeserver import stream_bytes
 
@@ -29,14 +28,7 @@ KEY = "sk-fake-0123456789abcdef"
 def _cli(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-    )
+    return cli(*args, timeout=timeout, cwd=cwd, env=env)
 
 
 def _procs_mentioning(fragment: str) -> list[int]:
@@ -214,7 +206,7 @@ def test_rollback_and_report_without_a_run(tmp_path: Path) -> None:
 
 
 # ---- the key reaches the server through the environment only ------------------------------
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     seen: list[str | None] = []
 
     def do_POST(self) -> None:  # noqa: N802 - http.server API
@@ -223,25 +215,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body = b"".join(stream_bytes("chat", tokens=2))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_body(body)
 
 
 @pytest.fixture
 def server() -> Iterator[str]:
     _Handler.seen = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serve_http(_Handler) as url:
+        yield url
 
 
 def test_load_client_sends_key_from_env_not_argv(tmp_path: Path, server: str) -> None:

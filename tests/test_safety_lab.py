@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from labutil import BackgroundRun, background_load_control, cli, echo_key_probe
 
 from chaoslib_infer.lab.fleet import Lab
 
@@ -37,44 +37,19 @@ KEY = "sk-fake-9c1d2e3f4a5b6c7d8e9f"
 def _cli(
     *args: str, timeout: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-    )
+    return cli(*args, timeout=timeout, env=env)
 
 
-class Runner:
+class Runner(BackgroundRun):
     """``chaos-infer gameday`` in the background; stdout lines collected by a thread."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chaoslib_infer.cli", "gameday", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, **(env or {})},
-        )
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
+        argv = [sys.executable, "-m", "chaoslib_infer.cli", "gameday", *args]
+        super().__init__(argv, {**os.environ, **(env or {})})
 
     def wait(self, timeout: float = 180) -> int:
         code = self.proc.wait(timeout=timeout)
-        self.reader.join(timeout=5)
+        self._reader.join(timeout=5)
         return code
 
     def kill(self) -> None:
@@ -154,6 +129,17 @@ def _kill_orphan_load(drill_dir: Path) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def _kill_at_ledger(runner: Runner, lab_dir: Path, n: int, what: str, drill_dir: Path) -> None:
+    """Once the lab's ledger holds ``n`` faults (within 90 s), SIGKILL the runner, then its load
+    generator (of the drill run in ``drill_dir``)."""
+    try:
+        _wait_for(lambda: len(_ledger(lab_dir)) == n, 90, what, runner)
+        time.sleep(0.3)
+    finally:
+        runner.kill()
+    _kill_orphan_load(drill_dir)
+
+
 def _experiment(
     method: list[dict[str, Any]],
     *,
@@ -178,20 +164,9 @@ def _experiment(
             **(configuration or {}),
         },
         "controls": [
-            {
-                "name": "background-load",
-                "provider": {
-                    "type": "python",
-                    "module": "chaoslib_infer.controls.load",
-                    "arguments": {
-                        "rate_rps": rate,
-                        "warmup_s": warmup_s,
-                        "max_duration_s": 90,
-                        "max_tokens": 16,
-                        "timeout_s": 5,
-                    },  # fmt: skip
-                },
-            },
+            background_load_control(
+                rate_rps=rate, warmup_s=warmup_s, max_duration_s=90, max_tokens=16, timeout_s=5
+            ),
             *(controls or []),
         ],
         "steady-state-hypothesis": {
@@ -272,12 +247,7 @@ def test_killed_runner_watchdog_expires_faults_rollback_and_report(tmp_path: Pat
         )
     plan = _plan(tmp_path, "killed", _experiment(method), replicas=2)
     runner = Runner(str(plan), "--out", str(out))
-    try:
-        _wait_for(lambda: len(_ledger(lab_dir)) == 3, 90, "three faults in the ledger", runner)
-        time.sleep(0.3)
-    finally:
-        runner.kill()
-    _kill_orphan_load(out / "killed")
+    _kill_at_ledger(runner, lab_dir, 3, "three faults in the ledger", out / "killed")
     records = {r["id"]: r for r in _ledger(lab_dir)}
     assert len(records) == 3 and m1.exists() and m2.exists()
     short = [r for r in records.values() if float(r["ttl_s"]) < 100]
@@ -349,12 +319,7 @@ def test_gameday_rolls_back_a_killed_runs_faults_on_start(tmp_path: Path) -> Non
         ]
     )
     runner = Runner(str(_plan(tmp_path, "first", first, replicas=2)), "--out", str(out))
-    try:
-        _wait_for(lambda: len(_ledger(lab_dir)) == 2, 90, "two faults in the ledger", runner)
-        time.sleep(0.3)
-    finally:
-        runner.kill()
-    _kill_orphan_load(out / "first")
+    _kill_at_ledger(runner, lab_dir, 2, "two faults in the ledger", out / "first")
     stopped = next(r for r in _ledger(lab_dir) if r["kind"] == "test-sigstop")
     old_pids = _lab_pids(lab_dir)
     assert marker.exists() and _state(int(stopped["pid"])) == "T"
@@ -459,19 +424,7 @@ def test_api_key_is_used_but_never_written(tmp_path: Path) -> None:
     key_file.write_text(KEY + "\n")
     exp = _experiment(
         # a probe that hands the key to Chaos Toolkit, which journals and logs activity outputs
-        [
-            {
-                "type": "probe",
-                "name": "echo-key",
-                "provider": {
-                    "type": "python",
-                    "module": "chaoslib_infer.lab.testfault",
-                    "func": "echo",
-                    "arguments": {"value": "${infer_api_key}"},
-                },
-                "pauses": {"after": 2},
-            }
-        ],  # fmt: skip
+        [echo_key_probe(2)],
         configuration={"infer_api_key": {"type": "env", "key": "CHAOS_INFER_API_KEY"}},
     )
     plan = _plan(tmp_path, "secret", exp, replicas=1)

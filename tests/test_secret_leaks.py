@@ -32,6 +32,13 @@ from urllib.parse import quote_plus
 
 import pytest
 import yaml
+from labutil import (
+    QuietHandler,
+    background_load_control,
+    chaos_infer_argv,
+    echo_key_probe,
+    serve_http,
+)
 
 from chaoslib_infer.safety import redact
 
@@ -91,7 +98,7 @@ _ONE_OF_EACH = (0, 1, 3, 5, 7, 9)
 assert sorted({5 if n % 2 == 0 else (n // 2) % 5 for n in _ONE_OF_EACH}) == [0, 1, 2, 3, 4, 5]
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     counter = itertools.count()
     keys_seen: list[str] = []
 
@@ -109,21 +116,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *args: object) -> None:
-        return
-
 
 @pytest.fixture
 def echo_server() -> Iterator[str]:
     _Handler.keys_seen = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serve_http(_Handler) as url:
+        yield url
 
 
 def test_needles_catch_what_a_cut_leaves() -> None:
@@ -233,20 +231,9 @@ def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_ser
             "infer_api_key": {"type": "env", "key": "CHAOS_INFER_API_KEY"},
         },
         "controls": [
-            {
-                "name": "background-load",
-                "provider": {
-                    "type": "python",
-                    "module": "chaoslib_infer.controls.load",
-                    "arguments": {
-                        "rate_rps": 30,
-                        "warmup_s": 4,
-                        "max_duration_s": 60,
-                        "max_tokens": 4,
-                        "timeout_s": 3,
-                    },  # fmt: skip
-                },
-            }
+            background_load_control(
+                rate_rps=30, warmup_s=4, max_duration_s=60, max_tokens=4, timeout_s=3
+            )
         ],
         "steady-state-hypothesis": {
             "title": "available",
@@ -264,19 +251,7 @@ def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_ser
                 }
             ],
         },
-        "method": [
-            {
-                "type": "probe",
-                "name": "echo-key",  # the key reaches Chaos Toolkit's journal and log
-                "provider": {
-                    "type": "python",
-                    "module": "chaoslib_infer.lab.testfault",
-                    "func": "echo",
-                    "arguments": {"value": "${infer_api_key}"},
-                },
-                "pauses": {"after": 4},
-            }
-        ],
+        "method": [echo_key_probe(4)],  # the key reaches Chaos Toolkit's journal and log
         "rollbacks": [],
         "runtime": {"rollbacks": {"strategy": "always"}},
     }
@@ -287,17 +262,7 @@ def test_echoed_key_reaches_no_file_and_no_printed_line(tmp_path: Path, echo_ser
     out = tmp_path / "out"
     env = {**os.environ, "CHAOS_INFER_API_KEY": KEY}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "chaoslib_infer.cli",
-            "gameday",
-            str(plan),
-            "--out",
-            str(out),
-            "--target",
-            echo_server,
-        ],  # fmt: skip
+        chaos_infer_argv("gameday", str(plan), "--out", str(out), "--target", echo_server),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=ROOT,
