@@ -115,6 +115,64 @@ def _check_criteria(
         raise _fail(path, f"{where}.criteria", str(exc)) from None
 
 
+def _criteria_nodes(root: yaml.Node | None) -> list[tuple[str, yaml.Node]]:
+    """The plan's ``criteria:`` mapping nodes, each with where it is (``criteria``,
+    ``drills[N].criteria``)."""
+    found: list[tuple[str, yaml.Node]] = []
+    if not isinstance(root, yaml.MappingNode):
+        return found
+    for key, value in root.value:
+        if key.value == "criteria":
+            found.append(("criteria", value))
+        if key.value == "drills" and isinstance(value, yaml.SequenceNode):
+            for i, item in enumerate(value.value):
+                if isinstance(item, yaml.MappingNode):
+                    found += [
+                        (f"drills[{i}].criteria", v) for k, v in item.value if k.value == "criteria"
+                    ]
+    return found
+
+
+def _check_criteria_nodes(path: Path, text: str) -> None:
+    """What the loaded YAML no longer shows in a ``criteria:`` mapping: an empty value
+    (``restart_s:``, which YAML reads as null, "not judged" without saying so; write ``'off'``,
+    or ``null``), a bare ``off`` (YAML 1.1 reads it as false: a threshold of 0), and a criterion
+    given twice with different values (YAML keeps the last one silently). Every value given is
+    checked (:func:`~chaoslib_infer.drills.criterion.threshold_value`), the one YAML dropped too.
+
+    Raises:
+        ConfigError: naming the field, the criterion and the value(s).
+    """
+    from chaoslib_infer.drills.criterion import override_conflict, threshold_value
+
+    constructor = yaml.constructor.SafeConstructor()
+    for where, node in _criteria_nodes(yaml.compose(text, Loader=yaml.SafeLoader)):
+        if not isinstance(node, yaml.MappingNode):
+            continue  # not a mapping: refused by load_plan with its own message
+        seen: dict[tuple[str | None, str], tuple[float | None, str]] = {}
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode) or not isinstance(value, yaml.ScalarNode):
+                continue
+            name = str(key.value)
+            if value.tag == "tag:yaml.org,2002:null" and value.value == "":
+                raise _fail(
+                    path, f"{where}.{name}", "empty value; give a number, or 'off' (not judged)"
+                )
+            if value.tag == "tag:yaml.org,2002:bool" and value.value.lower() == "off":
+                raise _fail(
+                    path,
+                    f"{where}.{name}",
+                    "a bare off is YAML for false (a threshold of 0); write 'off', quoted",
+                )
+            try:
+                threshold = threshold_value(name, constructor.construct_object(value))
+            except ValueError as exc:
+                raise _fail(path, where, str(exc)) from None
+            clash = override_conflict(seen, None, name, threshold, str(value.value))
+            if clash:
+                raise _fail(path, where, clash)
+
+
 def _fail(path: Path, where: str, msg: str) -> ConfigError:
     return ConfigError(f"{path}: {where}: {msg}")
 
@@ -156,7 +214,8 @@ def load_plan(path: Path) -> Plan:
     """
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        raw = yaml.safe_load(text)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read plan: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
@@ -170,6 +229,7 @@ def load_plan(path: Path) -> Plan:
         raise ConfigError(f"{path}: YAML: invalid value ({type(exc).__name__})") from exc
     if not isinstance(raw, dict):
         raise _fail(path, "top level", "expected a mapping with 'drills'")
+    _check_criteria_nodes(path, text)
     for key in raw:
         if key not in PLAN_KEYS:
             close = difflib.get_close_matches(str(key), PLAN_KEYS, n=1)

@@ -193,3 +193,85 @@ def test_junit_and_manifest(tmp_path: Path) -> None:
     assert verify_manifest(tmp_path) == []
     (tmp_path / "d" / "x.txt").write_text("tampered")
     assert verify_manifest(tmp_path) == ["d/x.txt"]
+
+
+# Criterion overrides (issue 21, item 7): an empty value, ``none``, a negative threshold and one
+# criterion given twice with different values are refused with one line and exit 2, before
+# anything starts; ``off`` stays "not judged"; --dry-run shows the overrides in force.
+@pytest.mark.parametrize(
+    ("command", "items", "fragments"),
+    [
+        (("gameday",), ("p99_e2e_s=",), ("p99_e2e_s=''", "empty value")),
+        (("gameday",), ("p99_e2e_s=none",), ("p99_e2e_s='none'", "write 'off'")),
+        (("gameday",), ("p99_e2e_s=-1",), ("p99_e2e_s='-1'", "negative")),
+        (("drill", "run", "oom-kill"), ("restart_s=-0.5",), ("restart_s='-0.5'", "negative")),
+        (("gameday",), ("retries=2", "retries=3"), ("retries given twice", "2 and 3")),
+        (
+            ("drill", "run", "oom-kill"),
+            ("oom-kill:restart_s=20", "oom-kill:restart_s=off"),
+            ("oom-kill:restart_s given twice", "20 and off"),
+        ),
+    ],
+)
+def test_bad_criterion_override_exits_2_with_one_line(
+    tmp_path: Path, command: tuple[str, ...], items: tuple[str, ...], fragments: tuple[str, ...]
+) -> None:
+    args = [*command, "--dry-run", "--out", str(tmp_path / "o")]
+    for item in items:
+        args += ["--criterion", item]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    for fragment in fragments:
+        assert fragment in result.output
+
+
+def test_criterion_overrides_in_force_shown_by_dry_run(tmp_path: Path) -> None:
+    args = ["gameday", "--dry-run", "--out", str(tmp_path / "o")]
+    for item in ("retries=2", "retries=2.0", "oom-kill:restart_s=20", "warmup_ratio=off"):
+        args += ["--criterion", item]  # the same value twice is no conflict
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    shown = lines[lines.index("criteria overrides in force (drill: criterion=threshold):") :]
+    assert "    oom-kill: restart_s=20" in shown
+    assert "    oom-kill: warmup_ratio=off (not judged)" in shown
+    assert "    network-jitter: retries=2" in shown
+    assert lines[-1] == "dry run: nothing was started or changed"
+    result = CliRunner().invoke(main, ["gameday", "--dry-run", "--out", str(tmp_path / "o")])
+    assert "criteria overrides: none" in result.output
+
+
+@pytest.mark.parametrize(
+    ("criteria", "fragment"),
+    [
+        ("    criteria:\n      restart_s: 20\n      restart_s: 21\n", "given twice"),
+        ("    criteria: {restart_s: 20, restart_s: 'off'}\n", "20 and off"),
+        ("    criteria: {restart_s: off}\n", "criteria.restart_s: a bare off is YAML for false"),
+        ("    criteria: {restart_s: -1}\n", "restart_s=-1: negative"),
+        ("    criteria: {restart_s: none}\n", "restart_s='none'"),
+        ("    criteria: {restart_s: ''}\n", "restart_s='': empty value"),
+        ("    criteria:\n      restart_s:\n", "criteria.restart_s: empty value"),
+        ("criteria:\n  availability: 0.99\n  availability: 0.9\n", "0.99 and 0.9"),
+    ],
+)
+def test_bad_plan_criteria_refused(tmp_path: Path, criteria: str, fragment: str) -> None:
+    plan = tmp_path / "plan.yaml"
+    exp = ROOT / "experiments" / "oom-kill.yaml"
+    plan.write_text(f"drills:\n  - name: oom-kill\n    experiment: {exp}\n{criteria}")
+    with pytest.raises(ConfigError) as err:
+        load_plan(plan)
+    assert str(plan) in str(err.value)
+    assert fragment in str(err.value)
+
+
+def test_plan_criteria_same_value_twice_null_and_off_still_load(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    exp = ROOT / "experiments" / "oom-kill.yaml"
+    plan.write_text(
+        f"drills:\n  - name: oom-kill\n    experiment: {exp}\n"
+        "    criteria: {restart_s: 20, restart_s: 20.0, warmup_ratio: 'off', oom_kills: null}\n"
+    )
+    spec = load_plan(plan).drills[0]
+    assert spec.criteria == {"restart_s": 20.0, "warmup_ratio": "off", "oom_kills": None}

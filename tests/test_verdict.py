@@ -1116,3 +1116,23 @@ def test_a_second_chaos_run_in_the_same_run_dir_sets_the_old_fault_log_aside(
     (kept,) = run.glob("faults.*.jsonl")
     assert kept.read_text() == old  # the earlier evidence is kept
     assert drill_criteria("oom-kill", "restart_s", cfg)["state"] == "no fault yet"
+
+
+def test_override_values_refused_and_kept() -> None:
+    from chaoslib_infer.verdict import overrides_for
+
+    assert parse_override("restart_s=OFF") == (None, "restart_s", None)
+    assert parse_override("restart_s=0") == (None, "restart_s", 0.0)
+    for bad, fragment in (
+        ("restart_s=", "empty value"),
+        ("restart_s=none", "write 'off'"),
+        ("restart_s=-3", "negative"),
+    ):
+        with pytest.raises(ValueError, match=fragment):
+            parse_override(bad)
+    with pytest.raises(ValueError, match="negative"):
+        criteria_for("oom-kill", {"restart_s": -1})
+    # the experiment's infer_criteria: a conflict in one scope is refused, across scopes not
+    with pytest.raises(ValueError, match="restart_s given twice with different values: 2 and 3"):
+        overrides_for("restart_s=2,restart_s=3", "oom-kill")
+    assert overrides_for("restart_s=2,oom-kill:restart_s=3", "oom-kill") == {"restart_s": 3.0}

@@ -60,17 +60,25 @@ def _parse_criteria(
     """``--criterion [DRILL:]NAME=VALUE`` items, checked against the plan's drills.
 
     Raises:
-        ConfigError: malformed item, unknown drill or criterion.
+        ConfigError: malformed item (an empty value, ``none``, a negative or non-numeric
+            threshold), one criterion given twice in the same scope with different values,
+            unknown drill or criterion.
     """
+    from chaoslib_infer.drills.criterion import override_conflict
     from chaoslib_infer.gameday import cli_criteria
     from chaoslib_infer.verdict import parse_override
 
     out = []
+    seen: dict[tuple[str | None, str], tuple[float | None, str]] = {}
     for item in items:
         try:
-            out.append(parse_override(item))
+            drill, name, value = parse_override(item)
         except ValueError as exc:
             raise ConfigError(f"--criterion: {exc}") from None
+        clash = override_conflict(seen, drill, name, value, item.partition("=")[2].strip())
+        if clash:
+            raise ConfigError(f"--criterion {clash}")
+        out.append((drill, name, value))
     cli_criteria(plan, out)  # refuses unknown drills and criteria now, before anything starts
     return out
 
@@ -135,6 +143,7 @@ def _print_dry_run(
     engine: str | None,
     overrides: dict[str, float] | None = None,
     k8s: Any = None,
+    criteria: list[tuple[str | None, str, float | None]] | None = None,
 ) -> None:
     import yaml
 
@@ -176,7 +185,28 @@ def _print_dry_run(
             click.echo(f"    {act.get('type')}: {act.get('name')} {args}{extra}")
         for rb in exp.get("rollbacks", []):
             click.echo(f"    rollback: {rb.get('name')}")
+    _print_criteria(the_plan, criteria or [])
     click.echo("dry run: nothing was started or changed")
+
+
+def _print_criteria(the_plan: Any, criteria: list[tuple[str | None, str, float | None]]) -> None:
+    """The criteria overrides in force, one line per drill and criterion: the plan's
+    ``criteria:`` with the ``--criterion`` items applied (the rest keep their defaults)."""
+    from chaoslib_infer.drills.criterion import threshold_value
+    from chaoslib_infer.gameday import cli_criteria
+
+    lines = [
+        f"    {drill}: {name}="
+        + ("off (not judged)" if (v := threshold_value(name, value)) is None else f"{v:g}")
+        for drill, crits in cli_criteria(the_plan, criteria).items()
+        for name, value in crits.items()
+    ]
+    if not lines:
+        click.echo("criteria overrides: none (defaults: docs/definitions.md, 'Drill criteria')")
+        return
+    click.echo("criteria overrides in force (drill: criterion=threshold):")
+    for line in lines:
+        click.echo(line)
 
 
 def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions) -> None:
@@ -279,7 +309,7 @@ def _validate_and_run(
         fail(str(exc))
         return None
     if dry_run:
-        _print_dry_run(the_plan, target_url, replicas, engine, overrides, k8s)
+        _print_dry_run(the_plan, target_url, replicas, engine, overrides, k8s, criteria)
         return None
     try:
         if k8s is not None:  # one cheap API call: unreachable/forbidden refuses before any load
@@ -346,13 +376,14 @@ _TARGET_OPTIONS = [
         multiple=True,
         metavar="[DRILL:]NAME=VALUE",
         help="Override a drill criterion's threshold, e.g. --criterion restart_s=20 or "
-        "--criterion network-jitter:duplicate_generations=2 (repeatable); VALUE 'off' shows "
-        "the row as 'not judged'. Names and defaults: docs/definitions.md, 'Drill criteria'.",
+        "--criterion network-jitter:duplicate_generations=2 (repeatable); VALUE is a number of 0 "
+        "or more, or 'off' (the row shows 'not judged'); one criterion given twice must have "
+        "one value. Names and defaults: docs/definitions.md, 'Drill criteria'.",
     ),
     click.option(
         "--dry-run",
         is_flag=True,
-        help="Print the plan (drills, faults, rollbacks) and touch nothing.",
+        help="Print the plan (drills, faults, rollbacks, criteria overrides) and touch nothing.",
     ),
     click.option(
         "--allow",

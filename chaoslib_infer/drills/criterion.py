@@ -25,6 +25,7 @@ __all__ = [
     "ROUTED_TO_DOWN",
     "Criterion",
     "configured_overrides",
+    "override_conflict",
     "interruption",
     "overrides_for",
     "parse_override",
@@ -93,20 +94,42 @@ def interruption(key: bool = False) -> list[Criterion]:
 
 
 def parse_override(text: str) -> tuple[str | None, str, float | None]:
-    """Parse ``[DRILL:]NAME=VALUE`` (``VALUE`` a number or ``off``).
+    """Parse ``[DRILL:]NAME=VALUE`` (``VALUE`` a number of 0 or more, or ``off``).
 
     Returns:
         ``(drill or None, name, threshold or None)``.
 
     Raises:
-        ValueError: no ``=``, an empty name, or a value that is neither a finite number nor
-            ``off``.
+        ValueError: no ``=``, an empty name, or a value that is neither a finite number of 0 or
+            more nor ``off`` (:func:`threshold_value`).
     """
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"criterion {text!r}: expected [DRILL:]NAME=VALUE")
     drill, _, name = key.strip().rpartition(":")
     return (drill or None, name, threshold_value(name, value))
+
+
+def override_conflict(
+    seen: dict[tuple[str | None, str], tuple[float | None, str]],
+    drill: str | None,
+    name: str,
+    threshold: float | None,
+    given: str,
+) -> str | None:
+    """Record one override in ``seen`` (``{(drill or None, name): (threshold, value as given)}``)
+    and say whether it contradicts an earlier one of the same scope and name.
+
+    Returns:
+        None (first time, or the same threshold again), else ``"NAME given twice with different
+        values: A and B"`` (``DRILL:NAME`` when scoped).
+    """
+    key = (drill, name)
+    if key in seen and seen[key][0] != threshold:
+        label = f"{drill}:{name}" if drill else name
+        return f"{label} given twice with different values: {seen[key][1]} and {given}"
+    seen.setdefault(key, (threshold, given))
+    return None
 
 
 def overrides_for(text: str, drill: str) -> dict[str, float | None]:
@@ -118,12 +141,17 @@ def overrides_for(text: str, drill: str) -> dict[str, float | None]:
         ``{name: threshold or None}`` (None: "not judged").
 
     Raises:
-        ValueError: an item is malformed (:func:`parse_override`).
+        ValueError: an item is malformed (:func:`parse_override`), or one criterion is given
+            twice, in the same scope, with different values (:func:`override_conflict`).
     """
     out: dict[str, float | None] = {}
+    seen: dict[tuple[str | None, str], tuple[float | None, str]] = {}
     for item in (x.strip() for x in text.split(",")):
         if item:
             prefix, name, value = parse_override(item)
+            clash = override_conflict(seen, prefix, name, value, item.partition("=")[2].strip())
+            if clash:
+                raise ValueError(f"criterion {clash}")
             if prefix is None or prefix == drill:
                 out[name] = value
     return out
@@ -142,18 +170,32 @@ def configured_overrides(configuration: Mapping[str, Any] | None, drill: str) ->
 
 
 def threshold_value(name: str, value: Any) -> float | None:
-    """A criterion's threshold from ``value``: None for None, ``off``, ``none`` or "" (not
-    judged), else a finite float.
+    """A criterion's threshold from ``value``: None for None (YAML ``null``) or ``off`` (not
+    judged), else a finite float of 0 or more (every judged figure is a duration, a count, a
+    ratio or a factor: a negative threshold would always pass or always fail).
 
     Raises:
-        ValueError: neither a finite number nor ``off``.
+        ValueError: an empty value, ``none``, a negative number, or anything else that is
+            neither a finite number nor ``off``.
     """
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "none", "")):
+    if value is None:
         return None
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word == "off":
+            return None
+        if not word:
+            raise ValueError(f"criterion {name}={value!r}: empty value; give a number, or 'off'")
+        if word == "none":
+            raise ValueError(
+                f"criterion {name}={value!r}: not a number; write 'off' for not judged"
+            )
     try:
         v = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"criterion {name}={value!r}: not a number (or 'off')") from None
     if not math.isfinite(v):
         raise ValueError(f"criterion {name}={value!r}: not a finite number")
+    if v < 0:
+        raise ValueError(f"criterion {name}={value!r}: negative; a threshold is 0 or more")
     return v

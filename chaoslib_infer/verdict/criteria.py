@@ -20,7 +20,9 @@ Windows (``docs/definitions.md``, "Windows"), all by send time:
 Overrides, most specific last: the plan's ``criteria:`` (all drills), a drill's own
 ``criteria:``, ``--criterion [DRILL:]NAME=VALUE`` on the command line; inside an experiment the
 configuration key ``infer_criteria`` (so ``chaos --no-version-check run --var infer_criteria=interruption_s=5``
-works too). A value of ``off`` (or YAML ``null``) turns a criterion into "not judged".
+works too). A value of ``off`` (or YAML ``null``) turns a criterion into "not judged"; an empty
+value, ``none``, a negative threshold and one criterion given twice with different values are
+refused (``docs/definitions.md``, "Drill criteria").
 """
 
 from __future__ import annotations
