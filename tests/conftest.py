@@ -30,6 +30,15 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--k8s-by-file",
+        action="store_true",
+        help="under pytest-xdist, group the fake-Kubernetes tests by file instead of all together "
+        "(the fast tier: quicker, and the RBAC test then checks the requests of its own worker)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -57,13 +66,16 @@ def _xdist_group(item: pytest.Item) -> str:
         if shared in names:
             return shared
     module = getattr(item, "module", None)
+    by_file = item.nodeid.split("::", 1)[0]
+    if item.config.getoption("--k8s-by-file"):
+        return by_file
     if module is not None and ("fake_k8s" in vars(module) or "k8s_sim" in vars(module)):
         return "k8s"
     if module is not None and any(
         getattr(v, "__module__", "") in ("fake_k8s", "k8s_sim") for v in vars(module).values()
     ):
         return "k8s"
-    return item.nodeid.split("::", 1)[0]
+    return by_file
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

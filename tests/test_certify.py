@@ -295,6 +295,7 @@ def test_six_profiles_conform_and_certify_side_by_side(tmp_path: Path,
     assert all(KEY not in line for line in lines)
 
 
+@pytest.mark.slow  # ~35 s: out of the fast tier
 def test_certify_ranks_the_sturdy_target_first(tmp_path: Path) -> None:
     """Two differently configured lab engines: the sturdy one ranks first, side by side."""
     env = {**os.environ, "STURDY_KEY": KEY}

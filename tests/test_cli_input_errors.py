@@ -106,6 +106,7 @@ def test_unreachable_target_is_refused_before_any_drill(tmp_path: Path) -> None:
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow  # ~20 s: out of the fast tier
 def test_warmup_failure_is_reported_not_exit_130(tmp_path: Path, failing_server: str) -> None:
     exp_dir = tmp_path / "experiments"
     exp_dir.mkdir()

@@ -44,6 +44,7 @@ def _rel(t: float, t0: float) -> str:
     return f"{t - t0:+.3f} s"
 
 
+@pytest.mark.slow  # ~20 s: out of the fast tier
 def test_oom_kill_drill_figures_reach_summary_evidence_and_timeline(
     tmp_path: Path,
     cluster: tuple[FakeK8s, dict[str, str]],  # noqa: F811

@@ -153,6 +153,7 @@ def test_kubernetes_plan_without_target_file_is_refused(
 # -- one drill end to end -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~25 s: out of the fast tier
 def test_drill_run_simultaneous_restarts_on_the_fake_cluster(
     tmp_path: Path, cluster: tuple[FakeK8s, dict[str, str]]
 ) -> None:

@@ -168,6 +168,7 @@ def _outputs(journal: dict[str, Any]) -> dict[str, Any]:
     return {r["activity"]["name"]: r.get("output") for r in journal["run"]}
 
 
+@pytest.mark.slow  # ~25 s a drill: out of the fast tier
 @pytest.mark.parametrize("name", sorted(VARS))
 def test_k8s_drill_runs_end_to_end_on_the_fake_cluster(
     tmp_path: Path, cluster: tuple[FakeK8s, dict[str, str]], name: str

@@ -29,6 +29,9 @@ from chaoslib_infer.load.fakeserver import FakeServer
 from chaoslib_infer.load.rawhttp import RawSession
 from chaoslib_infer.load.records import read_records
 
+# timing-sensitive: scripts/quickstart test runs it alone, after the parallel pass
+pytestmark = [pytest.mark.serial]
+
 SSE_OK = (
     b'data: {"choices":[{"index":0,"text":"ab"}]}\n\n'
     b'data: {"choices":[{"index":0,"text":"cd","finish_reason":"length"}]}\n\n'
