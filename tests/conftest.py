@@ -69,10 +69,9 @@ def _xdist_group(item: pytest.Item) -> str:
     by_file = item.nodeid.split("::", 1)[0]
     if item.config.getoption("--k8s-by-file"):
         return by_file
-    if module is not None and ("fake_k8s" in vars(module) or "k8s_sim" in vars(module)):
-        return "k8s"
+    fakes = ("fake_k8s", "k8s_sim")  # `import fake_k8s`, or names imported from it
     if module is not None and any(
-        getattr(v, "__module__", "") in ("fake_k8s", "k8s_sim") for v in vars(module).values()
+        name in fakes or getattr(v, "__module__", "") in fakes for name, v in vars(module).items()
     ):
         return "k8s"
     return by_file
@@ -88,27 +87,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Move the tests marked ``k8s_rbac_last`` to the end of the session: by then every fake API
     server of the other files has closed and added its requests to ``fake_k8s.ALL_REQUESTS``
-    (module fixtures are torn down before the next file's first test). Groups holding lab tests
-    go first, so the longest ones start while the short ones fill the gaps."""
+    (module fixtures are torn down before the next file's first test)."""
     last = [i for i in items if i.get_closest_marker("k8s_rbac_last")]
     if last:
         items[:] = [i for i in items if not i.get_closest_marker("k8s_rbac_last")] + last
-    groups: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        group = next(item.iter_markers("xdist_group")).args[0]
-        groups.setdefault(group, []).append(item)
-
-    def weight(members: list[pytest.Item]) -> int:
-        return sum(
-            1 for i in members if i.get_closest_marker("slow") or i.get_closest_marker("lab")
-        )
-
-    def rank(members: list[pytest.Item]) -> tuple[bool, int]:
-        # the RBAC test's group stays last, the rest by lab weight, heaviest first
-        return (any(i.get_closest_marker("k8s_rbac_last") for i in members), -weight(members))
-
-    ordered = sorted(groups.values(), key=rank)  # stable: ties keep their collection order
-    items[:] = [i for members in ordered for i in members]
 
 
 @pytest.fixture(scope="session")
@@ -118,10 +100,15 @@ def default_gameday(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gameda
     out = tmp_path_factory.mktemp("default-gameday") / "gd"
     run = run_default_gameday(out)
     yield run
-    with contextlib.suppress(Exception):  # the game day takes its lab down; make sure of it
-        from chaoslib_infer.lab.fleet import Lab
+    _down_if_running(out / "lab")  # the game day takes its lab down; make sure of it
 
-        lab = Lab.attach(out / "lab")
+
+def _down_if_running(lab_dir: Path) -> None:
+    """Take down the lab in ``lab_dir`` if its supervisord still runs (errors ignored)."""
+    from chaoslib_infer.lab.fleet import Lab
+
+    with contextlib.suppress(Exception):
+        lab = Lab.attach(lab_dir)
         if lab.supervisord_alive():
             lab.down()
 
@@ -129,16 +116,11 @@ def default_gameday(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gameda
 @pytest.fixture(autouse=True)
 def _take_down_leftover_labs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    from chaoslib_infer.lab.fleet import Lab
-
     started: list[str] = []
     for lab_json in tmp_path.rglob("lab.json"):
         if (lab_json.parent / "supervisord.conf").exists():
             started.append(str(lab_json.parent))
-        with contextlib.suppress(Exception):
-            lab = Lab.attach(lab_json.parent)
-            if lab.supervisord_alive():
-                lab.down()
+        _down_if_running(lab_json.parent)
     # the fast tier (scripts/quickstart test-fast: -m "not lab and not slow ...") promises no lab
     if started and request.node.get_closest_marker("lab") is None:
         pytest.fail(f"brought up a lab ({started[0]}) but is not marked lab", pytrace=False)
