@@ -228,16 +228,18 @@ def check_verdict(drill: dict[str, Any], allowed: tuple[str, ...] = ("passed", "
 
 
 def run_gameday(
-    plan: Path, out: Path, timeout_s: float = 600.0
+    plan: Path | None, out: Path, timeout_s: float = 600.0
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """Run ``chaos-infer gameday PLAN --out OUT`` as a user would (a child process from the
-    repository root, this environment); return the process and ``summary.json``.
+    """Run ``chaos-infer gameday [PLAN] --out OUT`` as a user would (a child process from the
+    repository root, this environment; no PLAN: the default plan); return the process and
+    ``summary.json``.
 
     Raises:
         AssertionError: no summary was written (with the output's tail).
     """
+    plan_arg = [] if plan is None else [str(plan)]
     proc = subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", str(plan), "--out", str(out)],
+        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", *plan_arg, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -292,18 +294,8 @@ def run_default_gameday(out: Path, timeout_s: float = 900.0) -> GamedayRun:
     ``default_gameday`` in conftest.py) and every test that only reads a drill's outcome of the
     default plan reads it there instead of bringing up a lab of its own."""
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "chaoslib_infer.cli", "gameday", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        cwd=ROOT,
-        env=dict(os.environ),
-    )
-    elapsed = time.monotonic() - t0
-    summary_file = out / "summary.json"
-    assert summary_file.is_file(), proc.stdout[-3000:] + proc.stderr[-2000:]
-    return GamedayRun(proc, out, elapsed, json.loads(summary_file.read_text()))
+    proc, summary = run_gameday(None, out, timeout_s)
+    return GamedayRun(proc, out, time.monotonic() - t0, summary)
 
 
 def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.02) -> Any:
