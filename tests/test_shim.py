@@ -22,6 +22,10 @@ import pytest
 
 from chaoslib_infer.lab.shim import DelaySampler, JitterShim, RunningStats, ShimConfig
 
+# timing-sensitive (delays within ms bounds): scripts/quickstart test runs it alone, after the
+# parallel pass
+pytestmark = [pytest.mark.serial]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
