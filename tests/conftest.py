@@ -8,8 +8,10 @@ supervisord, HAProxy or engine processes (or cgroups, namespaces) behind for the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,12 +87,97 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Move the tests marked ``k8s_rbac_last`` to the end of the session: by then every fake API
-    server of the other files has closed and added its requests to ``fake_k8s.ALL_REQUESTS``
-    (module fixtures are torn down before the next file's first test)."""
+    """Order the session for pytest-xdist's ``--no-loadscope-reorder`` (scripts/quickstart test).
+
+    The tests marked ``k8s_rbac_last`` go last: by then every fake API server of the other files
+    has closed and added its requests to ``fake_k8s.ALL_REQUESTS``. Groups that bring up labs
+    (largest lab weight first) alternate with groups that do not, two to one: with
+    :data:`LAB_SLOTS` labs at a time, the worker a lab group would make wait runs light tests
+    instead, from the start of the session to its end (sorted by size, xdist's own order, left
+    the lab groups for a tail where every worker held one)."""
     last = [i for i in items if i.get_closest_marker("k8s_rbac_last")]
     if last:
         items[:] = [i for i in items if not i.get_closest_marker("k8s_rbac_last")] + last
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        groups.setdefault(marker.args[0] if marker else item.nodeid, []).append(item)
+
+    def lab_weight(members: list[pytest.Item]) -> float:  # estimated lab seconds
+        group = next(members[0].iter_markers("xdist_group")).args[0] if members else ""
+        labs = sum(1 for i in members if i.get_closest_marker("lab"))
+        return LAB_GROUP_SECONDS.get(group, 20.0 * labs) if labs else 0.0
+
+    labs = sorted((g for g in groups.values() if lab_weight(g)), key=lab_weight, reverse=True)
+    light = sorted((g for g in groups.values() if not lab_weight(g)), key=len, reverse=True)
+    ordered: list[list[pytest.Item]] = []
+    while labs or light:
+        ordered += labs[:2] + light[:1]
+        labs, light = labs[2:], light[1:]
+    items[:] = [i for members in ordered for i in members]
+
+
+#: seconds the longest lab groups took in a CI run (pass 1's 40 slowest tests, 2026-12-03); other
+#: groups count 20 s per lab test. Only the order of the groups depends on it (longest first)
+LAB_GROUP_SECONDS = {
+    "tests/test_interruptions.py": 600.0,
+    "default_gameday": 300.0,
+    "tests/test_verdict_lab.py": 230.0,
+    "tests/test_gateway_lab.py": 165.0,
+    "tests/test_safety_lab.py": 130.0,
+    "tests/test_drill_traffic_spike.py": 110.0,
+    "tests/test_drill_network_jitter.py": 100.0,
+    "tests/test_drill_node_loss.py": 95.0,
+    "tests/test_drill_quota_cut.py": 85.0,
+    "tests/test_gameday_e2e.py": 80.0,
+    "tests/test_drill_simultaneous_restarts.py": 72.0,
+    "tests/test_drill_upstream_timeout.py": 66.0,
+}
+
+#: labs up at once across the pytest-xdist workers (``CHAOS_INFER_TEST_LAB_SLOTS``, default 2):
+#: on a 2-core machine three labs at once starved their engines and HAProxy checks (a CI run
+#: failed six verdict and ground-truth tests that pass alone); the other workers run light tests
+LAB_SLOTS = max(1, int(os.environ.get("CHAOS_INFER_TEST_LAB_SLOTS") or 2))
+
+
+@contextlib.contextmanager
+def lab_slot(base: Path) -> Iterator[None]:
+    """Hold one of :data:`LAB_SLOTS` lock files under ``base`` (shared by the session's workers)
+    while the block runs; waits, polling every 0.2 s, until one is free."""
+    base.mkdir(parents=True, exist_ok=True)
+    while True:
+        for n in range(LAB_SLOTS):
+            fd = os.open(base / f"lab-slot-{n}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield
+                return
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+        time.sleep(0.2)
+
+
+def _slots_dir(factory: pytest.TempPathFactory) -> Path:
+    # a worker's base temp is <session temp>/popen-gwN: the session's workers share the parent
+    base = factory.getbasetemp()
+    return (base.parent if base.name.startswith("popen-gw") else base) / "lab-slots"
+
+
+@pytest.fixture(autouse=True)
+def _one_of_the_lab_slots(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A test marked ``lab`` runs while it holds a lab slot (see :data:`LAB_SLOTS`)."""
+    if request.node.get_closest_marker("lab") is None:
+        yield
+        return
+    with lab_slot(_slots_dir(tmp_path_factory)):
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -98,7 +185,8 @@ def default_gameday(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gameda
     """The README's main job run once for the session (``chaos-infer gameday``: the default plan
     on the default lab); the tests that only read one of its drills' outcomes share it."""
     out = tmp_path_factory.mktemp("default-gameday") / "gd"
-    run = run_default_gameday(out)
+    with lab_slot(_slots_dir(tmp_path_factory)):
+        run = run_default_gameday(out)
     yield run
     _down_if_running(out / "lab")  # the game day takes its lab down; make sure of it
 

@@ -54,7 +54,7 @@ def _run(tmp_path: Path, env_mode: str | None) -> tuple[list[dict[str, Any]], di
 def test_ttft_log_has_kernel_stamps_consistent_with_the_client(tmp_path: Path) -> None:
     recs, rows = _run(tmp_path, None)
     assert recs
-    matched = kernel_rx = 0
+    matched = kernel_rx = kernel_tx = 0
     for r in recs:
         row = rows.get(r["request_id"])
         if row is None:
@@ -69,12 +69,18 @@ def test_ttft_log_has_kernel_stamps_consistent_with_the_client(tmp_path: Path) -
         assert row["ttft_kernel_s"] == pytest.approx(row["tx_at"] - row["rx_at"])
         # the same bytes, stamped on both sides of loopback
         assert r["time_source"] == "kernel"
-        if r["sent_source"] != "connect":
+        # a send time is a lower bound of the peer's receive stamp only when it is the kernel's
+        # own TX stamp: "send_return" is read after send() returned, late by however long the
+        # sender was descheduled in between (18 ms seen on a loaded CI machine), and stated so
+        if r["sent_source"] == "tx_timestamp":
             assert r["sent_at"] <= row["rx_at"] + _SLACK_S
-        assert row["tx_at"] <= r["first_token_at"] + _SLACK_S
+        if row["tx_source"] == "tx_timestamp":
+            assert row["tx_at"] <= r["first_token_at"] + _SLACK_S
+        kernel_tx += row["tx_source"] == "tx_timestamp"
         assert row["rx_at"] <= row["t"] + 1e-6 and row["tx_at"] <= row["t"] + 1e-6
     assert matched == len(recs)
     assert kernel_rx >= 0.8 * matched, (kernel_rx, matched)
+    assert kernel_tx >= 0.8 * matched, (kernel_tx, matched)
 
 
 def test_ttft_log_states_loop_times_when_stamps_are_off(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from labutil import BackgroundRun, background_load_control, cli, echo_key_probe
+from labutil import WAIT_SLACK, BackgroundRun, background_load_control, cli, echo_key_probe
 
 from chaoslib_infer.lab.fleet import Lab
 
@@ -61,6 +61,7 @@ class Runner(BackgroundRun):
 def _wait_for(
     pred: Callable[[], Any], timeout_s: float, what: str, runner: Runner | None = None
 ) -> Any:
+    timeout_s *= WAIT_SLACK
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = pred()

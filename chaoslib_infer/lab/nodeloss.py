@@ -26,7 +26,7 @@ from chaoslib_infer.lab.netns import NetnsError
 from chaoslib_infer.lab.processes import alive, spawn_in_cgroup, wait_dead
 from chaoslib_infer.lab.recorder import EVENTS_FILE, append_event
 from chaoslib_infer.lab.statedir import HAPROXY_SOCK, LabError
-from chaoslib_infer.lab.supervisor_rpc import rpc
+from chaoslib_infer.lab.supervisor_rpc import rpc, start_process
 from chaoslib_infer.lab.topology import all_replicas, haproxy_config, node_up
 
 if TYPE_CHECKING:
@@ -46,7 +46,6 @@ __all__ = [
 FAULT_KIND = "node-loss"
 #: ``module`` of a node-loss fault record, and the node controller's ``python -m`` module
 MODULE = "chaoslib_infer.lab.nodes"
-_ALREADY_STARTED = 60  # supervisord xmlrpc fault codes
 _NOT_RUNNING = 70
 
 
@@ -119,14 +118,11 @@ def _point_haproxy(lab: Lab, replica: str, host: str, port: int) -> None:
 def _start_replica(lab: Lab, replica: str) -> bool:
     """Start a stopped replica through supervisord; False when it already runs."""
     try:
-        rpc(lab.state_dir, 5.0).supervisor.startProcess(replica, False)
+        return start_process(lab.state_dir, replica)
     except xmlrpc.client.Fault as exc:
-        if exc.faultCode == _ALREADY_STARTED:
-            return False
         raise LabError(f"supervisord could not start {replica}: {exc.faultString}") from exc
     except (OSError, http.client.HTTPException) as exc:
         raise LabError(f"supervisord not answering: {exc}") from exc
-    return True
 
 
 def _free_spare(lab: Lab, exclude: str) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.lab.statedir import HAPROXY_SOCK, LabError
-from chaoslib_infer.lab.supervisor_rpc import rpc
+from chaoslib_infer.lab.supervisor_rpc import rpc, start_process
 
 if TYPE_CHECKING:
     from chaoslib_infer.lab.fleet import Lab
@@ -196,10 +196,9 @@ def _healthy(lab: Lab, name: str) -> bool:
 
 def _rpc_start(lab: Lab, name: str) -> None:
     try:
-        rpc(lab.state_dir, 5.0).supervisor.startProcess(name, False)
+        start_process(lab.state_dir, name)
     except xmlrpc.client.Fault as exc:
-        if "ALREADY_STARTED" not in exc.faultString:
-            raise LabError(f"supervisord could not start {name}: {exc.faultString}") from exc
+        raise LabError(f"supervisord could not start {name}: {exc.faultString}") from exc
     except (OSError, http.client.HTTPException) as exc:
         raise LabError(f"supervisord not answering while starting {name}: {exc}") from exc
 

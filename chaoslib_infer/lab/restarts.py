@@ -28,7 +28,7 @@ import xmlrpc.client
 from typing import Any
 
 from chaoslib_infer.lab.fleet import Lab, LabError
-from chaoslib_infer.lab.supervisor_rpc import rpc
+from chaoslib_infer.lab.supervisor_rpc import rpc, start_process
 
 __all__ = [
     "KIND",
@@ -267,9 +267,9 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     for name in record.get("replicas") or []:
         state = infos.get(name, {}).get("statename")
         if state in ("STOPPED", "EXITED", "FATAL", "BACKOFF"):
-            try:
-                rpc(lab.state_dir, 10.0).supervisor.startProcess(name, False)
-                started.append(name)
+            try:  # False: supervisord's autorestart got there first, which is what we want
+                if start_process(lab.state_dir, name, 10.0):
+                    started.append(name)
             except _RPC_ERRORS as exc:
                 raise LabError(f"cannot start {name}: {exc}") from exc
     return f"simultaneous-restarts: started {', '.join(started)}" if started else None

@@ -15,10 +15,13 @@ from typing import Any
 
 from chaoslib_infer.lab.statedir import SUPERVISOR_SOCK
 
-__all__ = ["RPC_ERRORS", "rpc"]
+__all__ = ["ALREADY_STARTED", "RPC_ERRORS", "rpc", "start_process"]
 
 #: what a call through :func:`rpc` raises when supervisord is gone or refuses
 RPC_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
+#: supervisord's fault code for ``startProcess`` on a process that is RUNNING, STARTING or in
+#: BACKOFF (``supervisor.xmlrpc.Faults.ALREADY_STARTED``)
+ALREADY_STARTED = 60
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -48,3 +51,25 @@ def rpc(state_dir: Path, timeout_s: float = 5.0) -> Any:
     ``timeout_s`` seconds and raises one of :data:`RPC_ERRORS`)."""
     transport = _UnixTransport(str(state_dir / SUPERVISOR_SOCK), timeout_s)
     return xmlrpc.client.ServerProxy("http://localhost/RPC2", transport=transport)
+
+
+def start_process(state_dir: Path, name: str, timeout_s: float = 5.0) -> bool:
+    """Ask supervisord to start program ``name`` without waiting for it (``startProcess(name,
+    False)``).
+
+    Returns:
+        True when supervisord started it; False when it was already running or starting
+        (``ALREADY_STARTED``: e.g. supervisord's own ``autorestart`` respawned a killed engine
+        between the caller's state read and this call, a race that widens on a loaded machine).
+
+    Raises:
+        OSError, http.client.HTTPException: supervisord not answering (see :data:`RPC_ERRORS`).
+        xmlrpc.client.Fault: any other refusal (unknown name, spawn error).
+    """
+    try:
+        rpc(state_dir, timeout_s).supervisor.startProcess(name, False)
+    except xmlrpc.client.Fault as exc:
+        if exc.faultCode == ALREADY_STARTED:
+            return False
+        raise
+    return True
