@@ -191,6 +191,11 @@ def _exercise_load_workers(fake: FakeK8s, target: str, tmp_path: Path) -> None:
     )  # fmt: skip
 
 
+def _group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return str(marker.args[0]) if marker else None
+
+
 def _listed(bound: list[tuple[str | None, dict[str, Any]]]) -> set[tuple[str, str, str]]:
     return {
         (g, res, v)
@@ -216,9 +221,12 @@ def test_rbac_covers_every_call_and_lists_nothing_unused(
     tests/conftest.py runs this test last, so every other test's fake API server has closed and
     added its requests; run alone, the exercise below still drives every action and rollback."""
     mine, drain = _exercise(tmp_path)
-    # nothing runs after this test and every fake started so far has closed: ALL_REQUESTS is
-    # every request the session sent (its other files' and this exercise's)
-    assert request.session.items[-1] is request.node
+    # no test of its xdist group (every fake-Kubernetes test, one worker) runs after this one
+    # and every fake started so far has closed: ALL_REQUESTS is every request they sent (their
+    # files' and this exercise's)
+    items = request.session.items
+    group = _group(request.node)
+    assert [i for i in items[items.index(request.node) + 1 :] if _group(i) == group] == []
     assert OPEN_FAKES == set()
     seen = mine + [r for r in ALL_REQUESTS if r.verb]
     assert len(seen) > 20

@@ -80,8 +80,10 @@ def test_verdicts_pass_inconclusive_and_residue_on_one_lab(tmp_path: Path) -> No
                 "lab": {"replicas": 3, "engine": "sim", "engine_args": {"max_num_seqs": 4}},
                 "drills": [
                     {"name": "jitter-calm-client", "experiment": str(jitter)},
-                    {"name": "quota-builtin", "experiment": str(quota)},
-                    {"name": "quota-locust", "experiment": str(locust)},
+                    # 10 s windows: a closed-loop locust baseline at 8 req/s held 48 requests
+                    # (< 50) on a loaded CI machine in the default 8 s one
+                    {"name": "quota-builtin", "experiment": str(quota), "vars": {"window_s": 10}},
+                    {"name": "quota-locust", "experiment": str(locust), "vars": {"window_s": 10}},
                     {"name": "quota-noop", "experiment": str(quota), "vars": {"quota": 3}},
                     {"name": "quota-thin", "experiment": str(quota), "vars": {"load_rate_rps": 2}},
                     {"name": "quota-residue", "experiment": str(residue), "vars": {"quota": 2}},
