@@ -40,6 +40,19 @@ from chaoslib_infer.verdict import DrillFacts, exit_code, judge_drill, timeline
 
 T0 = 1_800_000_000.0
 CAP = 64
+OOM_GROUND = {
+    "fault_at": T0 + 20,
+    "replica": "r0",
+    "oom_kills": 1,
+    "death_cause": "oom",
+    "replica_serving_again_at": T0 + 22,
+}
+OOM_FIG = {
+    "restart_s": 2.0,
+    "warmup_ratio": 3.0,
+    "interruption_s": 0.0,
+    "interruption_sustained": 1,
+}
 #: the spike: 20 s of baseline at 10 req/s, 15 s at 36 req/s, 15 s back at 10 req/s
 SPIKE_AT, SPIKE_END, END = T0 + 20, T0 + 35, T0 + 50
 
@@ -182,7 +195,10 @@ def test_a_client_short_of_cpu_is_inconclusive_naming_the_client_and_its_cpu() -
     ]
     rows = rows_of(v)
     assert rows["not_sent"]["result"] == "n/a" and rows["not_sent"]["value"] == 468
-    assert "the client itself fell behind: 468 requests not sent" in rows["not_sent"]["note"]
+    assert rows["not_sent"]["note"] == (
+        "the client itself fell behind (its lag P99 0.3 s): 468 requests not sent, not counted "
+        "against the service"
+    )
     assert rows["timeout_rate_fault"]["result"] == "pass"  # judged without the client's own
     # a client late to send (the scheduler's own lag) says so
     late = overload(hang_every=10**9)
@@ -193,7 +209,45 @@ def test_a_client_short_of_cpu_is_inconclusive_naming_the_client_and_its_cpu() -
     assert v.reasons[0].startswith("the client fell behind its schedule (it sent late): ")
 
 
+def test_a_client_starved_far_past_its_timeouts_gives_up_on_its_own_lag_inconclusive() -> None:
+    """Measured with the load in a cgroup of 2 % of a core against a healthy server (150 req/s):
+    read lag P99 4.5 s, send lag P99 6.3 s, 98 % of the run waiting for a CPU, and 86 % of the
+    attempts timed out on the client's own clock. Those timeouts are not the service's: left out
+    (counted in the rows' notes); what the service answered (all 200) passes; inconclusive."""
+    records = [rec(T0 + i / 10, lag=4.5) for i in range(500)]
+    for r in records[::3]:  # the client gave up on a third of the replies already sent
+        r.update(ok=False, error_class="timeout_ttft", status=200, chunk_times=[])
+        r.update(chunk_times_loop=[], first_token_at=None)
+    client = {"client_cpu_share": 0.02, "client_runq_wait_share": 0.98}
+    ground = {**OOM_GROUND}
+    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, ground, client=client))
+    assert v.state == "inconclusive", v.reasons
+    assert len(v.reasons) == 1
+    assert v.reasons[0].startswith(
+        "the client fell behind its schedule (it read late): client lag P99 (kernel receive to "
+        "handling): 4.5 s > 0.1 s (client_lag_p99_s); its CPU: busy 2% of one core, waiting "
+        "for a CPU 98% of the run"
+    )
+    rows = rows_of(v)
+    for name in ("timeout_rate", "timeout_rate_fault"):
+        assert rows[name]["result"] == "n/a" and rows[name]["value"] is None
+        assert rows[name]["note"] == (
+            "the client itself fell behind (its lag P99 4.5 s): 167 timed-out attempts left "
+            "out (it may have given up on replies already sent)"
+        )
+    assert rows["availability"]["value"] == 1.0  # what the service answered
+    # a 5xx the service sent is its own, whatever the client's lag: failed, the client beside
+    for r in records[202:262:3]:  # 20 in the fault window (none of them a timeout)
+        r.update(ok=False, error_class="http_5xx", status=503)
+    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, ground, client=client))
+    assert v.state == "failed"
+    assert v.reasons[0] == "availability (whole drill): 0.9399 < 0.999 (availability)"  # 313/333
+    assert v.reasons[-1].startswith("also inconclusive: the client fell behind its schedule")
+
+
 def test_timeouts_fail_the_drill_even_with_a_lagging_client_listed_beside() -> None:
+    """A client 0.3 s late on its reads cannot turn a 10 s wait into a timeout: the timeouts of
+    a hung spike stay the service's."""
     records = overload(lag=0.3)
     v = judge_drill(spike_facts(records, client={"client_cpu_share": 0.99}))
     assert v.state == "failed", v.reasons

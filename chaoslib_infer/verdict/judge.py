@@ -22,7 +22,8 @@ answers, wrong or empty content, requests not sent because the service held ever
 duplicates; the method's findings; a defect before the fault): the inconclusive reasons are
 listed beside, each ``"also inconclusive: ..."``. Requests ``not_sent`` (due while the load's
 in-flight cap was full) count against the service when the client kept up; when it fell behind,
-every figure is judged without them and their row reads ``n/a``.
+every figure is judged without them, and without its timeouts when its lag is large against the
+deadline (:mod:`chaoslib_infer.verdict.client`), their rows reading ``n/a``.
 
 Residue wins over ``aborted`` and ``error`` (a fault left behind fails, whatever else happened).
 A figure kind that could not be computed (:func:`figure_error_reason`) makes the drill ``error``;
@@ -50,6 +51,7 @@ from chaoslib_infer.measure.metrics import (
     window_stats,
 )
 
+from . import client as vclient
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .facts import STATES, DrillFacts, Verdict, format_value, num
 from .state import (
@@ -389,11 +391,6 @@ K8S_ALIASES = {
 }
 
 
-#: The ``not_sent`` row's note when the client itself fell behind.
-NOT_SENT_CLIENT = (
-    "the client itself fell behind: {n} requests not sent, not counted against the service"
-)
-
 _Judged = tuple[
     Timeline,
     dict[str, tuple[float, float]],
@@ -414,21 +411,20 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     return tl, w, sel, info, rows
 
 
-def _without_not_sent(
+def _without_client_outcomes(
     facts: DrillFacts, crits: Sequence[Criterion], rows: list[dict[str, Any]]
 ) -> _Judged:
-    """The judgement of ``facts`` without its ``not_sent`` records (a client that fell behind
-    may have filled its own cap: those are not the service's failures), keeping ``rows``' client
-    rows (the client's lag as measured on every record) and reading the ``not_sent`` row
-    ``n/a`` with its count in the note."""
-    n = sum(1 for r in facts.records if r.get("not_sent"))
-    kept = replace(facts, records=[r for r in facts.records if not r.get("not_sent")])
-    tl, w, sel, info, again = _judged(kept, crits)
+    """The judgement of ``facts`` without the outcomes a client that itself fell behind may have
+    made (:mod:`chaoslib_infer.verdict.client`: its ``not_sent`` requests, and its timeouts when
+    its lag is large against the deadline), keeping ``rows``' client rows (its lag as measured
+    on every record) and reading the rows of what was left out ``n/a``, counted in their note."""
+    lag = vclient.client_lag(rows) or 0.0
+    timeouts = lag >= vclient.CLIENT_TIMEOUT_SHARE * facts.deadline_s
+    kept, not_sent, timed_out = vclient.left_out(facts.records, timeouts)
+    tl, w, sel, info, again = _judged(replace(facts, records=kept), crits)
     client = {r["criterion"]: r for r in rows if r["criterion"] in CLIENT_LAG}
     out = [client.get(r["criterion"], r) for r in again]
-    for r in out:
-        if r["criterion"] == "not_sent":
-            r.update(value=float(n), result="n/a", note=NOT_SENT_CLIENT.format(n=n))
+    out = vclient.mark_left_out(out, not_sent, timed_out if timeouts else None, lag)
     return tl, w, sel, info, out
 
 
@@ -463,7 +459,7 @@ def judge_drill(
             if r["criterion"] == "send_lag_p99_s":  # intended_at == sent_at: nothing measured
                 r.update(value=None, result="unmeasured", note=CLOSED_LOOP_LAG)
     if client_bound(rows):  # the client's own lag may have filled its cap: judge without those
-        tl, w, sel, info, rows = _without_not_sent(facts, crits, rows)
+        tl, w, sel, info, rows = _without_client_outcomes(facts, crits, rows)
     notes: list[str] = [f"fault: {tl.why}"]
     if facts.closed_loop:
         notes.append(f"load: {facts.closed_loop}")

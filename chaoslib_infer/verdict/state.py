@@ -52,7 +52,8 @@ CLIENT_LAG = frozenset({"send_lag_p99_s", "client_lag_p99_s"})
 #: would make it inconclusive, which is then listed beside (:data:`ALSO_INCONCLUSIVE`). Latency
 #: and the figures timed from it (recovery, interruption, scale-out) are not among them: a client
 #: that fell behind makes them suspect. With a client that fell behind, the rates are judged
-#: without the requests it did not send (``judge``), so they hold the service's failures only.
+#: without the requests it did not send, and without its timeouts when its lag is large against
+#: the deadline (:mod:`chaoslib_infer.verdict.client`), so they hold the service's failures only.
 CLIENT_INDEPENDENT = frozenset(
     {
         "availability",
