@@ -306,6 +306,7 @@ def warmup_finding(records: Path, waited_s: float) -> tuple[bool, str]:
         requests sent, 130 still in flight, 10 timeout_ttft"`` when no attempt got an HTTP
         answer, ``"nothing succeeded in 2 s: 16 requests sent, 16 http_5xx"`` when some did.
     """
+    from chaoslib_infer.load.inflight import INFLIGHT_FILE
     from chaoslib_infer.load.records import read_records
     from chaoslib_infer.measure.inflight import read_inflight
 
@@ -316,7 +317,7 @@ def warmup_finding(records: Path, waited_s: float) -> tuple[bool, str]:
     ended = {(r.get("request_id"), r.get("attempt") or 1) for r in done}
     on_wire = [  # the snapshot is up to 0.25 s old: an attempt ended since counts once
         a
-        for a in read_inflight(records.with_name("inflight.json"))
+        for a in read_inflight(records.with_name(INFLIGHT_FILE))
         if (a["request_id"], a.get("attempt") or 1) not in ended
     ]
     classes: dict[str, int] = {}
