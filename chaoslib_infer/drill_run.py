@@ -20,7 +20,7 @@ from chaoslib.loader import load_experiment
 
 from chaoslib_infer.chaoslib_hooks import interrupt_on_sigterm, no_pause_after_interrupt
 from chaoslib_infer.controls.guard import STOP_CONDITION_FILE
-from chaoslib_infer.controls.load import LOAD_ERROR_FILE, stop_load
+from chaoslib_infer.controls.load import LOAD_ERROR_FILE, WARMUP_FILE, stop_load
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.render import write_atomic
 from chaoslib_infer.evidence.verdicts import write_residue
@@ -188,7 +188,7 @@ def run_drill(
     secrets = redact.known_secrets([*(secrets or []), *redact.secrets_from_experiment(experiment)])
     redact.private_dir(drill_dir)
     stale_files = ("records.jsonl", "faults.jsonl", "journal.json", STOP_CONDITION_FILE)
-    for stale in (*stale_files, LOAD_ERROR_FILE):
+    for stale in (*stale_files, LOAD_ERROR_FILE, WARMUP_FILE):
         (drill_dir / stale).unlink(missing_ok=True)
     config_vars: dict[str, Any] = {
         "infer_run_dir": str(drill_dir),

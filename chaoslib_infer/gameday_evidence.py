@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from chaoslib_infer.controls.guard import read_stop_condition
-from chaoslib_infer.controls.load import LOAD_ERROR_FILE
+from chaoslib_infer.controls.load import LOAD_ERROR_FILE, WARMUP_FILE
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.figures import drill_figures, read_jsonl, unix_time
 from chaoslib_infer.evidence.journal import failed_activities, hypothesis_results
@@ -24,6 +24,7 @@ from chaoslib_infer.evidence.plots import drill_plots
 from chaoslib_infer.evidence.render import render_drill
 from chaoslib_infer.evidence.verdicts import drill_verdict
 from chaoslib_infer.lab.fleet import Lab
+from chaoslib_infer.load.clientside import CLIENT_FIGURES
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.locust.control import CO_NOTE, LOCUST_FILE
 from chaoslib_infer.plan import drill_kind
@@ -209,6 +210,9 @@ def drill_evidence(
     load_error = (
         load_error_file.read_text(encoding="utf-8").strip() if load_error_file.is_file() else None
     )
+    warmup = _warmup_finding(drill_dir)
+    if warmup is not None:
+        ground["load_warmup"] = warmup
     t0, t1 = unix_time(started), unix_time(ended)
     locust, lost = locust_load(drill_dir, t0)
     if locust is not None:  # closed loop, lost workers: docs/definitions.md, "Send time"
@@ -231,6 +235,8 @@ def drill_evidence(
             replica_of=_replica_map(lab),
             closed_loop=locust["note"] if locust is not None else None,
             load_lost=lost,
+            warmup=warmup,
+            client={k: figures[k] for k in CLIENT_FIGURES if k in figures},
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -269,6 +275,17 @@ def drill_evidence(
         t0,
     )
     return entry
+
+
+def _warmup_finding(drill_dir: Path) -> str | None:
+    """What the service did when nothing succeeded in the load's warm-up (``warmup.json``'s
+    ``finding``, :func:`chaoslib_infer.controls.load.warmup_finding`), or None."""
+    try:
+        doc = json.loads((drill_dir / WARMUP_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    finding = doc.get("finding") if isinstance(doc, dict) else None
+    return str(finding) if finding else None
 
 
 _HEADLINE_KEYS = (

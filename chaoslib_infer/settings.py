@@ -29,6 +29,10 @@ DEFAULT_RUN_DIR = "chaos-infer-run"
 #: written by the load controls, read by ``drill_run.run_drill`` to report it on the console and in
 #: ``summary.json``
 LOAD_ERROR_FILE = "load_error.txt"
+#: in the run folder: what the service did when no request succeeded during the load's warm-up
+#: (``{"finding", "url", "warmup_s"}``; ``controls.load.warmup_finding``): the drill runs on and
+#: its verdict reads it (failed: the service did not meet its SLOs before the fault)
+WARMUP_FILE = "warmup.json"
 
 
 def _get(configuration: Mapping[str, Any] | None, key: str) -> Any:

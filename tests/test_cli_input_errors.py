@@ -4,23 +4,27 @@
 - ``--out`` naming a file or an uncreatable path, and a non-UTF-8 ``--target``/``--plan`` file,
   are one line and exit 2 (gameday, drill run, certify, schedule, load soak/three-phase);
 - an unreachable ``--target`` URL is refused before any drill (exit 2, no evidence folder);
-- a target that answers but fails every request stops the drill at the load warm-up: the reason
-  is on the console and in ``summary.json``, exit 2 (not 130, which is Ctrl-C);
+- a target that answers but fails every request, or hangs from its first one, is the service's
+  failure, not the tool's: the drill runs on past the load warm-up and reads FAILED "the service
+  did not meet its SLOs before the fault (nothing ... in N s)", exit 1 (not 2, not 130);
 - ``load soak`` with no successful request exits 1 with a line saying so.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from labutil import QuietHandler, cli, serve_http
+from labutil import QuietHandler, cli, engine_argv, killed_at_exit, serve_http, wait_for
 
 from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.load.records import read_records
 from chaoslib_infer.plan import load_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,23 +110,103 @@ def test_unreachable_target_is_refused_before_any_drill(tmp_path: Path) -> None:
     assert not (tmp_path / "d").exists()
 
 
-@pytest.mark.slow  # ~20 s: out of the fast tier
-def test_warmup_failure_is_reported_not_exit_130(tmp_path: Path, failing_server: str) -> None:
+def _drill_with_short_warmup(tmp_path: Path, target: str) -> subprocess.CompletedProcess[str]:
+    """``drill run upstream-timeout`` against ``target`` with a 1 s load warm-up (the plan
+    names the edited experiment: ``drill run`` takes the default plan's drill otherwise)."""
     exp_dir = tmp_path / "experiments"
     exp_dir.mkdir()
     exp = yaml.safe_load((ROOT / "experiments" / "upstream-timeout.yaml").read_text())
     control = next(c for c in exp["controls"] if c["name"] == "background-load")
     control["provider"]["arguments"]["warmup_s"] = 1
-    (exp_dir / "upstream-timeout.yaml").write_text(yaml.safe_dump(exp, sort_keys=False))
-    proc = _cli(
-        "drill", "run", "upstream-timeout", "--target", failing_server, "--out", "d",
-        cwd=tmp_path, env={"CHAOS_INFER_EXPERIMENTS": str(exp_dir)},
+    experiment = exp_dir / "upstream-timeout.yaml"
+    experiment.write_text(yaml.safe_dump(exp, sort_keys=False))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        yaml.safe_dump(
+            {"name": "p", "drills": [{"name": "upstream-timeout", "experiment": str(experiment)}]}
+        )
+    )
+    return _cli(
+        "drill", "run", "upstream-timeout", "--target", target, "--out", "d",
+        cwd=tmp_path, env={"CHAOS_INFER_EXPERIMENTS": str(exp_dir), "CHAOS_INFER_PLAN": str(plan)},
+        timeout=180,
     )  # fmt: skip
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "no request to" in proc.stdout and "warm-up" in proc.stdout
+
+
+def _failed_before_the_fault(tmp_path: Path, proc: subprocess.CompletedProcess[str]) -> str:
+    """The drill read FAILED before the fault, exit 1: its first reason."""
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "d" / "summary.json").read_text())
-    assert "no request to" in summary["error"]
-    assert "warm-up" in summary["drills"][0]["error"]
+    assert "error" not in summary and "error" not in summary["drills"][0]
+    drill = summary["drills"][0]
+    assert drill["status"] == "failed"
+    first = str(drill["reasons"][0])
+    assert first.startswith("the service did not meet its SLOs before the fault (nothing ")
+    assert f"reason: {first}" in proc.stdout
+    faults = tmp_path / "d" / "upstream-timeout" / "faults.jsonl"
+    assert not faults.exists() or not faults.read_text().strip()  # the fault was never injected
+    return first
+
+
+@pytest.mark.slow  # ~30 s: out of the fast tier
+def test_a_service_failing_every_request_fails_before_the_fault(
+    tmp_path: Path, failing_server: str
+) -> None:
+    """Every request answered 500: the service answered, wrongly; its drill fails (exit 1), it
+    is not the tool's error (2) nor an interruption (130)."""
+    first = _failed_before_the_fault(tmp_path, _drill_with_short_warmup(tmp_path, failing_server))
+    # the warm-up (1 s) and its patience for a first success (10 s)
+    assert re.fullmatch(
+        r"the service did not meet its SLOs before the fault \(nothing succeeded in 1[12] s: "
+        r"(\d+) requests sent, \1 http_5xx\)",
+        first,
+    ), first
+
+
+@pytest.mark.slow  # ~35 s: out of the fast tier
+def test_a_service_hung_from_its_first_request_fails_before_the_fault(tmp_path: Path) -> None:
+    """A sim engine with the ``hang`` fault armed before the first request: nothing answers in
+    the warm-up. The drill runs (its hypothesis before the fault deviates, the fault is never
+    injected) and reads FAILED, exit 1: a dead service, not a tool failure."""
+    log = (tmp_path / "engine.log").open("w")
+    proc = subprocess.Popen(
+        engine_argv("dead", tmp_path / "ledger.jsonl", "--load-delay-s", "0"), stderr=log
+    )
+    with killed_at_exit(proc):
+        port = int(
+            wait_for(
+                lambda: re.search(r"port=(\d+)", (tmp_path / "engine.log").read_text()),
+                15,
+                "the engine's port",
+            ).group(1)
+        )
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _get(url + "/health") == 200, 15, "the engine healthy")
+        armed = json.dumps({"mode": "hang"}).encode()
+        req = urllib.request.Request(url + "/admin/faults", data=armed, method="POST")
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=3) as resp:
+            assert resp.status == 200
+        first = _failed_before_the_fault(tmp_path, _drill_with_short_warmup(tmp_path, url))
+    found = re.fullmatch(
+        r"the service did not meet its SLOs before the fault \(nothing answered in 1[12] s: "
+        r"(\d+) requests sent, (\d+) still in flight(, (\d+) timeout_ttft)?\)",
+        first,
+    )
+    assert found, first
+    sent, hung, timed_out = int(found[1]), int(found[2]), int(found[4] or 0)
+    assert sent == hung + timed_out > 50  # ~8 req/s for 11 s, none answered
+    assert "http_" not in first  # no HTTP answer at all
+    records = read_records(tmp_path / "d" / "upstream-timeout" / "records.jsonl")
+    assert records and not any(r.get("ok") for r in records)
+
+
+def _get(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return int(resp.status)
+    except OSError:
+        return None
 
 
 def test_soak_with_no_successful_request_exits_1(tmp_path: Path) -> None:

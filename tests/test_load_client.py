@@ -212,7 +212,12 @@ def test_run_load_open_loop(server: FakeServer, tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 1.5 + 2
     recs = read_records(out)
     assert summary["sent"] == summary["scheduled"] == len(recs) == summary["ok"]
-    assert summary["unsent"] == 0 and summary["cancelled"] == 0
+    assert summary["not_sent"] == 0 and summary["cancelled"] == 0
+    # the cap from the plan: 150 requests in 1.5 s, a 30 s deadline: the floor of 1000
+    assert summary["max_concurrency"] == 1000 and summary["cap_source"] == "plan"
+    assert 1 <= summary["max_in_flight"] < 150
+    assert summary["cap_fill"] == pytest.approx(summary["max_in_flight"] / 1000)
+    assert summary["client_cpu_s"] > 0 and 0 < summary["client_cpu_share"] < 2
     for r in recs:
         check_types(r)
         assert r["attempt"] == 1
@@ -229,7 +234,12 @@ def test_run_load_open_loop(server: FakeServer, tmp_path: Path) -> None:
     assert [t - base for t in intended] == pytest.approx(offs, abs=1e-5)
 
 
-def test_concurrency_cap_makes_lag_visible(server: FakeServer, tmp_path: Path) -> None:
+def test_a_full_cap_records_due_requests_as_not_sent_and_never_delays_one(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """Open loop at a full cap: every scheduled request is due at its time; one that finds the
+    cap full is recorded ``not_sent`` with the number in flight, at once (never queued behind
+    the cap, which would hide the wait: coordinated omission), and the schedule goes on."""
     out = tmp_path / "rec.jsonl"
     spec = LoadSpec(
         url=server.url + "/mode=ok,tokens=5,itl=0.04",  # ~0.2 s per request
@@ -240,11 +250,43 @@ def test_concurrency_cap_makes_lag_visible(server: FakeServer, tmp_path: Path) -
     )
     summary = run_load_blocking(spec, out)
     recs = read_records(out)
-    assert summary["delayed"] > 0 and summary["unsent"] > 0
-    assert len(recs) == summary["sent"] < summary["scheduled"]
+    not_sent = [r for r in recs if r["error_class"] == "not_sent"]
+    sent = [r for r in recs if r["error_class"] != "not_sent"]
+    assert summary["sent"] + summary["not_sent"] == summary["scheduled"] == len(recs) == 50
+    assert len(not_sent) == summary["not_sent"] >= 50 - (2 * 1.0 / 0.2 + 4)
+    assert len(sent) == summary["sent"] == summary["ok"]
+    for r in not_sent:
+        check_types(r)
+        assert r["not_sent"] is True and r["ok"] is False and r["in_flight"] == 2
+        assert r["final"] is True and r["end_at"] == r["sent_at"] and r["status"] is None
+        assert "in-flight cap (2) was full (2 in flight)" in r["error"]
     lags = [r["sent_at"] - r["intended_at"] for r in recs]
-    assert max(lags) > 0.3  # coordinated omission shows in the records
-    assert summary["sent"] <= 2 * 1.0 / 0.2 + 4
+    assert 0 <= max(lags) < 0.1  # nothing waited for a slot
+    assert summary["max_send_lag_s"] < 0.1
+    assert summary["max_in_flight"] == 2 and summary["cap_fill"] == 1.0
+    assert summary["cap_source"] == "given"
+    (phase,) = summary["phases"]
+    assert (phase["scheduled"], phase["sent"], phase["not_sent"]) == (
+        50,
+        summary["sent"],
+        summary["not_sent"],
+    )
+
+
+def test_the_plan_cap_is_the_schedule_rate_times_the_deadline_at_least_1000() -> None:
+    """``plan_cap``: the most arrivals of any deadline-long stretch of the schedule (what a
+    client that keeps up can have in flight at once), never below the floor."""
+    from chaoslib_infer.load.inflight import plan_cap
+
+    assert plan_cap([0.0, 0.5, 1.0, 1.2, 5.0], 0.3, floor=1) == 2  # [1.0, 1.3): 1.0, 1.2
+    assert plan_cap([0.0, 0.5, 1.0, 1.2, 5.0], 1.0, floor=1) == 3  # [0.5, 1.5): 0.5, 1.0, 1.2
+    assert plan_cap([0.0, 0.5, 1.0, 1.2, 5.0], 1.3, floor=1) == 4  # [0, 1.3)
+    assert plan_cap([0.0, 0.5, 1.0], 10.0) == 1000
+    steady = [i / 256 for i in range(256 * 60)]  # 256 req/s for 60 s, 10 s deadline: 2560
+    assert plan_cap(steady, 10.0) == 2560
+    spec = LoadSpec(url="http://h:1", rate_rps=200, duration_s=60, arrival="constant")
+    assert spec.cap() == plan_cap(spec.offsets(), spec.max_logical_s()) > 2000  # 30.5 s deadline
+    assert LoadSpec(url="http://h:1", max_concurrency=64).cap() == 64
 
 
 def test_stop_event_records_in_flight_as_cut_off(server: FakeServer, tmp_path: Path) -> None:

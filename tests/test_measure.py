@@ -121,7 +121,7 @@ def test_window_bounds_and_empty() -> None:
     e = window_stats(recs, T0 + 100, T0 + 200)
     assert e["requests"] == 0
     for k, v in e.items():
-        counts = ("requests", "ok", "failed", "timeouts", "client_lag_reads")
+        counts = ("requests", "ok", "failed", "timeouts", "not_sent", "client_lag_reads")
         if k not in (*counts, "errors_by_class", "start", "end"):
             assert v is None or k == "ok_rps" and v == 0.0, k
         assert not (isinstance(v, float) and math.isnan(v))

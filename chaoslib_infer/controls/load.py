@@ -11,9 +11,21 @@ Declare it in an experiment::
 
 Before the experiment (before the first steady-state hypothesis) it starts the open-loop streaming
 load generator (``python -m chaoslib_infer.load``) as a separate process writing per-attempt records
-to ``<infer_run_dir>/records.jsonl``, waits ``warmup_s`` seconds, and interrupts the experiment if no
-request succeeded (target unreachable). After the experiment (after the rollbacks) it stops the load.
-The load is bounded: it stops by itself after ``max_duration_s`` even if nobody stops it.
+to ``<infer_run_dir>/records.jsonl`` and waits ``warmup_s`` seconds. When no request succeeded in
+the warm-up (:func:`warmup_finding`):
+
+* the tool could not run (the load process died, it sent nothing, or every attempt failed to
+  connect: the target is unreachable, as configured): the experiment is interrupted (the drill's
+  verdict is ``error``, exit 2);
+* the service held or failed what it was sent (requests hung in flight, timed out, answered 5xx,
+  wrong or empty): that is the service's failure, not the tool's. The finding goes to
+  ``<infer_run_dir>/warmup.json`` and the drill runs on; its verdict is ``failed``, "the service
+  did not meet its SLOs before the fault (nothing answered in N s: ...)", exit 1.
+
+After the experiment (after the rollbacks) it stops the load. The load is bounded: it stops by
+itself after ``max_duration_s`` even if nobody stops it. Its in-flight cap (``max_concurrency``)
+is sized from the plan by default (the rate x the request deadline, at least 1000:
+``LoadSpec.cap``); a request due while it is full is recorded ``not_sent``.
 
 Retries (``retry_attempts``, ``retry_backoff_s``, ``attempt_timeout_s``) are the load client's own
 policy (``chaoslib_infer.load.client``); every attempt is a record with ``final`` marking the one
@@ -34,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import math
 import os
 import signal
@@ -49,8 +62,15 @@ from chaoslib_infer import settings
 from chaoslib_infer.drills.criterion import MIN_REQUESTS
 from chaoslib_infer.errors import InferChaosError
 from chaoslib_infer.settings import LOAD_ERROR_FILE as LOAD_ERROR_FILE  # re-exported
+from chaoslib_infer.settings import WARMUP_FILE as WARMUP_FILE  # re-exported
 
-__all__ = ["after_experiment_control", "before_experiment_control", "start_load", "stop_load"]
+__all__ = [
+    "after_experiment_control",
+    "before_experiment_control",
+    "start_load",
+    "stop_load",
+    "warmup_finding",
+]
 
 _RUNNING: dict[str, subprocess.Popen[bytes]] = {}
 #: seconds the load goes on after the rollbacks (the "after" window of the verdict)
@@ -83,7 +103,7 @@ def start_load(
     rate_rps: float = 8.0,
     warmup_s: float = 6.0,
     max_duration_s: float = 300.0,
-    max_concurrency: int = 64,
+    max_concurrency: int | None = None,
     max_tokens: int = 24,
     timeout_s: float = 15.0,
     api: str = "chat",
@@ -106,7 +126,9 @@ def start_load(
         rate_rps: mean open-loop arrival rate (requests/s, Poisson arrivals).
         warmup_s: seconds to let the load run before the first steady-state hypothesis.
         max_duration_s: hard bound of the load in seconds; it stops by itself after it.
-        max_concurrency: cap on requests in flight.
+        max_concurrency: cap on logical requests in flight; None (default): from the plan, the
+            rate x the request deadline, at least 1000 (``LoadSpec.cap``). A request due while
+            it is full is recorded ``not_sent`` (never delayed).
         max_tokens: output tokens asked per request.
         timeout_s: client total timeout per request (seconds).
         api: ``"chat"`` or ``"completions"``.
@@ -136,11 +158,14 @@ def start_load(
 
     Returns:
         ``{"pid", "records", "url", "rate_rps", "profile", "prompt_mix" (text or None),
-        "ttft_timeout_s", "idle_timeout_s"}`` (timeouts None when unlimited).
+        "ttft_timeout_s", "idle_timeout_s", "warmup"}`` (timeouts None when unlimited;
+        ``warmup``: the finding of :func:`warmup_finding` when nothing succeeded in the warm-up
+        by the service's doing, also written to ``warmup.json`` in the run folder; else None).
 
     Raises:
         InterruptExecution: bad retry/profile/mix/timeout arguments (one line), no target, the
-            load process died, or no request succeeded in warm-up.
+            load process died, or no request succeeded in the warm-up because the tool could not
+            run (nothing sent, every attempt failed to connect: :func:`warmup_finding`).
     """
     from chaoslib_infer.load.client import LoadSpec
     from chaoslib_infer.load.mix import format_mix, parse_prompt_mix
@@ -184,8 +209,6 @@ def start_load(
         str(max_duration_s),
         "--out",
         str(records),
-        "--max-concurrency",
-        str(max_concurrency),
         "--max-tokens",
         str(max_tokens),
         "--timeout-s",
@@ -194,6 +217,8 @@ def start_load(
         api,
         "--no-locust-stats",  # the drill's evidence writes them, after the scrub
     ]
+    if max_concurrency is not None:
+        cmd += ["--max-concurrency", str(max_concurrency)]
     if seed is not None:
         cmd += ["--seed", str(seed)]
     cmd += ["--retry-attempts", str(retry_attempts), "--retry-backoff-s", str(retry_backoff_s)]
@@ -206,12 +231,14 @@ def start_load(
     if trace:
         cmd += ["--trace", str(trace), "--trace-speed", repr(float(trace_speed))]
     cmd += ["--ttft-timeout-s", repr(ttft or 0.0), "--idle-timeout-s", repr(idle or 0.0)]
+    (run_dir / WARMUP_FILE).unlink(missing_ok=True)  # an earlier `chaos run` in this folder
     log = (run_dir / "load.log").open("ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     _RUNNING[str(run_dir)] = proc
     (run_dir / "load.pid").write_text(str(proc.pid), encoding="utf-8")
-    deadline = time.monotonic() + float(warmup_s)
+    began = time.monotonic()
+    deadline = began + float(warmup_s)
     # the verdict needs a baseline of MIN_REQUESTS["baseline"] requests ended before the fault: on
     # a slow start (a loaded machine, a cold engine) the warm-up waits for them, bounded; a rate
     # profile's phases run on the load's own clock, so there it waits for a first success only
@@ -233,10 +260,17 @@ def start_load(
         if now >= patience or (now >= deadline and _count_ok(records) >= wanted):
             break
         time.sleep(0.2)
+    finding = None
     if _count_ok(records) == 0:
-        stop_load(configuration)
-        raise InterruptExecution(
-            f"no request to {url} succeeded during the {warmup_s:.0f} s warm-up"
+        tool, finding = warmup_finding(records, time.monotonic() - began)
+        if tool:
+            stop_load(configuration)
+            raise InterruptExecution(
+                f"no request to {url} succeeded during the {warmup_s:.0f} s warm-up: {finding}"
+            )
+        (run_dir / WARMUP_FILE).write_text(
+            json.dumps({"finding": finding, "url": url, "warmup_s": float(warmup_s)}),
+            encoding="utf-8",
         )
     return {
         "pid": proc.pid,
@@ -247,7 +281,62 @@ def start_load(
         "prompt_mix": format_mix(mix) if mix is not None else None,
         "ttft_timeout_s": ttft,
         "idle_timeout_s": idle,
+        "warmup": finding,
     }
+
+
+#: Error classes of an attempt that never reached the target: when every attempt of the warm-up
+#: ended so, the target is unreachable as configured (the tool's failure, not the service's).
+UNREACHABLE = frozenset({"connect", "timeout_connect"})
+
+
+def warmup_finding(records: Path, waited_s: float) -> tuple[bool, str]:
+    """Why no request succeeded during a warm-up of ``waited_s`` seconds, and whose failure it is.
+
+    Reads the records written so far and the load's in-flight snapshot beside them
+    (``inflight.json``).
+
+    Args:
+        records: the load's records file. waited_s: seconds the warm-up waited.
+
+    Returns:
+        ``(tool, line)``: ``tool`` True when the tool could not run (nothing was sent, or every
+        attempt failed to connect and none is on the wire), False when the service held or
+        failed the requests. ``line`` says what happened: ``"nothing answered in 18 s: 140
+        requests sent, 130 still in flight, 10 timeout_ttft"`` when no attempt got an HTTP
+        answer, ``"nothing succeeded in 2 s: 16 requests sent, 16 http_5xx"`` when some did.
+    """
+    from chaoslib_infer.load.inflight import INFLIGHT_FILE
+    from chaoslib_infer.load.records import read_records
+    from chaoslib_infer.measure.inflight import read_inflight
+
+    try:
+        done = read_records(records) if records.exists() else []
+    except (OSError, ValueError):
+        done = []
+    ended = {(r.get("request_id"), r.get("attempt") or 1) for r in done}
+    on_wire = [  # the snapshot is up to 0.25 s old: an attempt ended since counts once
+        a
+        for a in read_inflight(records.with_name(INFLIGHT_FILE))
+        if (a["request_id"], a.get("attempt") or 1) not in ended
+    ]
+    classes: dict[str, int] = {}
+    for r in done:
+        cls = str(r.get("error_class") or "ok")
+        classes[cls] = classes.get(cls, 0) + 1
+    sent = len({r.get("request_id") for r in done} | {a["request_id"] for a in on_wire})
+    parts = [f"{sent} requests sent"]
+    if on_wire:
+        parts.append(f"{len(on_wire)} still in flight")
+    parts += [f"{n} {cls}" for cls, n in sorted(classes.items(), key=lambda kv: -kv[1])]
+    answered = any(r.get("status") is not None for r in done)
+    head = "nothing succeeded" if answered else "nothing answered"
+    line = f"{head} in {waited_s:.0f} s: " + ", ".join(parts)
+    if sent == 0:
+        return True, f"the load sent nothing in {waited_s:.0f} s (see load.log)"
+    if not on_wire and set(classes) <= UNREACHABLE:
+        return True, f"every attempt failed to connect ({line})"
+    return False, line
 
 
 def _timeout(name: str, value: Any) -> float | None:

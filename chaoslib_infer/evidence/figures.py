@@ -23,6 +23,7 @@ from typing import Any
 
 from chaoslib_infer.drills.registry import DRILLS
 from chaoslib_infer.evidence.kinds import engine_fault, k8s_actions, k8s_observation, k8s_scale_out
+from chaoslib_infer.load.clientside import client_figures, read_run_summary
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.figkit import (
@@ -65,8 +66,9 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
     """Return the figures every drill reports, over the whole drill (all attempts).
 
     Keys: ``requests``, ``availability``, ``error_rate``, ``timeout_rate`` (fractions of attempted
-    requests), ``p50/p95/p99/p999_e2e_s``, ``p50/p99_ttft_s`` (seconds, over successful requests),
-    ``censored_fraction``, ``errors_by_class``, ``duplicates`` (logical requests the engine generated
+    requests), ``p50/p95/p99/p999_e2e_s``, ``p50/p99_ttft_s`` (seconds, over successful requests,
+    from the intended send), ``censored_fraction``, ``not_sent`` (requests due while the load's
+    in-flight cap was full), ``errors_by_class``, ``duplicates`` (logical requests the engine generated
     more than once, from the generation ledger). When any attempt is a retry (``attempt > 1``)
     also ``p99_request_e2e_s`` (P99 per logical request, first send to final end, retries
     included; seconds) and ``request_availability`` (logical requests whose final attempt
@@ -85,6 +87,7 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
         "p50_ttft_s": num(whole.get("p50_ttft_s")),
         "p99_ttft_s": num(whole.get("p99_ttft_s")),
         "censored_fraction": num(whole.get("censored_fraction")),
+        "not_sent": int(whole.get("not_sent") or 0),
         "errors_by_class": whole.get("errors_by_class") or {},
         "duplicates": int(mfig.duplicates(records, ledger)),
     }
@@ -113,8 +116,12 @@ def drill_figures(
             the first request a replica served after ``after`` (lab ground truth).
 
     Returns:
-        ``figures``: common figures plus the fault kind's own (e.g. ``interruption_s``,
-        ``restart_s``); ``ground_truth``: the lab's record of the fault (unix seconds, counts).
+        ``figures``: common figures, the load's own (``load.log``'s run summary,
+        :func:`chaoslib_infer.load.clientside.client_figures`: ``load_cap``,
+        ``load_max_in_flight``, ``load_cap_fill``, ``client_cpu_share``,
+        ``client_runq_wait_share``; absent when the load left no summary) and the fault kind's
+        own (e.g. ``interruption_s``, ``restart_s``); ``ground_truth``: the lab's record of the
+        fault (unix seconds, counts).
         A kind whose ``compute`` raises (e.g. on the partial data of a killed run) is reported
         in ``figures["figure_errors"]`` (``{kind: "Error: first line of its message"}``) instead
         of failing all; the verdict makes such a drill ``error``
@@ -124,6 +131,8 @@ def drill_figures(
     records = read_records(rpath) if rpath.exists() else []
     faults = read_jsonl(run_dir / "faults.jsonl")
     figures = common_figures(records, ledger)
+    # the load's own run: its in-flight cap and fill, the requests not sent, its CPU
+    figures.update(client_figures(read_run_summary(run_dir / "load.log")))
     ground: dict[str, Any] = {}
     ctx = DrillContext(run_dir, records, faults, lab_events, ledger, served_after)
     kinds = _fault_kinds(faults)

@@ -108,6 +108,8 @@ def drill_verdict(
     replica_of: dict[str, str] | None = None,
     closed_loop: str | None = None,
     load_lost: Sequence[str] = (),
+    warmup: str | None = None,
+    client: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """Judge drill ``name`` from what its run left.
 
@@ -129,6 +131,9 @@ def drill_verdict(
             (``DrillFacts.closed_loop``: the schedule lag reads unmeasured).
         load_lost: one line per load worker lost mid-drill (``DrillFacts.load_lost``: each
             makes the drill inconclusive).
+        warmup: what the service did when nothing succeeded in the load's warm-up
+            (``DrillFacts.warmup``: the drill fails before the fault), or None.
+        client: the load client's own figures (``DrillFacts.client``: its CPU, its cap).
 
     Returns:
         The :class:`~chaoslib_infer.verdict.Verdict`: ``error`` (exit code 2) with one reason
@@ -172,5 +177,7 @@ def drill_verdict(
         replica_of=dict(replica_of or {}),
         closed_loop=closed_loop,
         load_lost=list(load_lost),
+        warmup=warmup,
+        client=dict(client or {}),
     )
     return judge_drill(facts, criteria)

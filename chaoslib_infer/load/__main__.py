@@ -10,9 +10,11 @@ Rate profile: ``--profile "10:8,15:24,15:8"`` (``duration_s:rate_rps`` phases); 
 ``--rate`` and defines the duration; ``--duration-s``, when also given, is a hard bound that cuts
 the profile.
 
-Prints one progress line every 5 s to stderr (``sent, ok, failed, in flight``) and a JSON summary
-line to stdout at the end. SIGTERM/SIGINT: stop sending, cancel in-flight attempts (they are
-dropped, not recorded: the service did not fail them), flush the records file, exit 0.
+Prints one progress line every 5 s to stderr (``sent, ok, failed, in flight, not sent``) and a
+JSON summary line to stdout at the end. In-flight cap: ``--max-concurrency`` (default sized from
+the plan, ``LoadSpec.cap``); a request due while it is full is recorded ``not_sent``, the schedule
+never waits. SIGTERM/SIGINT: stop sending, cancel in-flight attempts (each recorded ``cut_off``:
+outcome unknown), flush the records file, exit 0.
 Exit 2 with one error line on bad arguments or an unwritable output file.
 Beside the records file go Locust-format CSV stats (:mod:`chaoslib_infer.load.locuststats`:
 ``--out run/rec.jsonl`` gives ``run/rec_stats.csv``, ``rec_stats_history.csv``,
@@ -67,7 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write no Locust-format CSV stats beside the records",
     )
-    p.add_argument("--max-concurrency", type=int, default=64, help="in-flight cap (default 64)")
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="in-flight cap (default: from the plan, rate x request deadline, at least 1000); "
+        "a request due while it is full is recorded not_sent",
+    )
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default 32)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="per-attempt total timeout (30)")
     p.add_argument("--connect-timeout-s", type=float, default=3.0, help="TCP connect timeout (3)")
@@ -119,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _progress(snap: dict[str, Any]) -> None:
     print(
         f"load t={snap['t']:.0f}s sent={snap['sent']} ok={snap['ok']} failed={snap['failed']} "
-        f"in_flight={snap['in_flight']} retries={snap['retries']}",
+        f"in_flight={snap['in_flight']} not_sent={snap['not_sent']} retries={snap['retries']}",
         file=sys.stderr,
         flush=True,
     )

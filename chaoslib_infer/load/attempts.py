@@ -30,6 +30,7 @@ from .records import perf_to_unix
 __all__ = [
     "AFTER_DONE_GRACE_S",
     "CUT_OFF",
+    "NOT_SENT",
     "ERROR_CLASSES",
     "MAX_ERROR_BODY",
     "TIMEOUT_CLASSES",
@@ -59,11 +60,16 @@ ERROR_CLASSES: tuple[str, ...] = (
     "garbled",
     "truncated",
     "cut_off",
+    "not_sent",
 )
 #: An attempt still in flight when the load stopped: recorded with its send time and how long it
 #: had been in flight, outcome unknown (``docs/definitions.md``, "Windows"). Never a timeout by
 #: itself; :mod:`chaoslib_infer.measure.metrics` leaves it out of the rates and counts it.
 CUT_OFF = "cut_off"
+#: A request due by the open-loop schedule that found the in-flight cap full and was not sent: the
+#: service held every slot (``docs/definitions.md``, "Send time"). A failure of the service when
+#: the client itself kept up (it counts in the availability and error rate); never retried.
+NOT_SENT = "not_sent"
 #: Classes that count in ``timeout_rate``.
 TIMEOUT_CLASSES: frozenset[str] = frozenset(c for c in ERROR_CLASSES if c.startswith("timeout_"))
 #: Bytes of a non-2xx reply's body read for its error message.

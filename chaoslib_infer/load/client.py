@@ -5,11 +5,12 @@ Two transports, same records and error classes (``LoadSpec.transport``): ``"raw"
 ``"aiohttp"``.
 
 Arrivals follow an absolute, precomputed schedule (``schedule.poisson_schedule`` by default): request
-*i* is due at ``start + offset[i]`` whatever happened to earlier requests. A concurrency cap
-(``LoadSpec.max_concurrency``) bounds in-flight attempts; an arrival that finds the cap full waits,
-and its record shows ``intended_at`` (schedule) vs ``sent_at`` (actual), so client-side queueing is
-visible instead of silently hiding latency (coordinated omission, ``docs/definitions.md``,
-"Send time").
+*i* is due at ``start + offset[i]`` whatever happened to earlier requests (open loop). A cap
+(``LoadSpec.max_concurrency``, by default sized from the plan: ``LoadSpec.cap``) bounds the logical
+requests in flight; a request due while the cap is full is never delayed and never dropped: it is
+recorded as ``not_sent`` with the number in flight (``inflight.not_sent_record``), and the
+schedule goes on. Each record keeps ``intended_at`` (schedule) beside ``sent_at`` (actual), so the
+client's own lateness stays visible (coordinated omission, ``docs/definitions.md``, "Send time").
 
 Every attempt produces one record (``docs/contracts.md`` section 3), written as soon as it
 finishes. The transport never retries: ``send_attempt`` performs exactly one HTTP attempt (aiohttp's
@@ -73,8 +74,10 @@ from .attempts import (
     first_deadline,
     http_error,
 )
+from .clientside import client_cpu, cpu_reading, raise_fd_limit
 from .inflight import INFLIGHT_FILE as INFLIGHT_FILE
 from .inflight import cut_off_record as cut_off_record
+from .inflight import not_sent_record
 from .inflight import write_inflight as write_inflight
 from .kerneltime import session_summary
 from .records import RecordWriter, perf_to_unix
@@ -270,10 +273,12 @@ async def run_load(
 ) -> dict[str, Any]:
     """Run one open-loop load phase and write one record per finished attempt.
 
-    Sending stops at the end of the schedule (``spec.duration_s``); arrivals still waiting at the
-    concurrency cap then are not sent (counted ``unsent``). In-flight logical requests get their
-    own timeouts and retries (at most ``spec.max_logical_s()``); the run returns at the latest
-    about ``duration_s + max_logical_s() + 2`` seconds after it started.
+    Open loop: every request is due at its scheduled time. One due while ``spec.cap()`` logical
+    requests are in flight is not sent: it gets a ``not_sent`` record at once (with the number in
+    flight, ``inflight.not_sent_record``; counted ``not_sent``, never retried) and the schedule
+    goes on. Sending stops at the end of the schedule (``spec.duration_s``). In-flight logical
+    requests get their own timeouts and retries (at most ``spec.max_logical_s()``); the run
+    returns at the latest about ``duration_s + max_logical_s() + 2`` seconds after it started.
 
     Retry policy (module docstring): a failed attempt whose ``error_class`` is in
     ``spec.retry_on`` and that is not the ``spec.retry_attempts``-th is written with
@@ -303,17 +308,21 @@ async def run_load(
         inflight_interval_s: seconds between snapshots.
 
     Returns:
-        Summary: ``run_id, url, scheduled, sent (logical requests), attempts, retries,
-        retried_requests, succeeded_after_retry, ok, failed (attempts), logical_ok,
-        logical_failed, unsent, cancelled, delayed, client_errors (attempts that crashed inside
-        the client: logged, not recorded), max_send_lag_s, errors_by_class (attempts), started_at,
-        ended_at (unix s), elapsed_s, sent_rps, ok_rps, stopped, retry (the policy:
+        Summary: ``run_id, url, scheduled, sent (logical requests), not_sent (due while the cap
+        was full), attempts, retries, retried_requests, succeeded_after_retry, ok, failed
+        (attempts), logical_ok, logical_failed, cancelled, client_errors (attempts that crashed
+        inside the client: logged, not recorded), max_send_lag_s (the scheduler's own lateness),
+        max_concurrency (the cap in force), cap_source (``"plan"``: sized by ``LoadSpec.cap``;
+        ``"given"``), max_in_flight, cap_fill (max_in_flight / cap), errors_by_class (attempts),
+        started_at, ended_at (unix s), elapsed_s, sent_rps, ok_rps, stopped, retry (the policy:
         ``{"attempts", "backoff_s", "attempt_timeout_s", "retry_on"}``), phases`` where
         ``phases`` is ``[{"index", "start_s", "end_s", "duration_s", "rate_rps", "start_at",
-        "end_at" (unix s), "scheduled", "sent"}]`` (one phase without a profile); and the clock
-        figures of ``kerneltime.session_summary``: ``time_source``, ``kernel_attempts``,
-        ``loop_attempts``, ``p50_client_lag_s``, ``p99_client_lag_s``, ``max_client_lag_s``,
-        ``client_lag_reads`` (the client's own lag, kernel stamp to handling; None without stamps).
+        "end_at" (unix s), "scheduled", "sent", "not_sent"}]`` (one phase without a profile); the
+        client's CPU (``clientside.client_cpu``: ``client_cpu_s``, ``client_cpu_share``,
+        ``client_runq_wait_s``, ``client_runq_wait_share``); and the clock figures of
+        ``kerneltime.session_summary``: ``time_source``, ``kernel_attempts``, ``loop_attempts``,
+        ``p50_client_lag_s``, ``p99_client_lag_s``, ``max_client_lag_s``, ``client_lag_reads``
+        (the client's own lag, kernel stamp to handling; None without stamps).
 
     Raises:
         OSError / ValueError: writing a record failed (the run is stopped first).
@@ -323,7 +332,8 @@ async def run_load(
     rng = random.Random(spec.seed)
     run_id = os.urandom(4).hex()
     counters = LoadCounters(scheduled=len(offsets))
-    sem = asyncio.Semaphore(spec.max_concurrency)
+    cap = spec.cap(offsets)
+    raise_fd_limit(cap + 256)  # a socket per request in flight, and the process's own files
     tasks: set[asyncio.Task[None]] = set()
     write_error: list[BaseException] = []
     stop_ev = stop if stop is not None else asyncio.Event()
@@ -386,14 +396,13 @@ async def run_load(
                 due = perf_to_unix(retry_at)
         finally:
             counters.in_flight -= 1
-            sem.release()
 
     start = pc() + 0.02
-    end_send = start + spec.duration_s
 
     phases = spec.phases()
     phase_starts = [p["start_s"] for p in phases]
     phase_sent = [0] * len(phases)
+    phase_not_sent = [0] * len(phases)
     phase_scheduled = [0] * len(phases)
     for off in offsets:
         phase_scheduled[max(0, bisect.bisect_right(phase_starts, off) - 1)] += 1
@@ -405,28 +414,34 @@ async def run_load(
             while delay > 0:  # loop timers may fire up to ~1 ms early
                 await asyncio.sleep(delay)
                 delay = due - pc()
-            if sem.locked():
-                counters.delayed += 1
-                remaining = end_send - pc()
-                if remaining <= 0:
-                    counters.unsent = len(offsets) - i
-                    return
-                try:  # asyncio.timeout, not wait_for: no extra task, one loop turn sooner
-                    async with asyncio.timeout(remaining):
-                        await sem.acquire()
-                except TimeoutError:
-                    counters.unsent = len(offsets) - i
-                    return
-            else:
-                await sem.acquire()
-            lag = pc() - due
+            now = pc()
+            lag = now - due
             if lag > counters.max_send_lag_s:
                 counters.max_send_lag_s = lag
-            body = build_body(spec, rng)
+            body = build_body(spec, rng)  # also when not sent: the prompts keep their order
+            phase = max(0, bisect.bisect_right(phase_starts, off) - 1)
+            if counters.in_flight >= cap:  # due now, no slot: recorded, never delayed or dropped
+                counters.not_sent += 1
+                phase_not_sent[phase] += 1
+                rec = not_sent_record(
+                    logical_request_id(run_id, i),
+                    perf_to_unix(due),
+                    perf_to_unix(now),
+                    counters.in_flight,
+                    cap,
+                )
+                try:
+                    writer.write(rec)
+                except BaseException as exc:  # disk full, closed writer: stop the run
+                    write_error.append(exc)
+                    internal_stop.set()
+                    return
+                continue
             payload = _dumps(body)
             counters.sent += 1
-            phase_sent[max(0, bisect.bisect_right(phase_starts, off) - 1)] += 1
+            phase_sent[phase] += 1
             counters.in_flight += 1
+            counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
             t = asyncio.create_task(one(i, payload, perf_to_unix(due)))
             tasks.add(t)
             t.add_done_callback(tasks.discard)
@@ -447,6 +462,7 @@ async def run_load(
 
     stopped = False
     started_at = perf_to_unix(start)
+    cpu_start = cpu_reading()
     async with make_session(spec) as session:
         sched = asyncio.create_task(scheduler())
         stop_wait = asyncio.create_task(stop_ev.wait())
@@ -497,6 +513,7 @@ async def run_load(
         raise write_error[0]
     ended = pc()
     elapsed = max(ended - start, 1e-9)
+    cpu = client_cpu(cpu_start, cpu_reading(), elapsed)
     summary = counters.snapshot()
     summary.pop("in_flight", None)
     summary.update(
@@ -508,6 +525,9 @@ async def run_load(
         sent_rps=round(counters.sent / elapsed, 3),
         ok_rps=round(counters.ok / elapsed, 3),
         max_send_lag_s=round(counters.max_send_lag_s, 6),
+        max_concurrency=cap,
+        cap_source="given" if spec.max_concurrency is not None else "plan",
+        cap_fill=round(counters.max_in_flight / cap, 4),
         stopped=stopped,
         retry={
             "attempts": spec.retry_attempts,
@@ -522,9 +542,11 @@ async def run_load(
                 "end_at": started_at + p["end_s"],
                 "scheduled": phase_scheduled[k],
                 "sent": phase_sent[k],
+                "not_sent": phase_not_sent[k],
             }
             for k, p in enumerate(phases)
         ],
+        **cpu,
         **timing,
     )
     return summary

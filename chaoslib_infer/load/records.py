@@ -64,8 +64,9 @@ RECORD_FIELDS: tuple[str, ...] = (
 )
 
 #: Fields a record may carry after :data:`RECORD_FIELDS` (contracts.md section 3): the clock
-#: (``time_source`` "kernel" | "loop", absent = "loop"; the kernel records' loop-time stamps) and
-#: the cut-off marks.
+#: (``time_source`` "kernel" | "loop", absent = "loop"; the kernel records' loop-time stamps), the
+#: cut-off marks and the not-sent marks (``not_sent``, ``in_flight``: the number in flight when a
+#: due request found the in-flight cap full).
 OPTIONAL_FIELDS: tuple[str, ...] = (
     "time_source",
     "sent_source",
@@ -76,6 +77,8 @@ OPTIONAL_FIELDS: tuple[str, ...] = (
     "end_at_loop",
     "cut_off",
     "in_flight_s",
+    "not_sent",
+    "in_flight",
 )
 
 

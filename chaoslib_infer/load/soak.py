@@ -225,10 +225,12 @@ class StreamStats:
                 self.timeouts += 1
             return
         self.ok += 1
-        self._rec("e2e", r["end_at"] - sent)
+        # timed from when it was due, as ``metrics.window_stats`` (coordinated omission corrected)
+        due = intended if isinstance(intended, int | float) and intended <= sent else sent
+        self._rec("e2e", r["end_at"] - due)
         ft = r.get("first_token_at")
         if isinstance(ft, int | float):
-            self._rec("ttft", ft - sent)
+            self._rec("ttft", ft - due)
         ct = r.get("chunk_times") or []
         if len(ct) >= 2:
             self._ct_starts.append(len(self._ct))
@@ -454,7 +456,8 @@ def run_trace_soak(
     Args:
         url: target base URL. trace: the trace file. out: output directory (created).
         speed: trace time scale. lag_p99_max_s: validity bound, seconds.
-        max_concurrency: in-flight cap (arrivals wait at it; the wait is schedule lag).
+        max_concurrency: in-flight cap (a request due while it is full is recorded
+            ``not_sent``: the report's ``unsent``).
         model, timeout_s, headers: request shape and per-attempt timeout (TTFT and idle limits
             equal to it, as the soak's).
         ceiling_rps: client ceiling for the refusal rule (``ceiling.check_rate``, mean rate).
@@ -494,7 +497,7 @@ def run_trace_soak(
         "rate_rps": spec.rate_rps,
         "burstiness": "trace",
         "sent": res["sent"],
-        "unsent": res["unsent"],
+        "unsent": res["not_sent"],
         "elapsed_s": res["elapsed_s"],
         "lag_p99_s": lag99,
         "lag_p99_max_s": lag_p99_max_s,

@@ -70,8 +70,12 @@ class LoadSpec:
             time-weighted mean rate).
         duration_s: length of the arrival schedule; no logical request starts after it (its
             retries may). With ``profile``: set to the profile's total duration.
-        max_concurrency: cap on in-flight logical requests; arrivals wait at the cap. A request
-            keeps its slot through its retries and backoffs.
+        max_concurrency: cap on in-flight logical requests (a request keeps its slot through
+            its retries and backoffs). A request due while the cap is full is not sent and is
+            recorded ``not_sent`` (``inflight.not_sent_record``); the schedule never waits.
+            None (default): sized from the plan, the most arrivals of any stretch of the
+            schedule one request's deadline (``max_logical_s``) long, at least 1000
+            (``inflight.plan_cap``); :meth:`cap` gives it.
         max_tokens: ``max_tokens`` in the body.
         prompt_words: words after the nonce in each prompt (unless ``prompt_mix`` is set).
         prompt_mix: prompt-length mixture (``mix.parse_prompt_mix``: a tuple of
@@ -115,7 +119,7 @@ class LoadSpec:
     model: str = "sim"
     rate_rps: float = 10.0
     duration_s: float = 10.0
-    max_concurrency: int = 64
+    max_concurrency: int | None = None
     max_tokens: int = 32
     prompt_words: int = 16
     prompt_mix: tuple[PromptClass, ...] | None = None
@@ -194,6 +198,8 @@ class LoadSpec:
         pos("idle_timeout_s", self.idle_timeout_s, allow_none=True)
         for name in ("max_concurrency", "max_tokens"):
             v = getattr(self, name)
+            if v is None and name == "max_concurrency":
+                continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.prompt_words, int) or self.prompt_words < 0:
@@ -222,6 +228,16 @@ class LoadSpec:
         )
         return self.retry_attempts * (self.attempt_timeout + AFTER_DONE_GRACE_S) + backoffs
 
+    def cap(self, offsets: list[float] | None = None) -> int:
+        """The in-flight cap of a run: ``max_concurrency``, or when None the plan's
+        (``inflight.plan_cap`` over ``offsets``, default :meth:`offsets`, and
+        :meth:`max_logical_s`)."""
+        if self.max_concurrency is not None:
+            return self.max_concurrency
+        from .inflight import plan_cap
+
+        return plan_cap(self.offsets() if offsets is None else offsets, self.max_logical_s())
+
     def phases(self) -> list[dict[str, float]]:
         """Rate phases as ``schedule.profile_phases`` rows (one phase without a profile)."""
         return profile_phases(self.profile or [(self.duration_s, self.rate_rps)])
@@ -247,6 +263,8 @@ class LoadCounters:
     ``sent`` counts logical requests started, ``attempts`` every attempt sent (``retries`` =
     ``attempts - sent`` once all have finished), ``ok``/``failed``/``errors_by_class`` count attempt
     records, ``logical_ok``/``logical_failed`` count logical requests by their final attempt.
+    ``not_sent`` counts requests due while the in-flight cap was full (each a ``not_sent`` record,
+    not in ``failed``), ``max_in_flight`` the most logical requests in flight at once.
     """
 
     scheduled: int = 0
@@ -260,8 +278,8 @@ class LoadCounters:
     succeeded_after_retry: int = 0
     logical_ok: int = 0
     logical_failed: int = 0
-    delayed: int = 0
-    unsent: int = 0
+    not_sent: int = 0
+    max_in_flight: int = 0
     cancelled: int = 0
     client_errors: int = 0
     max_send_lag_s: float = 0.0

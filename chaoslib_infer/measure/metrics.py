@@ -2,12 +2,16 @@
 
 Definitions come from ``docs/definitions.md``:
 
-* **E2E** = ``end_at - sent_at``; **TTFT** = ``first_token_at - sent_at`` (first output-bearing
-  chunk); **ITL** = every raw gap between successive ``chunk_times``; **TPOT** =
+* **E2E** = ``end_at - intended_at``; **TTFT** = ``first_token_at - intended_at`` (first
+  output-bearing chunk): timed from when the request was due by the open-loop schedule, so the
+  client's own lateness is not taken off the latency (coordinated omission corrected); the same
+  from the actual send (``sent_at``) is given beside them (``p50/p99_e2e_from_send_s``,
+  ``p99_ttft_from_send_s``). A record without ``intended_at``, or one later than ``sent_at``, is
+  timed from ``sent_at``. **ITL** = every raw gap between successive ``chunk_times``; **TPOT** =
   ``(last chunk - first chunk) / (output_tokens - 1)``. Seconds.
 * Availability, error rate and timeout rate are over **attempted** requests (records whose
-  ``sent_at`` is in the window); every non-ok record is a failure; ``timeout_*`` classes are
-  timeouts.
+  ``sent_at`` is in the window, a ``not_sent`` one included: a request due while the in-flight
+  cap was full); every non-ok record is a failure; ``timeout_*`` classes are timeouts.
 * Percentiles are over **successful** requests only, with ``censored_fraction`` (failed /
   attempted) beside them, so a server that sheds load cannot look faster.
 
@@ -139,11 +143,26 @@ def _ok(r: Record) -> bool:
     return bool(r.get("ok"))
 
 
-def _e2e(r: Record) -> float | None:
-    s, e = r.get("sent_at"), r.get("end_at")
-    if isinstance(s, int | float) and isinstance(e, int | float):
-        return float(e) - float(s)
+def _due(r: Record) -> float | None:
+    """When ``r`` was due: ``intended_at`` when it is a number no later than ``sent_at``, else
+    ``sent_at`` (None without one)."""
+    s, i = r.get("sent_at"), r.get("intended_at")
+    if not isinstance(s, int | float):
+        return None
+    return float(i) if isinstance(i, int | float) and i <= s else float(s)
+
+
+def _since(r: Record, key: str, from_send: bool = False) -> float | None:
+    """``r[key]`` minus when ``r`` was due (:func:`_due`), or minus ``sent_at``."""
+    t = r.get(key)
+    s = r.get("sent_at") if from_send else _due(r)
+    if isinstance(s, int | float) and isinstance(t, int | float):
+        return float(t) - float(s)
     return None
+
+
+def _e2e(r: Record) -> float | None:
+    return _since(r, "end_at")
 
 
 def _ratio(n: int, d: int) -> float | None:
@@ -161,9 +180,12 @@ def window_stats(
         end: window end, unix seconds, exclusive (None = unbounded).
 
     Returns:
-        ``requests, ok, failed, timeouts`` (counts); ``availability, error_rate, timeout_rate,
-        censored_fraction`` (fractions of attempted); ``p50/p95/p99/p999_e2e_s, p50/p99_ttft_s,
-        p50/p99_itl_s, p50/p99_tpot_s`` (seconds, successful requests only); ``p99_send_lag_s``
+        ``requests, ok, failed, timeouts, not_sent`` (counts; ``not_sent``: requests due while
+        the load's in-flight cap was full, among ``failed``); ``availability, error_rate,
+        timeout_rate, censored_fraction`` (fractions of attempted); ``p50/p95/p99/p999_e2e_s,
+        p50/p99_ttft_s`` (from the intended send), ``p50/p99_e2e_from_send_s,
+        p99_ttft_from_send_s`` (the same from the actual send), ``p50/p99_itl_s,
+        p50/p99_tpot_s`` (seconds, successful requests only); ``p99_send_lag_s``
         (``sent_at - intended_at``, all attempts: client-side queueing); ``ok_rps`` (successful
         requests per second of window; the window is [start, end) when both are given, else the
         span of ``sent_at``); ``errors_by_class: {class: {"count", "sample"}}``; the client's own
@@ -190,13 +212,12 @@ def window_stats(
         if slot["sample"] is None and r.get("error"):
             slot["sample"] = r.get("error")
     e2e = [v for v in (_e2e(r) for r in oks) if v is not None]
-    ttft: list[float] = []
+    e2e_send = [v for v in (_since(r, "end_at", True) for r in oks) if v is not None]
+    ttft = [v for v in (_since(r, "first_token_at") for r in oks) if v is not None]
+    ttft_send = [v for v in (_since(r, "first_token_at", True) for r in oks) if v is not None]
     itl: list[float] = []
     tpot: list[float] = []
     for r in oks:
-        ft, st = r.get("first_token_at"), r.get("sent_at")
-        if isinstance(ft, int | float) and isinstance(st, int | float):
-            ttft.append(ft - st)
         ct = r.get("chunk_times") or []
         if len(ct) >= 2:
             itl.extend(b - a for a, b in zip(ct, ct[1:], strict=False))
@@ -209,6 +230,7 @@ def window_stats(
         if isinstance(r.get("intended_at"), int | float)
     ]
     pe = percentiles_s(e2e, (50, 95, 99, 99.9))
+    pes = percentiles_s(e2e_send, (50, 99))
     pt = percentiles_s(ttft, (50, 99))
     pi = percentiles_s(itl, (50, 99))
     pp = percentiles_s(tpot, (50, 99))
@@ -230,6 +252,7 @@ def window_stats(
         "ok": n_ok,
         "failed": failed,
         "timeouts": timeouts,
+        "not_sent": sum(1 for r in recs if r.get("not_sent")),
         "availability": _ratio(n_ok, n),
         "error_rate": _ratio(failed, n),
         "timeout_rate": _ratio(timeouts, n),
@@ -238,8 +261,11 @@ def window_stats(
         "p95_e2e_s": pe[95],
         "p99_e2e_s": pe[99],
         "p999_e2e_s": pe[99.9],
+        "p50_e2e_from_send_s": pes[50],
+        "p99_e2e_from_send_s": pes[99],
         "p50_ttft_s": pt[50],
         "p99_ttft_s": pt[99],
+        "p99_ttft_from_send_s": percentiles_s(ttft_send, (99,))[99],
         "p50_itl_s": pi[50],
         "p99_itl_s": pi[99],
         "p50_tpot_s": pp[50],

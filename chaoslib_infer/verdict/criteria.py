@@ -58,6 +58,11 @@ _SLO = [
     Criterion("timeout_rate", "timeout rate (whole drill)", "<", 0.005, "ratio", "drill"),
     Criterion("timeout_rate_fault", "timeout rate (fault window)", "<", 0.005, "ratio", "fault"),
     Criterion("error_rate", "error rate (whole drill)", "<", 0.001, "ratio", "drill"),
+    # requests due while the load's in-flight cap was full: the service held every slot (a
+    # failure of the service when the client itself kept up; n/a when it did not, see ``judge``)
+    Criterion(
+        "not_sent", "requests not sent (the in-flight cap was full)", "<=", 0.0, "count", "drill"
+    ),
     Criterion("p99_e2e_s", "P99 E2E latency (whole drill)", "<=", 10.0, "s", "drill"),
     Criterion("p99_e2e_fault_s", "P99 E2E latency (fault window)", "<=", 10.0, "s", "fault"),
 ]

@@ -52,6 +52,13 @@ class DrillFacts:
             ``unmeasured`` (never a pass), and the line is one of the verdict's notes.
         load_lost: one line per load worker lost mid-drill (which, and when it was found dead):
             the load was not what was planned, and each makes the drill inconclusive.
+        warmup: why nothing succeeded during the load's warm-up, when so (``"nothing answered
+            in 18 s: ..."``, :func:`chaoslib_infer.controls.load.warmup_finding`): the service
+            did not meet its SLOs before the fault, a failure; None when something succeeded.
+        client: the load client's own figures from its run summary
+            (:func:`chaoslib_infer.load.clientside.client_figures`: ``client_cpu_share``,
+            ``client_runq_wait_share``, ``load_cap``, ``load_cap_fill``, ...); they name the
+            client's CPU in the reason of a client that fell behind. Empty when unknown.
     """
 
     drill: str
@@ -71,6 +78,8 @@ class DrillFacts:
     deadline_s: float = DEFAULT_DEADLINE_S
     closed_loop: str | None = None
     load_lost: list[str] = field(default_factory=list)
+    warmup: str | None = None
+    client: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -6,13 +6,24 @@ States (``docs/definitions.md``, "Verdicts"), in order of precedence:
 - ``error``: the tool failed (a method action crashed, a figure could not be computed, the load
   could not start);
 - ``failed``: a fault was left behind after the rollbacks (residue), the service did not meet
-  its SLOs before the fault (reported as such, never blamed on the fault), or a criterion is
-  broken; each reason names the figure, its value and its threshold;
+  its SLOs before the fault (reported as such, never blamed on the fault; a service that
+  answered nothing during the load's warm-up among them), or a criterion is broken; each reason
+  names the figure, its value and its threshold;
 - ``inconclusive``: the drill cannot answer its question: the fault is not confirmed by ground
-  truth, the client fell behind its schedule, a load worker was lost mid-drill (the load was not
-  what was planned), a judged window holds too few requests, or a key figure is unmeasured on
-  this target;
+  truth, the client itself fell behind its schedule (its own lag from the schedule to the send,
+  or from the kernel's receive stamp to its handling; the reason says which, and its CPU), a
+  load worker was lost mid-drill (the load was not what was planned), a judged window holds too
+  few requests, or a key figure is unmeasured on this target;
 - ``passed``: none of the above.
+
+Failed outranks inconclusive when its evidence does not depend on the client's schedule
+(:data:`~chaoslib_infer.verdict.state.CLIENT_INDEPENDENT`: timeouts, 5xx and other failed
+answers, wrong or empty content, requests not sent because the service held every slot,
+duplicates; the method's findings; a defect before the fault): the inconclusive reasons are
+listed beside, each ``"also inconclusive: ..."``. Requests ``not_sent`` (due while the load's
+in-flight cap was full) count against the service when the client kept up; when it fell behind,
+every figure is judged without them, and without its timeouts when its lag is large against the
+deadline (:mod:`chaoslib_infer.verdict.client`), their rows reading ``n/a``.
 
 Residue wins over ``aborted`` and ``error`` (a fault left behind fails, whatever else happened).
 A figure kind that could not be computed (:func:`figure_error_reason`) makes the drill ``error``;
@@ -40,7 +51,8 @@ from chaoslib_infer.measure.metrics import (
     window_stats,
 )
 
-from .criteria import GATEWAY_ONLY, MIN_REQUESTS, criteria_for
+from . import client as vclient
+from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .facts import STATES, DrillFacts, Verdict, format_value, num
 from .state import (
     CLIENT_LAG,
@@ -48,6 +60,7 @@ from .state import (
     LOAD_ERROR_PREFIX,
     LOAD_LOST_PREFIX,
     NEVER,
+    client_bound,
     decide_state,
     exit_code,
     figure_error_reason,
@@ -217,6 +230,7 @@ def _values(
         "timeout_rate": (num(drill.get("timeout_rate")), None),
         "timeout_rate_fault": (num(fault.get("timeout_rate")), None),
         "error_rate": (num(drill.get("error_rate")), None),
+        "not_sent": (num(drill.get("not_sent")), None),
         "p99_e2e_s": (num(drill.get("p99_e2e_s")), None),
         "p99_e2e_fault_s": (num(fault.get("p99_e2e_s")), None),
         "send_lag_p99_s": (num(drill.get("p99_send_lag_s")), None),
@@ -377,6 +391,43 @@ K8S_ALIASES = {
 }
 
 
+_Judged = tuple[
+    Timeline,
+    dict[str, tuple[float, float]],
+    Callable[[str], list[dict[str, Any]]],
+    dict[str, dict[str, Any]],
+    list[dict[str, Any]],
+]
+
+
+def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
+    """``(timeline, windows, selector, window info, judged rows)`` of ``facts``."""
+    tl = timeline(facts.drill, facts.ground, facts.figures, facts.lab_events)
+    w = _windows(facts, tl)
+    sel = _selector(facts, tl, w)
+    info = _window_info(w, sel)
+    values = _values(facts, tl, w, sel) if w else {}
+    rows = [judged_row(c, *values.get(c.name, (None, None))) for c in crits]
+    return tl, w, sel, info, rows
+
+
+def _without_client_outcomes(
+    facts: DrillFacts, crits: Sequence[Criterion], rows: list[dict[str, Any]]
+) -> _Judged:
+    """The judgement of ``facts`` without the outcomes a client that itself fell behind may have
+    made (:mod:`chaoslib_infer.verdict.client`: its ``not_sent`` requests, and its timeouts when
+    its lag is large against the deadline), keeping ``rows``' client rows (its lag as measured
+    on every record) and reading the rows of what was left out ``n/a``, counted in their note."""
+    lag = vclient.client_lag(rows) or 0.0
+    timeouts = lag >= vclient.CLIENT_TIMEOUT_SHARE * facts.deadline_s
+    kept, not_sent, timed_out = vclient.left_out(facts.records, timeouts)
+    tl, w, sel, info, again = _judged(replace(facts, records=kept), crits)
+    client = {r["criterion"]: r for r in rows if r["criterion"] in CLIENT_LAG}
+    out = [client.get(r["criterion"], r) for r in again]
+    out = vclient.mark_left_out(out, not_sent, timed_out if timeouts else None, lag)
+    return tl, w, sel, info, out
+
+
 def judge_drill(
     facts: DrillFacts,
     overrides: Mapping[str, Any] | None = None,
@@ -402,17 +453,15 @@ def judge_drill(
     if "gateway" not in facts.figures:  # a HAProxy lab, a cluster: no gateway figures
         crits = [c for c in crits if c.name not in GATEWAY_ONLY]
     mins = {**MIN_REQUESTS, **(min_requests or {})}
-    tl = timeline(facts.drill, facts.ground, facts.figures, facts.lab_events)
-    w = _windows(facts, tl)
-    sel = _selector(facts, tl, w)
-    info = _window_info(w, sel)
-    values = _values(facts, tl, w, sel) if w else {}
-    rows = [judged_row(c, *values.get(c.name, (None, None))) for c in crits]
-    notes: list[str] = [f"fault: {tl.why}"]
+    tl, w, sel, info, rows = _judged(facts, crits)
     if facts.closed_loop:
         for r in rows:
             if r["criterion"] == "send_lag_p99_s":  # intended_at == sent_at: nothing measured
                 r.update(value=None, result="unmeasured", note=CLOSED_LOOP_LAG)
+    if client_bound(rows):  # the client's own lag may have filled its cap: judge without those
+        tl, w, sel, info, rows = _without_client_outcomes(facts, crits, rows)
+    notes: list[str] = [f"fault: {tl.why}"]
+    if facts.closed_loop:
         notes.append(f"load: {facts.closed_loop}")
     notes += [f"load: {line}" for line in facts.load_lost]
     if tl.confirmed is None:

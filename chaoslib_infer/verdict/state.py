@@ -17,6 +17,9 @@ from .facts import DrillFacts, format_value, num
 from .timeline import Timeline
 
 __all__ = [
+    "ALSO_INCONCLUSIVE",
+    "BEFORE_FAULT",
+    "CLIENT_INDEPENDENT",
     "CLIENT_LAG",
     "FIGURE_ERROR_PREFIX",
     "LOAD_ERROR_PREFIX",
@@ -24,6 +27,8 @@ __all__ = [
     "NEVER",
     "OPS",
     "baseline_defects",
+    "client_bound",
+    "client_reason",
     "decide_state",
     "exit_code",
     "figure_error_reason",
@@ -41,6 +46,37 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 
 #: Criteria on the client itself: a failure makes the drill inconclusive, not failed.
 CLIENT_LAG = frozenset({"send_lag_p99_s", "client_lag_p99_s"})
+#: Criteria whose failure is evidence that does not depend on the client's schedule (timeouts,
+#: 5xx and every other failed answer, wrong or empty content, requests the service held past the
+#: cap, duplicates, a service that ended smaller): they fail the drill even when another reason
+#: would make it inconclusive, which is then listed beside (:data:`ALSO_INCONCLUSIVE`). Latency
+#: and the figures timed from it (recovery, interruption, scale-out) are not among them: a client
+#: that fell behind makes them suspect. With a client that fell behind, the rates are judged
+#: without the requests it did not send, and without its timeouts when its lag is large against
+#: the deadline (:mod:`chaoslib_infer.verdict.client`), so they hold the service's failures only.
+CLIENT_INDEPENDENT = frozenset(
+    {
+        "availability",
+        "availability_fault",
+        "timeout_rate",
+        "timeout_rate_fault",
+        "error_rate",
+        "not_sent",
+        "timeouts_fault",
+        "non_shed_failures_fault",
+        "duplicate_generations",
+        "extra_generations",
+        "wasted_tokens",
+        "retry_amplification",
+        "hung_requests",
+        "streams_cut_200",
+        "serving_after_vs_baseline",
+    }
+)
+#: How an inconclusive reason reads beside the reasons of a failed drill.
+ALSO_INCONCLUSIVE = "also inconclusive: "
+#: How a defect present before the fault starts its reason (never blamed on the fault).
+BEFORE_FAULT = "the service did not meet its SLOs before the fault"
 #: How a lost load worker (``DrillFacts.load_lost``) makes the drill inconclusive.
 LOAD_LOST_PREFIX = "the load was not what was planned: "
 #: How :mod:`chaoslib_infer.evidence.verdicts` words a load that could not start or run.
@@ -125,9 +161,11 @@ def baseline_defects(
     w: dict[str, tuple[float, float]],
     crits: Sequence[Criterion],
     sel: Callable[[str], list[dict[str, Any]]],
+    latency: bool = True,
 ) -> list[str]:
     """One reason line per whole-drill SLO criterion (availability, timeout and error rates,
-    p99) the baseline window (``w["baseline"]``, records through ``sel``) already breaks."""
+    p99) the baseline window (``w["baseline"]``, records through ``sel``) already breaks; the
+    p99 only with ``latency`` (False: the client fell behind, its latencies are suspect)."""
     if "baseline" not in w or tl.fault_at is None:
         return []
     stats = request_stats(sel("baseline"), None, None)
@@ -137,7 +175,7 @@ def baseline_defects(
         ("availability", "availability"),
         ("timeout_rate", "timeout_rate"),
         ("error_rate", "error_rate"),
-        ("p99_e2e_s", "p99_e2e_s"),
+        *((("p99_e2e_s", "p99_e2e_s"),) if latency else ()),
     ):
         c = by.get(name)
         v = num(stats.get(key))
@@ -148,6 +186,39 @@ def baseline_defects(
             row["label"] = c.label.replace("(whole drill)", "(baseline)")
             out.append(reason(row))
     return out
+
+
+def client_bound(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the client itself was the bottleneck: a row of :data:`CLIENT_LAG` (its own lag
+    from the schedule to the send, or from the kernel's receive stamp to its handling) failed."""
+    return any(r["criterion"] in CLIENT_LAG and r["result"] == "fail" for r in rows)
+
+
+def client_reason(row: Mapping[str, Any], client: Mapping[str, Any]) -> str:
+    """The inconclusive reason of a failed :data:`CLIENT_LAG` row: which of the client's own lags
+    it was, and its CPU when the load's run summary gave it.
+
+    Args:
+        row: the failed row (``send_lag_p99_s``: it sent late; ``client_lag_p99_s``: it read
+            late). client: :attr:`DrillFacts.client` (``client_cpu_share``,
+            ``client_runq_wait_share``: fractions of the run).
+
+    Returns:
+        ``"the client fell behind its schedule (it sent late | it read late): <row's reason>[;
+        its CPU: busy N % of one core, waiting for a CPU M % of the run]; latencies are
+        suspect"``.
+    """
+    which = "it sent late" if row["criterion"] == "send_lag_p99_s" else "it read late"
+    cpu = []
+    busy, waited = num(client.get("client_cpu_share")), num(client.get("client_runq_wait_share"))
+    if busy is not None:
+        cpu.append(f"busy {busy:.0%} of one core")
+    if waited is not None:
+        cpu.append(f"waiting for a CPU {waited:.0%} of the run")
+    tail = f"; its CPU: {', '.join(cpu)}" if cpu else ""
+    return (
+        f"the client fell behind its schedule ({which}): {reason(row)}{tail}; latencies are suspect"
+    )
 
 
 def decide_state(
@@ -163,7 +234,12 @@ def decide_state(
     """The verdict's ``(state, reasons)`` in the states' order of precedence
     (:mod:`chaoslib_infer.verdict.judge`): ``rows`` the judged rows, ``info`` and ``w`` the
     windows (``{name: {"start", "end", "requests"}}``, ``{name: (start, end)}``), ``mins`` the
-    minimum requests per window, ``sel`` each window's records."""
+    minimum requests per window, ``sel`` each window's records.
+
+    Failed outranks inconclusive when its evidence does not depend on the client's schedule
+    (:data:`CLIENT_INDEPENDENT` rows, the method's findings, a defect before the fault): the
+    inconclusive reasons then follow the failed ones, each as ``"also inconclusive: ..."``.
+    """
     # a figure that could not be computed is listed under the states that outrank "error" too
     figure = [e for e in facts.errors if e.startswith(FIGURE_ERROR_PREFIX)]
     if facts.residue:
@@ -176,15 +252,23 @@ def decide_state(
         return "aborted", [f"stopped: {facts.stop_reason or 'the run was interrupted'}", *figure]
     if facts.errors:
         return "error", list(facts.errors)
-    if not w:
+    if not w and not facts.warmup:
         return "inconclusive", ["no request was recorded: the drill measured nothing"]
-    base = baseline_defects(tl, w, crits, sel)
+    lagging = client_bound(rows)
+    # the client's own shortfalls: they void the schedule-dependent figures
+    client = [
+        client_reason(r, facts.client)
+        for r in rows
+        if r["criterion"] in CLIENT_LAG and r["result"] == "fail"
+    ]
+    client += [LOAD_LOST_PREFIX + line for line in facts.load_lost]
+    before = [f"{BEFORE_FAULT} ({facts.warmup})"] if facts.warmup else []
+    base = baseline_defects(tl, w, crits, sel, latency=not lagging) if w else []
     base += [line for phase, line in facts.hypothesis_failures if phase == "before"]
     if base:
-        return "failed", [
-            "the service did not meet its SLOs before the fault (not blamed on the fault): "
-            + "; ".join(base)
-        ]
+        before.append(f"{BEFORE_FAULT} (not blamed on the fault): " + "; ".join(base))
+    if before:
+        return "failed", [*before, *(ALSO_INCONCLUSIVE + line for line in client)]
     incon: list[str] = []
     if tl.confirmed is False:
         incon.append(f"fault not confirmed by ground truth: {tl.why}")
@@ -197,18 +281,22 @@ def decide_state(
     n_fault = int(info.get("fault", {}).get("requests") or 0)
     if "fault" in info and n_fault < mins["fault"]:
         incon.append(f"fault window holds {n_fault} requests (< {mins['fault']})")
-    for lag in (r for r in rows if r["criterion"] in CLIENT_LAG and r["result"] == "fail"):
-        incon.append(
-            "the client fell behind its schedule: " + reason(lag) + "; latencies are suspect"
-        )
-    incon += [LOAD_LOST_PREFIX + line for line in facts.load_lost]
+    incon += client
+    findings = [f"during the fault: {line}" for line in facts.findings]
     if incon:
+        hard = [
+            reason(r)
+            for r in rows
+            if r["result"] == "fail" and r["criterion"] in CLIENT_INDEPENDENT
+        ]
+        if hard or findings:
+            return "failed", [*hard, *findings, *(ALSO_INCONCLUSIVE + line for line in incon)]
         return "inconclusive", incon
     failed = [reason(r) for r in rows if r["result"] == "fail" and r["criterion"] not in CLIENT_LAG]
     for phase, line in facts.hypothesis_failures:
         if phase != "before":
             failed.append(f"steady-state hypothesis {phase} the fault deviated: {line}")
-    failed += [f"during the fault: {line}" for line in facts.findings]
+    failed += findings
     if failed:
         return "failed", failed
     unmeasured = [r for r in rows if r["key"] and r["result"] == "unmeasured"]

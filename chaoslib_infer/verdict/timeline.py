@@ -108,15 +108,20 @@ def timeline(
         )
         return Timeline(fault_at, _f(g.get("cleared_at")), ok, why)
     if drill == "traffic-spike":
-        sent = int(fig.get("requests_during_spike") or 0)
+        # due by the schedule, sent or not: a request the full in-flight cap kept back was due
+        # (the service held every slot), not a shortfall of the client
+        due = int(fig.get("requests_during_spike") or 0)
+        not_sent = int(fig.get("not_sent_during_spike") or 0)
         planned = _spike_planned(fig)
-        ok = sent > 0 and (planned is None or sent >= 0.8 * planned)
+        ok = due > 0 and (planned is None or due >= 0.8 * planned)
+        of = f" of {planned:.0f} planned" if planned is not None else ""
+        split = (
+            f": {due - not_sent} sent, {not_sent} not sent (in-flight cap full)" if not_sent else ""
+        )
         why = (
-            f"{sent} requests sent during the spike"
-            + (f" of {planned:.0f} planned" if planned is not None else "")
+            f"{due} requests due during the spike{of}{split}"
             if ok
-            else f"the spike did not reach its rate ({sent} sent"
-            + (f" of {planned:.0f} planned)" if planned is not None else ")")
+            else f"the spike did not reach its rate ({due} due{of}{split})"
         )
         return Timeline(fault_at, _f(g.get("spike_end_at")), ok, why)
     if drill == "upstream-timeout":
@@ -157,10 +162,15 @@ def timeline(
 
 
 def _spike_planned(fig: Mapping[str, Any]) -> float | None:
+    """Requests the schedule planned in the spike phase: the load's own count (``scheduled``),
+    else its rate x the part of the phase the load ran."""
     rates = fig.get("phase_rates")
     if not isinstance(rates, list) or len(rates) < 2:
         return None
     peak = max(rates, key=lambda p: float(p.get("planned_rps") or 0.0))
+    scheduled = _f(peak.get("scheduled"))
+    if scheduled is not None:
+        return scheduled
     planned, dur = _f(peak.get("planned_rps")), _f(peak.get("duration_s"))
     return planned * dur if planned is not None and dur is not None else None
 

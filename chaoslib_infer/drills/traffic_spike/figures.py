@@ -131,13 +131,16 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
 
     Figures: ``shed_requests`` (attempts answered 429/503), ``shed_429``, ``shed_503``,
     ``p99_e2e_during_spike_s``, ``p50_e2e_during_spike_s``, ``availability_during_spike``,
-    ``requests_during_spike``, ``scale_out_s`` (client view: trigger, from the lab's event, to the
+    ``requests_during_spike`` (due by the schedule during the spike: first attempts whose
+    ``intended_at`` is in it, sent or ``not_sent``), ``not_sent_during_spike`` (of those, due while
+    the load's in-flight cap was full), ``scale_out_s`` (client view: trigger, from the lab's event, to the
     send time of the first successful request the new replica answered; None without a
     scale-out), ``scale_out_triggered_after_s`` (spike start to trigger), ``cold_start_s`` (trigger
     to the replica's health 200), ``recovery_s`` (from the end of the spike until per-window P99 and
     error rate are back in the baseline bands for 5 s), ``recovery_from_spike_start_s`` (the same
     from the spike's start), ``phase_rates`` (per phase: planned, offered and successful requests/s
-    over the part of the phase the load ran, and requests sent).
+    over the part of the phase the load ran; the load's own count of requests scheduled (None when
+    the load was stopped early), sent and not sent).
     Ground truth: ``fault_at`` (spike start), ``spike_end_at``, ``scale_out_replica``,
     ``scale_out_triggered_at``, ``scale_out_ready_at``, ``scale_out_enabled_at``,
     ``scale_out_serving_at``, ``scale_out_s`` (serving - triggered), ``queue_depth_at_trigger``,
@@ -161,7 +164,18 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     figures["shed_429"] = sum(1 for r in shed if r.get("status") == 429)
     figures["shed_503"] = sum(1 for r in shed if r.get("status") == 503)
     during = window_stats(recs, start=start, end=end)
-    figures["requests_during_spike"] = int(during.get("requests") or 0)
+    # due during the spike by the schedule (first attempts by intended_at), sent or not: a
+    # request the in-flight cap refused was planned and due (the service held every slot), and
+    # the count agrees with the load's own phase summary (sent + not_sent)
+    due = [
+        r
+        for r in recs
+        if int(r.get("attempt") or 1) == 1
+        and isinstance(r.get("intended_at"), int | float)
+        and start <= float(r["intended_at"]) < end
+    ]
+    figures["requests_during_spike"] = len(due)
+    figures["not_sent_during_spike"] = sum(1 for r in due if r.get("not_sent"))
     figures["availability_during_spike"] = num(during.get("availability"))
     figures["p50_e2e_during_spike_s"] = num(during.get("p50_e2e_s"))
     figures["p99_e2e_during_spike_s"] = num(during.get("p99_e2e_s"))
@@ -202,7 +216,9 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
                 "offered_rps": offered / dur,
                 "ok_rps": ok / dur,
                 "duration_s": dur,
+                "scheduled": p.get("scheduled") if stopped_at is None else None,
                 "sent": p.get("sent"),
+                "not_sent": p.get("not_sent"),
             }
         )
     figures["phase_rates"] = rates
