@@ -40,6 +40,21 @@ K8S_OMITTED = (
 )
 
 
+def _haproxy_retries(state_dir: Path, drill_dir: Path) -> int | None:
+    """Retries HAProxy made for this drill's requests (its request log's ``%rc``,
+    :func:`chaoslib_infer.lab.requestlog.gateway_retries`); None without records or log."""
+    from chaoslib_infer.lab.haproxy import parse_request_log
+    from chaoslib_infer.lab.requestlog import gateway_retries
+    from chaoslib_infer.lab.statedir import REQUEST_LOG
+
+    path = drill_dir / "records.jsonl"
+    log = state_dir / REQUEST_LOG
+    if not path.exists() or not log.exists():
+        return None
+    ids = {str(r["request_id"]) for r in read_records(path) if r.get("request_id")}
+    return gateway_retries(parse_request_log(log), ids)
+
+
 def _slo_rows(journal: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     for phase in out:
@@ -193,6 +208,8 @@ def drill_evidence(
 
         figures.update(gateway_figures(lab.state_dir, drill_dir))
         ground["gateway"] = describe(lab.state_dir)
+        if "gateway_retries" not in figures:  # HAProxy: its log's retries (%rc), retry cost
+            figures["gateway_retries"] = _haproxy_retries(lab.state_dir, drill_dir)
     ledger_measured = any(e.get("event", "generation") == "generation" for e in ledger_entries)
     if target.get("kind") == "kubernetes":
         ground.setdefault("lab_only_figures", K8S_OMITTED)

@@ -1,7 +1,14 @@
 """Probes over the records of the background load (the client's view: what users feel).
 
 Every probe reads the per-attempt records that the load control streams to
-``<infer_run_dir>/records.jsonl`` and looks at the attempts *sent* in the last ``window_s`` seconds.
+``<infer_run_dir>/records.jsonl`` and judges the *logical requests* first sent in the last
+``window_s`` seconds: the unit of the verdict's criteria (``docs/definitions.md``, "The unit"):
+a request with its client retries is one request, and it fails only when its final attempt
+failed; its latency runs from its first send. The attempts' own figures are shown beside
+(``attempts`` in :func:`window_summary`, ``attempt_value`` in :func:`slo_check`), never judged
+instead. A request whose last recorded attempt failed and will be retried (``final: false``,
+its next attempt not yet ended) has no outcome yet: it is counted in ``pending_retries`` and
+left out of the rates.
 The window is judged only once every attempt sent in it has ended, or has been in flight past the
 judging deadline (``infer_judge_deadline_s``, default the client's 10 s first-token timeout), and
 such an attempt counts as a timeout: a request that hangs is never missing from the window
@@ -26,13 +33,14 @@ from chaoslib_infer.measure.inflight import (
     read_inflight,
     wait_for_window,
 )
-from chaoslib_infer.measure.metrics import window_stats
+from chaoslib_infer.measure.metrics import logical_outcomes, select, window_stats
 from chaoslib_infer.measure.slo import Thresholds, evaluate
 
 __all__ = [
     "availability",
     "error_rate",
     "latency_percentile",
+    "logical_window",
     "slo_check",
     "window_summary",
 ]
@@ -75,6 +83,42 @@ def thresholds_from(overrides: dict[str, float]) -> Thresholds:
     return dataclasses.replace(Thresholds(), **overrides)
 
 
+#: The attempt figures shown beside the logical ones (``attempts`` of :func:`logical_window`).
+_ATTEMPT_KEYS = ("requests", "ok", "failed", "availability", "error_rate", "timeout_rate")
+
+
+def logical_window(records: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
+    """Window statistics in the verdict's unit: logical requests first sent in ``[start, end)``.
+
+    Args:
+        records: attempt records (judged: in-flight attempts past the deadline as timeouts).
+        start, end: the window (unix s).
+
+    Returns:
+        The keys of :func:`chaoslib_infer.measure.metrics.window_stats` over logical requests
+        (``requests`` = logical requests with an outcome; E2E from the first send), with the
+        attempts' schedule and client lag (``p99_send_lag_s``, ``p99_client_lag_s``: the
+        client's own timing is per attempt), plus ``attempts`` (``{"requests", "ok", "failed",
+        "availability", "error_rate", "timeout_rate"}`` over the attempts sent in the window),
+        ``retries`` (attempts of the counted requests beyond their first) and
+        ``pending_retries`` (requests whose outcome awaits a retry: left out).
+    """
+    logical = select(logical_outcomes(records), start, end)
+    pending = [r for r in logical if r.get("final") is False]
+    done = [r for r in logical if r.get("final") is not False]
+    stats = window_stats(done, start, end)
+    attempts = window_stats(records, start, end)
+    stats["p99_send_lag_s"] = attempts.get("p99_send_lag_s")
+    for key in ("p50_client_lag_s", "p99_client_lag_s", "max_client_lag_s", "client_lag_reads"):
+        stats[key] = attempts.get(key)
+    stats["kernel_time_fraction"] = attempts.get("kernel_time_fraction")
+    stats["attempts"] = {k: attempts.get(k) for k in _ATTEMPT_KEYS}
+    stats["retries"] = sum(int(r.get("attempts") or 1) - 1 for r in done)
+    stats["pending_retries"] = len(pending)
+    stats["unit"] = "logical requests"
+    return stats
+
+
 #: (records path, window) -> (time the judgement finished, stats): the probes of one
 #: hypothesis share one judged window instead of each waiting for the same slow requests
 _CACHE: dict[tuple[str, float], tuple[float, dict[str, Any]]] = {}
@@ -105,7 +149,7 @@ def _stats(window_s: float, configuration: dict[str, Any] | None) -> dict[str, A
     records = read_records(path) if path.exists() else []
     now = time.time()
     judged = judged_records(records, read_inflight(inflight_path), now, deadline)
-    stats = window_stats(judged, start=end - float(window_s), end=end)
+    stats = logical_window(judged, end - float(window_s), end)
     stats["hung_in_flight"] = sum(
         1
         for r in judged
@@ -126,15 +170,17 @@ def window_summary(
         configuration: Chaos Toolkit configuration (``infer_run_dir`` locates the records).
 
     Returns:
-        The mapping of :func:`chaoslib_infer.measure.metrics.window_stats`: ``requests``,
-        ``availability`` (0..1), ``error_rate``, ``timeout_rate``, ``p50_e2e_s`` ... ``p99_ttft_s``
-        (seconds, ``None`` without data), ``censored_fraction``, ``errors_by_class``.
+        The mapping of :func:`logical_window` (logical requests; the attempts beside in
+        ``attempts``): ``requests``, ``availability`` (0..1), ``error_rate``,
+        ``timeout_rate``, ``p50_e2e_s`` ... ``p99_ttft_s`` (seconds, ``None`` without data),
+        ``censored_fraction``, ``errors_by_class``, ``retries``, ``pending_retries``.
     """
     return _stats(window_s, configuration)
 
 
 def availability(window_s: float = 10.0, configuration: dict[str, Any] | None = None) -> float:
-    """Return availability over the last ``window_s`` seconds: successful / attempted requests (0..1).
+    """Return availability over the last ``window_s`` seconds: successful / attempted logical
+    requests (0..1; a request that succeeded on a retry succeeded).
 
     Timeouts, HTTP 5xx and 429, error objects in a 200 stream, empty, garbled and truncated replies
     all count as failures (``docs/definitions.md``). Returns 0.0 when no request was attempted, so a
@@ -145,7 +191,8 @@ def availability(window_s: float = 10.0, configuration: dict[str, Any] | None = 
 
 
 def error_rate(window_s: float = 10.0, configuration: dict[str, Any] | None = None) -> float:
-    """Return the failed share of attempted requests over the last ``window_s`` seconds (0..1).
+    """Return the failed share of attempted logical requests over the last ``window_s`` seconds
+    (0..1).
 
     Returns 1.0 when no request was attempted (no evidence of health is not health).
     """
@@ -200,8 +247,12 @@ def slo_check(
         configuration: Chaos Toolkit configuration.
 
     Returns:
-        ``{"metric", "value", "op", "threshold", "passed", "requests", "censored_fraction"}``; use the
-        tolerance ``{"type": "jsonpath", "path": "$.passed", "expect": true}``.
+        ``{"metric", "value", "op", "threshold", "passed", "requests", "censored_fraction",
+        "unit", "attempts", "attempt_value", "retries", "pending_retries"}``: ``value`` and
+        ``requests`` are over logical requests (the verdict's unit); ``attempts`` is the
+        attempts sent in the window and ``attempt_value`` the rate metric over them (None for a
+        latency), shown beside, never judged. Use the tolerance
+        ``{"type": "jsonpath", "path": "$.passed", "expect": true}``.
 
     Raises:
         ValueError: unknown metric name.
@@ -215,6 +266,12 @@ def slo_check(
     row["requests"] = stats.get("requests", 0)
     row["censored_fraction"] = stats.get("censored_fraction")
     row["hung_in_flight"] = stats.get("hung_in_flight", 0)
+    attempts = stats.get("attempts") or {}
+    row["unit"] = stats.get("unit", "logical requests")
+    row["attempts"] = attempts.get("requests", 0)
+    row["attempt_value"] = attempts.get(metric)
+    row["retries"] = stats.get("retries", 0)
+    row["pending_retries"] = stats.get("pending_retries", 0)
     if not stats.get("requests"):
         row["passed"] = False
     return row

@@ -29,6 +29,7 @@ __all__ = [
     "interruption",
     "overrides_for",
     "parse_override",
+    "retry_cost",
     "threshold_value",
 ]
 
@@ -89,6 +90,48 @@ def interruption(key: bool = False) -> list[Criterion]:
             1.0,
             "count",
             "fault",
+        ),
+    ]
+
+
+def retry_cost(key: bool = False) -> list[Criterion]:
+    """What retries cost, judged in every drill in which the client or the gateway retried
+    (``n/a`` otherwise; :func:`chaoslib_infer.measure.retrycost.retried`), with the
+    network-jitter drill's budgets: a retry that re-runs a generation is paid twice
+    (``docs/definitions.md``, "Drill criteria").
+
+    Args:
+        key: duplicate generations answer the drill's question (network-jitter): unmeasured
+            makes it inconclusive.
+
+    Returns:
+        ``duplicate_generations`` (<= 0), ``extra_generations`` (<= 0), ``wasted_tokens``
+        (<= 0 tokens), ``retries`` (client retries, not judged) and ``retry_amplification``
+        (engine generations per client attempt, <= 1.0x), all over the whole drill.
+    """
+    return [
+        Criterion(
+            "duplicate_generations", "duplicate generations", "<=", 0.0, "count", "drill", key=key
+        ),
+        Criterion(
+            "extra_generations", "generations paid twice (extra)", "<=", 0.0, "count", "drill"
+        ),
+        Criterion(
+            "wasted_tokens",
+            "tokens of generations paid twice (prompt + completion)",
+            "<=",
+            0.0,
+            "tokens",
+            "drill",
+        ),
+        Criterion("retries", "client retries", "<=", None, "count", "drill"),
+        Criterion(
+            "retry_amplification",
+            "upstream generations per client attempt (gateway retries)",
+            "<=",
+            1.0,
+            "x",
+            "drill",
         ),
     ]
 

@@ -40,6 +40,7 @@ from chaoslib_infer.measure.figkit import (
     unix_time,
 )
 from chaoslib_infer.measure.metrics import logical_stats, window_stats
+from chaoslib_infer.measure.retrycost import retry_cost
 
 __all__ = [
     "FAULT",
@@ -72,7 +73,11 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
     more than once, from the generation ledger). When any attempt is a retry (``attempt > 1``)
     also ``p99_request_e2e_s`` (P99 per logical request, first send to final end, retries
     included; seconds) and ``request_availability`` (logical requests whose final attempt
-    succeeded), :func:`chaoslib_infer.measure.metrics.logical_stats`.
+    succeeded), :func:`chaoslib_infer.measure.metrics.logical_stats`. What retries cost, in
+    every drill (:func:`chaoslib_infer.measure.retrycost.retry_cost`): ``retries``,
+    ``retried_requests``, ``succeeded_after_retry`` (client), ``duplicate_generations``,
+    ``extra_generations``, ``wasted_tokens``, ``wasted_completion_tokens``,
+    ``retry_amplification``, ``generations_per_attempt`` (engine ledger; None without one).
     """
     whole = window_stats(records)
     out: dict[str, Any] = {
@@ -97,6 +102,9 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
         logical = logical_stats(records)
         out["p99_request_e2e_s"] = num(logical.get("p99_e2e_s"))
         out["request_availability"] = num(logical.get("availability"))
+    cost = retry_cost(records, ledger)
+    cost.pop("duplicate_generations_without_end", None)
+    out.update(cost)
     return out
 
 

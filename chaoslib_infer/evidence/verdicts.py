@@ -42,7 +42,9 @@ def read_residue(drill_dir: Path) -> list[str] | None:
 def hypothesis_failures(journal: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``[(phase, line)]`` for each steady-state probe that deviated (``before`` / ``after``).
 
-    The line names the probe and, for the SLO probes (``slo_check``), the value and threshold.
+    The line names the probe and, for the SLO probes (``slo_check``), the value and threshold
+    over logical requests (the verdict's unit), with the attempts' value beside when the probe
+    gave it.
     """
     out: list[tuple[str, str]] = []
     for phase in ("before", "after"):
@@ -55,11 +57,15 @@ def hypothesis_failures(journal: Mapping[str, Any]) -> list[tuple[str, str]]:
             if isinstance(out_v, dict) and "judged" in out_v:
                 continue  # the drill-criteria probe: its reasons are the verdict's own rows
             if isinstance(out_v, dict) and "value" in out_v:
+                unit = "logical requests" if out_v.get("unit") else "requests"
                 line = (
                     f"{name}: {out_v.get('metric')} = {out_v.get('value')} "
                     f"({out_v.get('op')} {out_v.get('threshold')} required, "
-                    f"{out_v.get('requests')} requests)"
+                    f"{out_v.get('requests')} {unit}"
                 )
+                if out_v.get("attempt_value") is not None:  # the attempts, shown beside
+                    line += f"; attempts: {out_v.get('attempt_value')} over {out_v.get('attempts')}"
+                line += ")"
                 reasons = out_v.get("reasons")
                 if isinstance(reasons, list) and reasons:
                     line = f"{name}: " + "; ".join(str(r) for r in reasons)

@@ -17,6 +17,7 @@ from pathlib import Path
 __all__ = [
     "SERVERS_FILE",
     "RequestLogEntry",
+    "gateway_retries",
     "parse_line",
     "parse_request_log",
     "read_servers",
@@ -179,6 +180,20 @@ def parse_line(line: str, names: dict[str, str]) -> RequestLogEntry | None:
         request_id=(m["rid"] if m["rid"] not in ("", "-") else None),
         request=m["req"],
     )
+
+
+def gateway_retries(entries: list[RequestLogEntry], request_ids: set[str]) -> int:
+    """Upstream tries after the first that the gateway made for ``request_ids`` (one drill's
+    requests): the sum of the entries' ``retries`` (HAProxy's ``%rc``, ``+N`` when the request
+    was redispatched to another server; nginx: tries after the first). A field that is no
+    number (``-``) counts 0."""
+    total = 0
+    for e in entries:
+        if e.request_id not in request_ids:
+            continue
+        text = e.retries.lstrip("+")
+        total += int(text) if text.isdigit() else 0
+    return total
 
 
 def upstream_tries(line: str) -> tuple[str | None, list[str], list[str]]:

@@ -9,9 +9,11 @@ Every figure that answers a drill's question has a criterion here, with a defaul
 the acceptance table of ``docs/definitions.md`` ("Acceptance SLOs", "Drill criteria") or from the
 question the drill asks. A threshold of ``None`` means "not judged": the row is shown, never PASS.
 
-Windows (``docs/definitions.md``, "Windows"), all by send time:
+Windows (``docs/definitions.md``, "Windows"), all by the send time of each logical request's
+first attempt (a request is judged in one window with all its attempts):
 
-- ``baseline``: from the first request of the drill to the fault's injection;
+- ``baseline``: from the first request of the drill to the fault's injection (a request in
+  flight at the injection goes by what it was doing then: :mod:`chaoslib_infer.verdict.attribution`);
 - ``fault``: from injection to the return to service (the drill's own ground truth: the
   replica serving again, the freeze thawed, the spike's end...);
 - ``after``: from the return to service to the end of the load;
@@ -36,6 +38,7 @@ from chaoslib_infer.drills.criterion import (
     Criterion,
     overrides_for,
     parse_override,
+    retry_cost,
     threshold_value,
 )
 from chaoslib_infer.drills.registry import DRILLS
@@ -68,8 +71,8 @@ _SLO = [
 ]
 
 #: Every drill: the acceptance SLOs over the fault window and the whole drill, the state after
-#: the drill against the baseline, and the client's own schedule (a client that fell behind
-#: makes the drill inconclusive, see ``judge``).
+#: the drill against the baseline, the client's own schedule (a client that fell behind
+#: makes the drill inconclusive, see ``judge``) and what retries cost.
 COMMON: list[Criterion] = [
     *_SLO,
     Criterion(
@@ -112,6 +115,8 @@ COMMON: list[Criterion] = [
         "drill",
     ),
     Criterion("streams_cut_200", "streams answered 200, then cut", "<=", 0.0, "count", "drill"),
+    # what retries cost (network-jitter's budgets), n/a in a drill where nobody retried
+    *retry_cost(),
 ]
 
 #: Criteria judged only on a lab whose gateway is not HAProxy (the figures of
@@ -120,7 +125,6 @@ GATEWAY_ONLY = frozenset(
     {
         "stream_buffering_s",
         "streams_cut_200",
-        "retry_amplification",
         "gateway_timeout_s",
         "routed_to_down",
     }

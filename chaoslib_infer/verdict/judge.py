@@ -47,11 +47,14 @@ from chaoslib_infer.measure.metrics import (
     TIMEOUT_CLASSES,
     logical_outcomes,
     percentiles_s,
+    retry_stats,
     select,
     window_stats,
 )
+from chaoslib_infer.measure.retrycost import retried
 
 from . import client as vclient
+from .attribution import assign, crossed_note, ttft_allowance
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .facts import STATES, DrillFacts, Verdict, format_value, num
 from .state import (
@@ -81,7 +84,6 @@ __all__ = [
     "exit_code",
     "figure_error_reason",
     "format_value",
-    "in_window",
     "judge_drill",
 ]
 
@@ -100,25 +102,6 @@ def _span(records: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | N
     if not sent:
         return None, None
     return min(sent), max([*sent, *ends])
-
-
-def in_window(
-    records: Sequence[Mapping[str, Any]], a: float, b: float, fault_at: float | None = None
-) -> list[dict[str, Any]]:
-    """The attempts a window judges: sent in ``[a, b)``; with ``fault_at`` a window that ends at
-    the fault (the baseline) drops attempts still in flight at it, and the window that starts at
-    it (the fault window) takes them (a request the fault cut belongs to the fault)."""
-    out = []
-    for r in records:
-        s, e = r.get("sent_at"), r.get("end_at")
-        if not isinstance(s, int | float):
-            continue
-        ended = float(e) if isinstance(e, int | float) else float("inf")
-        if fault_at is not None and b == fault_at and ended > fault_at:
-            continue
-        if a <= s < b or (fault_at is not None and a == fault_at and s < a < ended):
-            out.append(dict(r))
-    return out
 
 
 def _timeouts(records: Sequence[Mapping[str, Any]], a: float, b: float) -> int:
@@ -256,7 +239,6 @@ def _values(
         "scale_out_s",
         "ejection_s",
         "all_serving_s",
-        "retries",
         *GATEWAY_ONLY,
     ):
         out[name] = (num(fig.get(name)), None)
@@ -271,13 +253,7 @@ def _values(
         sustained = intr["sustained"]
     out["interruption_sustained"] = (num(sustained) if sustained is not None else None, None)
     out["oom_kills"] = (num(facts.ground.get("oom_kills")), None)
-    for name in ("duplicate_generations", "extra_generations"):
-        value = num(
-            fig.get(name, fig.get("duplicates") if name == "duplicate_generations" else None)
-        )
-        out[name] = (value if facts.ledger_measured else None, None)
-    # None (no generation_end lines, or a duplicate without one) reads "unmeasured", never 0
-    out["wasted_tokens"] = (num(fig.get("wasted_tokens")) if facts.ledger_measured else None, None)
+    out.update(_retry_cost(facts))
     if "fault" in w:
         a, b = w["fault"]
         recs = sel("fault")
@@ -332,20 +308,50 @@ def _values(
     return out
 
 
+#: The retry-cost rows' note in a drill where neither the client nor the gateway retried.
+NO_RETRY = "no client or gateway retry in this drill: nothing to cost"
+
+
+def _retry_cost(facts: DrillFacts) -> dict[str, tuple[float | None, str | None]]:
+    """The retry-cost rows (``drills/criterion.py`` ``retry_cost``) over the whole drill:
+    ``n/a`` (:data:`NO_RETRY`) in a drill where neither the client nor the gateway retried
+    (:func:`chaoslib_infer.measure.retrycost.retried`; network-jitter, whose question they
+    answer, judges them always); the engine-side figures unmeasured without an engine ledger
+    (``DrillFacts.ledger_measured``), never 0."""
+    fig = facts.figures
+    retries = num(fig.get("retries"))
+    if retries is None:
+        retries = float(retry_stats(facts.records)["retries"])
+    names = ("duplicate_generations", "extra_generations", "wasted_tokens", "retry_amplification")
+    if facts.drill != "network-jitter" and not retried(fig, facts.records):
+        return {n: (None, NO_RETRY) for n in (*names, "retries")}
+    out: dict[str, tuple[float | None, str | None]] = {"retries": (retries, None)}
+    for name in names:
+        value = num(fig.get(name))
+        if name == "duplicate_generations" and value is None:
+            value = num(fig.get("duplicates"))
+        # None (no ledger, no generation_end lines, a duplicate without one): "unmeasured"
+        out[name] = (value if facts.ledger_measured else None, None)
+    return out
+
+
 def _selector(
     facts: DrillFacts, tl: Timeline, w: dict[str, tuple[float, float]]
-) -> Callable[[str], list[dict[str, Any]]]:
-    """The records of each named window, selected once (every criterion of a window reads the
-    same list)."""
-    cache: dict[str, list[dict[str, Any]]] = {}
+) -> tuple[Callable[[str], list[dict[str, Any]]], dict[str, Any]]:
+    """The attempts of each named window, assigned once by logical request with the crossing
+    rule at the injection (:func:`chaoslib_infer.verdict.attribution.assign`; every criterion
+    of a window reads the same list), and the ``crossed_injection`` entry."""
+    allowance, p99 = (
+        ttft_allowance(facts.records, tl.fault_at, facts.deadline_s)
+        if tl.fault_at is not None
+        else (0.0, None)
+    )
+    got = assign(facts.records, w, tl.fault_at, allowance, p99)
 
     def sel(name: str) -> list[dict[str, Any]]:
-        if name not in cache:
-            a, b = w[name]
-            cache[name] = in_window(facts.records, a, b, tl.fault_at)
-        return cache[name]
+        return got.windows[name]
 
-    return sel
+    return sel, got.crossed
 
 
 def _windows(facts: DrillFacts, tl: Timeline) -> dict[str, tuple[float, float]]:
@@ -366,17 +372,25 @@ def _windows(facts: DrillFacts, tl: Timeline) -> dict[str, tuple[float, float]]:
 
 
 def _window_info(
-    w: dict[str, tuple[float, float]], sel: Callable[[str], list[dict[str, Any]]]
+    w: dict[str, tuple[float, float]],
+    sel: Callable[[str], list[dict[str, Any]]],
+    crossed: Mapping[str, Any],
 ) -> dict[str, dict[str, Any]]:
-    """``{window: {"start", "end", "requests" (logical)}}`` for the verdict."""
-    return {
+    """``{window: {"start", "end", "requests" (logical), "attempts"}}`` for the verdict; the
+    fault window also carries ``crossed_injection`` (where the attempts on the wire at the
+    injection went, :class:`chaoslib_infer.verdict.attribution.Assignment`)."""
+    info: dict[str, dict[str, Any]] = {
         name: {
             "start": a,
             "end": b,
             "requests": len(select(logical_outcomes(sel(name)), None, None)),
+            "attempts": len(select(sel(name), None, None)),
         }
         for name, (a, b) in w.items()
     }
+    if crossed and "fault" in info:
+        info["fault"]["crossed_injection"] = dict(crossed)
+    return info
 
 
 #: The schedule-lag row's note under a closed-loop load (``DrillFacts.closed_loop``).
@@ -404,8 +418,8 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     """``(timeline, windows, selector, window info, judged rows)`` of ``facts``."""
     tl = timeline(facts.drill, facts.ground, facts.figures, facts.lab_events)
     w = _windows(facts, tl)
-    sel = _selector(facts, tl, w)
-    info = _window_info(w, sel)
+    sel, crossed = _selector(facts, tl, w)
+    info = _window_info(w, sel, crossed)
     values = _values(facts, tl, w, sel) if w else {}
     rows = [judged_row(c, *values.get(c.name, (None, None))) for c in crits]
     return tl, w, sel, info, rows
@@ -469,5 +483,8 @@ def judge_drill(
     if w.get("fault"):
         a, b = w["fault"]
         notes.append(f"fault window: {b - a:.1f} s from injection to the return to service")
+    note = crossed_note(info.get("fault", {}).get("crossed_injection") or {})
+    if note:
+        notes.append(note)
     state, reasons = decide_state(facts, tl, rows, info, w, mins, crits, sel)
     return Verdict(state, reasons, rows, info, notes)

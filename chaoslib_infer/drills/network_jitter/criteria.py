@@ -2,36 +2,16 @@
 
 from __future__ import annotations
 
-from chaoslib_infer.drills.criterion import Criterion
+from chaoslib_infer.drills.criterion import Criterion, retry_cost
 
 QUESTION = (
     "When the link to one replica gets slow and irregular, do the client's and the gateway's "
     "retries cause duplicate (twice-paid) generations?"
 )
 
-CRITERIA: list[Criterion] = [
-    Criterion(
-        "duplicate_generations", "duplicate generations", "<=", 0.0, "count", "drill", key=True
-    ),
-    Criterion("extra_generations", "generations paid twice (extra)", "<=", 0.0, "count", "drill"),
-    Criterion(
-        "wasted_tokens",
-        "tokens of generations paid twice (prompt + completion)",
-        "<=",
-        0.0,
-        "tokens",
-        "drill",
-    ),
-    Criterion("retries", "client retries", "<=", None, "count", "drill"),
-    Criterion(
-        "retry_amplification",
-        "upstream generations per client attempt (gateway retries)",
-        "<=",
-        1.0,
-        "x",
-        "drill",
-    ),
-]
+#: What retries cost (every drill judges these when it retried: ``drills/criterion.py``
+#: ``retry_cost``); here duplicate generations are the key: the drill's question.
+CRITERIA: list[Criterion] = retry_cost(key=True)
 
 #: Common criteria this drill does not judge (none).
 DROPPED_COMMON: frozenset[str] = frozenset()

@@ -17,8 +17,18 @@ from typing import Any
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.figkit import FAULT, REMOVED, DrillContext, Marker, mark, num
 from chaoslib_infer.measure.metrics import logical_stats, retry_stats, window_stats
+from chaoslib_infer.measure.retrycost import generation_counts, wasted_tokens
 
-__all__ = ["LEDGER_LABELS", "compute", "fault_window", "generation_counts", "markers"]
+#: ``generation_counts`` and ``wasted_tokens`` live in :mod:`chaoslib_infer.measure.retrycost`
+#: (every drill judges what retries cost); re-exported here, where they were first defined.
+__all__ = [
+    "LEDGER_LABELS",
+    "compute",
+    "fault_window",
+    "generation_counts",
+    "markers",
+    "wasted_tokens",
+]
 
 LEDGER_LABELS = ("jitter fault recorded", "jitter fault record cleared")
 
@@ -72,74 +82,6 @@ def fault_window(ctx: DrillContext) -> dict[str, Any] | None:
         if cleared:
             end, by = float(cleared[-1]["cleared_at"]), "remove (no lab event)"
     return {"fault": fault, "start": start, "end": end, "removed_by": by}
-
-
-def generation_counts(
-    ledger: list[dict[str, Any]], start: float | None = None, end: float | None = None
-) -> dict[str, int]:
-    """``{request_id: generations}`` over ledger entries with ``start <= t < end`` (None: open)."""
-    counts: dict[str, int] = {}
-    for e in ledger:
-        if e.get("event", "generation") != "generation":
-            continue
-        t = e.get("t")
-        if not isinstance(t, int | float):
-            continue
-        if (start is not None and t < start) or (end is not None and t >= end):
-            continue
-        rid = e.get("request_id")
-        if isinstance(rid, str):
-            counts[rid] = counts.get(rid, 0) + 1
-    return counts
-
-
-def wasted_tokens(ledger: list[dict[str, Any]], generations: dict[str, int]) -> dict[str, Any]:
-    """Tokens the engine spent on the duplicate generations counted in ``generations``.
-
-    A logical request generated ``n > 1`` times is paid ``n`` times for one answer: every
-    generation but the largest one (prompt + completion tokens, from the engine's
-    ``generation_end`` ledger lines, contracts.md §1) is waste. Prefill counts: a retry
-    recomputes the whole prompt.
-
-    Args:
-        ledger: engine ledger lines (``generation_end`` events are read; others are skipped).
-        generations: ``{request_id: generations}`` of this run's logical requests
-            (:func:`generation_counts` over the same ledger, other clients' ids left out).
-
-    Returns:
-        ``{"wasted_tokens": int | None, "wasted_completion_tokens": int | None,
-        "duplicate_generations_without_end": int}``: the totals are None (unmeasured, never 0)
-        when the ledger holds generations but no ``generation_end`` line at all (an engine that
-        does not write them), or when a duplicated request has a generation without its end
-        line (a killed process, a generation still running): the waste is not known then.
-    """
-    dups = {rid: n for rid, n in generations.items() if n > 1}
-    ends: dict[str, list[tuple[int, int]]] = {}
-    any_end = False
-    for e in ledger:
-        if e.get("event") != "generation_end":
-            continue
-        any_end = True
-        rid, pt, ct = e.get("request_id"), e.get("prompt_tokens"), e.get("completion_tokens")
-        if rid in dups and isinstance(pt, int) and isinstance(ct, int):
-            ends.setdefault(str(rid), []).append((pt, ct))
-    missing = sum(max(0, n - len(ends.get(rid, []))) for rid, n in dups.items())
-    if (generations and not any_end) or missing:
-        return {
-            "wasted_tokens": None,
-            "wasted_completion_tokens": None,
-            "duplicate_generations_without_end": missing,
-        }
-    total = completion = 0
-    for rid in dups:
-        gens = sorted(ends[rid], key=lambda g: g[0] + g[1])
-        total += sum(pt + ct for pt, ct in gens[:-1])
-        completion += sum(ct for _, ct in gens[:-1])
-    return {
-        "wasted_tokens": total,
-        "wasted_completion_tokens": completion,
-        "duplicate_generations_without_end": 0,
-    }
 
 
 def _shim_stats(path: Any) -> dict[str, Any] | None:
