@@ -469,13 +469,32 @@ def test_junit_reads_failed_inconclusive_and_error_as_ci_does() -> None:
         ],
     }
     root = ET.fromstring(junit_xml(summary))
-    assert (root.get("failures"), root.get("skipped"), root.get("errors")) == ("1", "1", "1")
+    # inconclusive is no pass: a <failure> by default (a gate reads <skipped> as green)
+    assert (root.get("failures"), root.get("skipped"), root.get("errors")) == ("2", "0", "1")
     cases = {c.get("name"): c for c in root.iter("testcase")}
     fail = cases["b"].find("failure")
     assert fail is not None and fail.get("message") == "duplicate generations: 3 > 0"
-    assert cases["c"].find("skipped") is not None
+    grey = cases["c"].find("failure")
+    assert grey is not None and grey.get("type") == "inconclusive"
+    assert grey.get("message") == "inconclusive: fault not confirmed"
+    assert cases["c"].find("skipped") is None
     assert cases["d"].find("error") is not None
     assert cases["a"].find("failure") is None
+    # the documented option (--junit-inconclusive=skipped, or recorded in the summary)
+    for root in (
+        ET.fromstring(junit_xml(summary, "skipped")),
+        ET.fromstring(junit_xml({**summary, "junit_inconclusive": "skipped"})),
+    ):
+        assert (root.get("failures"), root.get("skipped"), root.get("errors")) == ("1", "1", "1")
+        cases = {c.get("name"): c for c in root.iter("testcase")}
+        skipped = cases["c"].find("skipped")
+        assert skipped is not None and skipped.get("message") == "inconclusive: fault not confirmed"
+        assert cases["c"].find("failure") is None
+    # the argument outranks the recorded choice; anything else is refused
+    root = ET.fromstring(junit_xml({**summary, "junit_inconclusive": "skipped"}, "failure"))
+    assert root.get("skipped") == "0" and root.get("failures") == "2"
+    with pytest.raises(ValueError, match="expected one of failure, skipped"):
+        junit_xml(summary, "ignore")
 
 
 def test_plan_criteria_are_validated(tmp_path: Path) -> None:
