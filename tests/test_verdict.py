@@ -893,6 +893,8 @@ def _mutate(
 
 
 _FAIL = {"ok": False, "e2e": 0.01}
+#: the common rates every failure of a window also breaks
+_SLO_RATES = ("availability", "availability_fault", "error_rate")
 
 #: criteria read from the records: (drill, ground update, mutation, criterion, also off: the
 #: criteria the same records break too, turned off so the reason is the criterion's own)
@@ -902,7 +904,7 @@ RECORD_BREAK: list[Any] = [
         {},
         {"a": 12, "b": 13, **_FAIL, "status": 500, "error_class": "http_5xx"},
         "non_shed_failures_fault",
-        (),
+        _SLO_RATES,
         id="spike-answered-with-fast-500s",
     ),
     pytest.param(
@@ -910,7 +912,7 @@ RECORD_BREAK: list[Any] = [
         {},
         {"a": 12, "b": 13, **_FAIL, "status": 502, "error_class": "http_5xx"},
         "non_shed_failures_fault",
-        (),
+        _SLO_RATES,
         id="spike-answered-with-fast-502s",
     ),
     pytest.param(
@@ -918,7 +920,7 @@ RECORD_BREAK: list[Any] = [
         {},
         {"a": 12, "b": 13, **_FAIL, "status": None, "error_class": "reset"},
         "non_shed_failures_fault",
-        (),
+        _SLO_RATES,
         id="spike-answered-with-resets",
     ),
     pytest.param(
@@ -933,8 +935,45 @@ RECORD_BREAK: list[Any] = [
             "error_class": "timeout_ttft",
         },
         "non_shed_failures_fault",
-        ("timeouts_fault", "timeout_rate_fault"),
+        ("timeouts_fault", "timeout_rate_fault", *_SLO_RATES),
         id="spike-answered-with-a-timeout",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        # 429s that kept the user waiting 3 s: the shed P99 breaks (and, with it judged, they
+        # are no shed: failures; off, every 429/503 is a shed again)
+        {"a": 12, "b": 13, "ok": False, "e2e": 3.0, "status": 429, "error_class": "http_429"},
+        "shed_p99_s",
+        (),
+        id="spike-answered-with-slow-429s",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        # 4 s of the 10 s spike shed: 40 % of its requests, over the 25 % budget
+        {"a": 12, "b": 16, **_FAIL, "status": 429, "error_class": "http_429"},
+        "shed_share_fault",
+        (),
+        id="spike-shed-beyond-its-budget",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        # the service answers 500 to everything from 2 s after the spike's end
+        {"a": 22, "b": 35, **_FAIL, "status": 500, "error_class": "http_5xx"},
+        "availability_after",
+        _SLO_RATES,
+        id="spike-followed-by-fast-500s",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        # a fast 503 after the spike is no shed: no overload is left to shed
+        {"a": 30, "b": 30.1, **_FAIL, "status": 503, "error_class": "http_5xx"},
+        "availability_after",
+        _SLO_RATES,
+        id="spike-followed-by-a-fast-503",
     ),
     pytest.param(
         "oom-kill",
@@ -1038,9 +1077,14 @@ def test_spike_shed_as_fast_429_and_503_passes_and_only_those_are_shed() -> None
     rows = {r["criterion"]: r for r in v.rows}
     assert rows["shed_p99_s"]["result"] == "n/a"
     assert v.state == "failed"
+    # every other failure counts against the common SLOs too: 10 of the 350 requests, 10 of the
+    # fault window's 102 (the spike's 100 and 2 in flight at its start)
     assert v.reasons == [
-        "failures during the spike not shed as 429/503 (resets, other 5xx, timeouts): 10 > 0 "
-        "(non_shed_failures_fault)"
+        "failures during the spike not shed as a fast 429/503 (resets, other 5xx, timeouts): "
+        "10 > 0 (non_shed_failures_fault)",
+        "availability (whole drill): 0.9714 < 0.999 (availability)",
+        "availability (fault window): 0.902 < 0.999 (availability_fault)",
+        "error rate (whole drill): 0.02857 >= 0.001 (error_rate)",
     ]
 
 
