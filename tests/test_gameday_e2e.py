@@ -56,10 +56,22 @@ def _warmup_ratio_by_hand(records: list[dict[str, Any]], gt: dict[str, Any]) -> 
 
 def _check_oom_verdict(drill: dict[str, Any], records: list[dict[str, Any]]) -> None:
     """The oom-kill verdict against the evidence, by hand: a warm-up ratio above 10x or a
-    request lost to the kill fails the drill with that reason; a passed drill shows neither."""
+    request of the fault window lost fails the drill with that reason; a passed drill shows
+    neither."""
     gt = drill["ground_truth"]
     ratio = _warmup_ratio_by_hand(records, gt)
-    lost = [r for r in records if not r["ok"] and not r.get("cut_off")]
+    # the fault window by hand: from the kill until the replica served again (at least 5 s),
+    # and the requests in flight at the kill
+    a = gt["fault_at"]
+    ready = gt.get("replica_ready_at")
+    b = max(gt["replica_serving_again_at"], ready if isinstance(ready, float) else a, a + 5.0)
+    lost = [
+        r
+        for r in records
+        if not r["ok"]
+        and not r.get("cut_off")
+        and (a <= r["sent_at"] < b or r["sent_at"] < a < r["end_at"])
+    ]
     rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
     assert rows["warmup_ratio"]["value"] == pytest.approx(ratio, rel=0.05)
     if ratio > 10.5:  # clear of the 10x threshold by more than the figures' tolerance

@@ -106,7 +106,8 @@ def _stats(
     ended or passed the judging deadline (then it counts as a timeout):
     :mod:`chaoslib_infer.measure.inflight`. With ``shed`` the shed requests (a fast 429/503,
     :func:`shed_bound_s`) are left out (:func:`~chaoslib_infer.drills.traffic_spike.shed.
-    without_shed`), and ``shed`` / ``shed_requests`` / ``shed_p99_s`` say what was shed."""
+    without_shed`), and ``shed_requests``, ``sent_requests``, ``shed_share`` and
+    ``shed_p99_s`` say what was shed (:func:`_leave_out_shed`)."""
     path = settings.records_path(configuration)
     key = (str(path), float(window_s), shed)
     hit = _CACHE.get(key)
@@ -265,7 +266,9 @@ def slo_check(
     Raises:
         ValueError: unknown metric name; with ``shed``, a malformed ``infer_criteria``.
     """
-    stats = _stats(window_s, configuration, shed=bool(shed))
+    if not isinstance(shed, bool):  # a ${var} arrives as text
+        shed = str(shed).strip().lower() in ("1", "true", "yes")
+    stats = _stats(window_s, configuration, shed=shed)
     thresholds = thresholds_from(settings.slo_overrides(configuration))
     rows = {row["metric"]: row for row in evaluate(stats, thresholds)}
     if metric not in rows:
