@@ -34,7 +34,12 @@ from chaoslib_infer.drill_run import (
     run_drill,
 )
 from chaoslib_infer.errors import ConfigError, InferChaosError, TargetUnreachable
-from chaoslib_infer.evidence.bundle import junit_xml, tool_versions, write_manifest
+from chaoslib_infer.evidence.bundle import (
+    JUNIT_INCONCLUSIVE_DEFAULT,
+    junit_xml,
+    tool_versions,
+    write_manifest,
+)
 from chaoslib_infer.evidence.render import render_index, write_atomic
 from chaoslib_infer.gameday_evidence import K8S_OMITTED, drill_evidence, headline
 from chaoslib_infer.lab import ledger
@@ -183,6 +188,7 @@ def run_gameday(
     allow: tuple[str, ...] = (),
     k8s_target: Any = None,
     criteria: list[tuple[str | None, str, float | None]] | None = None,
+    junit_inconclusive: str = JUNIT_INCONCLUSIVE_DEFAULT,
 ) -> int:
     """Run every drill of ``plan`` and write the evidence bundle to ``out_dir``.
 
@@ -207,6 +213,10 @@ def run_gameday(
             (which the command line has checked against the operator's URL patterns: a target
             file never allows itself), and every drill gets
             ``infer_k8s_target`` = its file.
+        junit_inconclusive: how ``junit.xml`` writes an inconclusive drill, ``failure``
+            (default) or ``skipped`` (``--junit-inconclusive``;
+            :func:`chaoslib_infer.evidence.bundle.junit_xml`), recorded in ``summary.json``
+            (``junit_inconclusive``) so ``chaos-infer report`` writes it the same way.
 
     Returns:
         The exit code (see the module docstring).
@@ -271,6 +281,7 @@ def run_gameday(
         "tool": tool_versions(),
         "complete": False,
         "in_progress": None,
+        "junit_inconclusive": junit_inconclusive,
         "drills": [],
     }
     exit_code = EXIT_OK

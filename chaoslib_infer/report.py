@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.evidence.bundle import junit_inconclusive as junit_inconclusive_choice
 from chaoslib_infer.evidence.bundle import junit_xml, write_manifest
 from chaoslib_infer.evidence.render import render_index, write_atomic
 from chaoslib_infer.gameday_evidence import drill_evidence, experiment_title
@@ -52,7 +53,9 @@ def bundle_runbooks(out_dir: Path, progress: Progress) -> None:
         progress(f"warning: runbooks not filled: {exc}")
 
 
-def report_run(run_dir: Path, progress: Progress = print) -> int:
+def report_run(
+    run_dir: Path, progress: Progress = print, junit_inconclusive: str | None = None
+) -> int:
     """Re-render the evidence of an existing game-day folder (``chaos-infer report RUN_DIR``).
 
     Every drill of ``summary.json`` is rendered again from its folder (journal, records, fault log)
@@ -61,11 +64,19 @@ def report_run(run_dir: Path, progress: Progress = print) -> int:
     summary keeps ``"complete": false``. Known secrets are scrubbed (the lab folder only when no
     lab runs there), then the index, JUnit file and manifest are written again.
 
+    Args:
+        run_dir: the game-day folder.
+        progress: where progress lines go.
+        junit_inconclusive: how ``junit.xml`` writes an inconclusive drill (``failure`` or
+            ``skipped``; None: as the run recorded it in ``summary.json``, else ``failure``);
+            a choice given is recorded in the summary.
+
     Returns:
         0 when rendered.
 
     Raises:
-        ConfigError: no readable ``summary.json`` in ``run_dir``.
+        ConfigError: no readable ``summary.json`` in ``run_dir``, or an inconclusive choice
+            (given or recorded) other than ``failure`` / ``skipped``.
     """
     run_dir = Path(run_dir)
     try:
@@ -76,6 +87,10 @@ def report_run(run_dir: Path, progress: Progress = print) -> int:
         raise ConfigError(f"{run_dir}/summary.json: unreadable: {exc}") from exc
     if not isinstance(summary, dict) or not isinstance(summary.get("drills", []), list):
         raise ConfigError(f"{run_dir}/summary.json: not a game-day summary")
+    try:
+        grey = junit_inconclusive_choice(summary, junit_inconclusive)
+    except ValueError as exc:
+        raise ConfigError(f"{run_dir}/summary.json: {exc}") from None
     lab: Lab | None = None
     lab_running = False
     if (run_dir / "lab" / "lab.json").exists():
@@ -127,6 +142,7 @@ def report_run(run_dir: Path, progress: Progress = print) -> int:
         progress(f"report: {name}: {entry['status']}")
     summary["drills"] = rendered
     summary["reported_at"] = iso()
+    summary["junit_inconclusive"] = grey
     write_atomic(
         run_dir / "summary.json",
         redact.redact_text(json.dumps(summary, indent=2, default=str), secrets),
@@ -140,7 +156,7 @@ def report_run(run_dir: Path, progress: Progress = print) -> int:
         code = verdict_exit_code([str(s) for s in statuses])
         verdict = {0: "PASSED", 1: "FAILED", 2: "ERROR", 3: "INCONCLUSIVE"}.get(code, "ABORTED")
     render_index(run_dir, summary, verdict)
-    write_atomic(run_dir / "junit.xml", junit_xml(summary))
+    write_atomic(run_dir / "junit.xml", junit_xml(summary, grey))
     bundle_runbooks(run_dir, progress)
     redact.scrub_tree(run_dir, secrets, skip=[run_dir / "lab"] if lab_running else [])
     write_manifest(run_dir)

@@ -384,16 +384,19 @@ class LocalContainer:
 
 
 def running_as_root_with_memory_cgroup() -> str | None:
-    """None when LocalContainer can run here, else why not (a skip reason)."""
+    """None when LocalContainer can run here, else why not (a skip reason starting with
+    ``labutil.LAB_MISSING``: the CI gate fails such a skip)."""
+    from labutil import LAB_MISSING
+
     if os.geteuid() != 0:
-        return "needs root (PID namespaces, a memory cgroup)"
+        return LAB_MISSING + "needs root (PID namespaces, a memory cgroup)"
     from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
 
     try:
         detect_hierarchy()
     except CgroupError as exc:
-        return str(exc)
+        return LAB_MISSING + str(exc)
     for tool in ("unshare", "nsenter"):
         if not any(os.access(os.path.join(d, tool), os.X_OK) for d in ("/usr/bin", "/bin")):
-            return f"needs {tool} (util-linux)"
+            return LAB_MISSING + f"needs {tool} (util-linux)"
     return None

@@ -34,19 +34,51 @@ SEVEN_DRILLS = [
 ]
 
 
+#: The start of every skip reason that says the lab cannot run here (no HAProxy, no writable
+#: memory cgroup, no root or network namespaces): the skips the CI gate turns into failures.
+LAB_MISSING = "lab prerequisite missing: "
+#: The CI gate: with ``CHAOS_INFER_REQUIRE_LAB=1`` (set by ``scripts/quickstart test``) a test
+#: skipped for want of the lab fails (:func:`require_lab`), so a machine without the lab cannot
+#: pass the suite by skipping every drill.
+REQUIRE_LAB_ENV = "CHAOS_INFER_REQUIRE_LAB"
+
+
 def lab_skip_reason() -> str | None:
     """Why a lab cannot come up on this machine (no HAProxy, no writable memory cgroup), or
-    None when it can: the ``skipif`` of the lab tests."""
+    None when it can: the ``skipif`` of the lab tests (the reason starts with
+    :data:`LAB_MISSING`)."""
     from chaoslib_infer.lab.cgroups import CgroupError, detect_hierarchy
     from chaoslib_infer.lab.haproxy import find_haproxy
 
     if find_haproxy() is None:
-        return "haproxy not installed"
+        return LAB_MISSING + "haproxy not installed"
     try:
         detect_hierarchy()
     except CgroupError as exc:
-        return str(exc)
+        return LAB_MISSING + str(exc)
     return None
+
+
+def haproxy_missing() -> str | None:
+    """:data:`LAB_MISSING` ``haproxy not installed``, or None when HAProxy is here."""
+    from chaoslib_infer.lab.haproxy import find_haproxy
+
+    return LAB_MISSING + "haproxy not installed" if find_haproxy() is None else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def require_lab(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """``pytest_runtest_makereport`` (tests/conftest.py): under ``CHAOS_INFER_REQUIRE_LAB=1`` a
+    test skipped with a :data:`LAB_MISSING` reason is reported failed, its reason kept."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    if not report.skipped or os.environ.get(REQUIRE_LAB_ENV) != "1":
+        return
+    longrepr = report.longrepr
+    reason = str(longrepr[2] if isinstance(longrepr, tuple) else longrepr)
+    if LAB_MISSING in reason:
+        report.outcome = "failed"
+        report.longrepr = f"{REQUIRE_LAB_ENV}=1 and this lab test was skipped: {reason}"
 
 
 def chaos_infer_argv(*args: str) -> list[str]:

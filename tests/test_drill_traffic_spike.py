@@ -20,8 +20,6 @@ from labutil import lab_events as _events
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.load.clientside import read_run_summary
 from chaoslib_infer.load.records import read_records
-from chaoslib_infer.measure.figures import recovery
-from chaoslib_infer.measure.metrics import window_stats
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.lab]
@@ -39,6 +37,54 @@ def _shed_ground_truth(out: Path, records: list[dict[str, Any]]) -> int:
         for e in hap.parse_request_log(out / "lab" / "haproxy-requests.log")
         if e.status in (429, 503) and e.request_id in ids
     )
+
+
+def _p(values: list[float], pct: float) -> float:
+    """Percentile by hand, at the rank HdrHistogram takes (``pct`` % of the count, rounded; at
+    least 1); the figures' HDR values are within 0.1 % of it (docs/definitions.md)."""
+    ordered = sorted(values)
+    return ordered[max(1, int(pct / 100 * len(ordered) + 0.5)) - 1]
+
+
+def _e2e(records: list[dict[str, Any]], a: float, b: float) -> list[float]:
+    """E2E of the successful records sent in ``[a, b)``, timed from when each was due
+    (``intended_at``: coordinated omission corrected, docs/definitions.md)."""
+    return [r["end_at"] - r["intended_at"] for r in records if r["ok"] and a <= r["sent_at"] < b]
+
+
+def _in_band(
+    records: list[dict[str, Any]], a: float, b: float, base: dict[str, float], slack: float
+) -> bool:
+    """The requests sent in ``[a, b)`` are inside the baseline bands, by hand: some were sent,
+    some succeeded, P99 E2E <= 1.5x the baseline's (times ``slack``: the figure's HDR
+    percentiles are 0.1 % apart from these), error rate <= the baseline's + 0.5 %
+    (docs/definitions.md, "Recovery time")."""
+    sent = [r for r in records if a <= r["sent_at"] < b and not r.get("cut_off")]
+    ok = _e2e(records, a, b)
+    if not sent or not ok:
+        return False
+    err = sum(1 for r in sent if not r["ok"]) / len(sent)
+    return _p(ok, 99) <= 1.5 * base["p99"] * slack and err <= base["err"] + 0.005
+
+
+def _check_recovery(fig: dict[str, Any], gt: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """``recovery_s`` against the records, by hand: the 2 s windows from the spike's end plus
+    ``recovery_s`` hold the baseline bands for the 5 s settle (three windows), and a window
+    before that point left them (0.0: none had to). The baseline: the profile's first phase,
+    the 12 s before the spike (experiments/traffic-spike.yaml ``load_profile``)."""
+    a, b = gt["fault_at"] - 12.0, gt["fault_at"]
+    base_recs = [r for r in records if a <= r["sent_at"] < b and not r.get("cut_off")]
+    base = {
+        "p99": _p(_e2e(records, a, b), 99),
+        "err": sum(1 for r in base_recs if not r["ok"]) / len(base_recs),
+    }
+    end, rec = gt["spike_end_at"], fig["recovery_s"]
+    assert rec is not None
+    back = end + rec
+    assert all(_in_band(records, back + 2 * k, back + 2 * k + 2, base, 1.002) for k in range(3))
+    if rec > 0:
+        before = [end + 2 * k for k in range(round(rec / 2))]
+        assert any(not _in_band(records, t, t + 2, base, 0.998) for t in before)
 
 
 def _check_common(out: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
@@ -62,14 +108,21 @@ def _check_common(out: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[
     ]
     assert rates[1]["offered_rps"] == pytest.approx(len(spike_sent) / 15.0)
     assert 20.0 <= rates[1]["offered_rps"] <= 36.0 and rates[0]["offered_rps"] <= 12.0
-    during = window_stats(records, start=gt["fault_at"], end=gt["spike_end_at"])
-    assert fig["p99_e2e_during_spike_s"] == during["p99_e2e_s"]
     # due during the spike, sent or not sent: the records' own count and the load's summary
     summary = read_run_summary(out / "traffic-spike" / "load.log")
     assert summary is not None
     assert fig["requests_during_spike"] == len(spike_sent)
     assert len(spike_sent) == summary["phases"][1]["sent"] + summary["phases"][1]["not_sent"]
     assert fig["not_sent_during_spike"] == sum(1 for r in spike_sent if r.get("not_sent"))
+    # the spike's latency and availability against the records sent in it, counted by hand
+    spike = [
+        r
+        for r in records
+        if gt["fault_at"] <= r["sent_at"] < gt["spike_end_at"] and not r.get("cut_off")
+    ]
+    ok_e2e = _e2e(records, gt["fault_at"], gt["spike_end_at"])
+    assert fig["p99_e2e_during_spike_s"] == pytest.approx(_p(ok_e2e, 99), rel=2e-3)
+    assert fig["availability_during_spike"] == pytest.approx(len(ok_e2e) / len(spike))
     # every fault the drill (and the autoscaler) recorded was cleared by the rollback, which
     # returned the lab to its initial size: the standby is stopped again
     journal = json.loads((out / "traffic-spike" / "journal.json").read_text())
@@ -104,6 +157,7 @@ def test_traffic_spike_scales_out_and_holds_the_slo(tmp_path: Path) -> None:
     assert rows["recovery_s"]["result"] == "pass"
     # every failure of the spike is a 429/503 shed (none at all on this lab: 0 of 400 in a run)
     assert rows["non_shed_failures_fault"]["value"] == 0.0
+    assert rows["availability"]["value"] == rows["availability_fault"]["value"] == 1.0
     fig, gt, records = _check_common(out)
 
     # the lab's own record of the scale-out
@@ -132,9 +186,7 @@ def test_traffic_spike_scales_out_and_holds_the_slo(tmp_path: Path) -> None:
     assert any(r["replica"] == "r3" and r["ok"] for r in records)
     assert fig["shed_requests"] == 0 and fig["availability"] == 1.0
     assert fig["p99_e2e_during_spike_s"] <= 10.0
-    baseline = window_stats(records, start=None, end=gt["fault_at"])
-    assert fig["recovery_s"] is not None
-    assert fig["recovery_s"] == recovery(records, gt["spike_end_at"], baseline)
+    _check_recovery(fig, gt, records)
     # the rollback put r3 back in standby: stopped (expected exit) after the spike
     exits = [e for e in events if e.get("event") == "exit" and e["replica"] == "r3"]
     assert len(exits) >= 1 and exits[0]["expected"] is True and exits[0]["t"] > gt["spike_end_at"]
@@ -153,15 +205,24 @@ def test_traffic_spike_without_autoscaling_and_a_tiny_queue_deviates(tmp_path: P
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
     assert drill["status"] == "failed"
     check_verdict(drill)
+    # the overload was shed as fast 429s (a sane drop policy), but nothing scaled out: the
+    # drill-criteria probe deviates on the scale-out, the shed itself fails no probe
     assert drill["hypothesis"] == {"before": True, "after": False}
-    # the overload was shed as fast 429s (a sane drop policy), but nothing scaled out
+    journal = json.loads((out / "traffic-spike" / "journal.json").read_text())
+    after = {
+        p["activity"]["name"]: p["tolerance_met"]
+        for p in journal["steady_states"]["after"]["probes"]
+    }
+    assert after["availability-meets-slo"] is True and after["shed-is-sane"] is True, after
+    assert after["drill-criteria-hold"] is False, after
     rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
-    assert rows["shed_p99_s"]["result"] == "pass"
-    assert rows["non_shed_failures_fault"]["result"] == "pass"  # shed as 429s, nothing else
+    for name in ("shed_p99_s", "shed_share_fault", "availability_fault", "non_shed_failures_fault"):
+        assert rows[name]["result"] == "pass", (name, rows[name])  # shed as 429s, nothing else
     assert any(
         r.startswith("scale-out (trigger to serving): never scaled out while")
         for r in drill["reasons"]
     ), drill["reasons"]
+    assert not any("(availability" in r or "(shed_" in r for r in drill["reasons"])
     fig, gt, records = _check_common(out)
     assert fig["shed_requests"] > 0 and fig["shed_429"] == fig["shed_requests"]
     shed_times = [r["sent_at"] for r in records if r["status"] == 429]
@@ -169,3 +230,52 @@ def test_traffic_spike_without_autoscaling_and_a_tiny_queue_deviates(tmp_path: P
     assert fig["availability_during_spike"] < 0.999
     assert fig["scale_out_s"] is None and gt["scale_outs"] == 0
     assert not any(str(e.get("event")).startswith("scale_out") for e in _events(out / "lab"))
+
+
+def _shed_by_hand(gt: dict[str, Any], records: list[dict[str, Any]]) -> tuple[int, int]:
+    """(shed, sent) in the fault window, by hand: requests sent in the spike or in flight at its
+    start, and those answered 429/503 within 1 s (no client retries in this experiment)."""
+    window = [
+        r
+        for r in records
+        if not r.get("cut_off")
+        and (
+            gt["fault_at"] <= r["sent_at"] < gt["spike_end_at"]
+            or r["sent_at"] < gt["fault_at"] < r["end_at"]
+        )
+    ]
+    shed = [r for r in window if r["status"] in (429, 503) and r["end_at"] - r["sent_at"] <= 1.0]
+    return len(shed), len(window)
+
+
+def test_a_sane_429_shed_with_a_scale_out_passes(tmp_path: Path) -> None:
+    """The engines' queues hold one request each: the spike is shed as fast 429s until the
+    standby serves (and in its bursts after). A sane drop policy: PASSED, hypotheses held (the
+    shed is judged by its own budget, never as lost availability). With queues this short the
+    depth the autoscaler reads flickers between 0 and 3 under the spike (0 throughout the
+    baseline), so it scales out at the first sample of 2 or more (``scale_out_after_s: 0``):
+    at 0.5 s the depth must hold would miss the spike in some runs."""
+    lab = {
+        "replicas": 3,
+        "standby": 1,
+        "autoscale": True,
+        "scale_out_queue": 1,
+        "scale_out_after_s": 0,
+        "engine_args": {"max_num_seqs": 4, "max_waiting": 1},
+    }
+    out = tmp_path / "out"
+    proc = drill_run("traffic-spike", out, _plan(tmp_path / "plan", lab), timeout=240)
+    drill = json.loads((out / "summary.json").read_text())["drills"][0]
+    assert proc.returncode == 0, (drill["reasons"], proc.stdout[-3000:] + proc.stderr[-3000:])
+    assert drill["status"] == "passed" and drill["reasons"] == []
+    assert drill["hypothesis"] == {"before": True, "after": True}
+    check_verdict(drill)
+    fig, gt, records = _check_common(out)
+    shed, sent = _shed_by_hand(gt, records)
+    assert shed > 0 and fig["shed_429"] == fig["shed_requests"] >= shed  # the engines' 429s
+    rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
+    assert rows["shed_share_fault"]["value"] == pytest.approx(shed / sent)
+    assert rows["shed_share_fault"]["result"] == "pass" and rows["shed_p99_s"]["result"] == "pass"
+    assert rows["availability_fault"]["value"] == 1.0  # the shed is left out, nothing else failed
+    assert rows["scale_out_s"]["result"] == "pass"
+    _check_recovery(fig, gt, records)

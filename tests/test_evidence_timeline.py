@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labutil import haproxy_missing
 from PIL import Image
 
 from chaoslib_infer.drills.upstream_timeout import figures as upstream_timeout
@@ -436,7 +437,7 @@ class _Health(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.lab
-@pytest.mark.skipif(find_haproxy() is None, reason="haproxy not installed")
+@pytest.mark.skipif(haproxy_missing() is not None, reason=haproxy_missing() or "")
 def test_recorder_writes_lb_state_snapshots_on_change(tmp_path: Path) -> None:
     haproxy = find_haproxy()
     assert haproxy is not None

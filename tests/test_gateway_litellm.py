@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from labutil import haproxy_missing
 
 from chaoslib_infer.lab import gateways
 from chaoslib_infer.lab.gateways import litellm
@@ -97,7 +98,7 @@ def test_examples_pass_the_precheck() -> None:
             gateways.precheck("litellm", EXAMPLES / name, ["r0", "r1", "r2"])
 
 
-@pytest.mark.skipif(find_haproxy() is None, reason="haproxy not installed")
+@pytest.mark.skipif(haproxy_missing() is not None, reason=haproxy_missing() or "")
 def test_lanes_config_is_accepted_by_haproxy(tmp_path: Path) -> None:
     base = render_config("lab1", 8801, [("r0", 5000), ("r1", 5001)], tmp_path / "s.sock")
     lanes = litellm.lanes_config(

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from chaoslib.exceptions import ActivityFailed
+from labutil import LAB_MISSING
 
 from chaoslib_infer.lab import netem as nm
 
@@ -92,7 +93,9 @@ def test_bad_device_names_raise(dev: str) -> None:
         nm.netem_del_args("eth0", netns="bad ns")
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"), reason="needs root and tc")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("tc"), reason=LAB_MISSING + "needs root and tc"
+)
 def test_detection_matches_what_the_kernel_does() -> None:
     """netem_available() must agree with a real ``tc qdisc add ... netem`` in a namespace we make."""
     ns = f"cinf-test-{os.getpid()}"

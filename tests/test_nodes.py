@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from labutil import lab_skip_reason
+from labutil import LAB_MISSING, lab_skip_reason
 from labutil import pid_alive as _alive
 from labutil import wait_for as _wait_for
 
@@ -35,9 +35,9 @@ def _lab_available() -> str | None:
     try:
         netns.find_ip()
     except netns.NetnsError as exc:
-        return str(exc)
+        return LAB_MISSING + str(exc)
     if os.geteuid() != 0:
-        return "network namespaces need root"
+        return LAB_MISSING + "network namespaces need root"
     return None
 
 

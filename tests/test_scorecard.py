@@ -177,3 +177,73 @@ def test_empty_summary_has_no_data_verdicts() -> None:
     card = build_scorecard({"drills": []})
     assert [t["verdict"] for t in card["tiers"]] == ["NO DATA", "NO DATA", "OUT OF SCOPE"]
     assert all(r["value"] is None for r in card["tiers"][0]["rows"])
+
+
+def _graded(*statuses: str) -> dict[str, Any]:
+    """A game day whose drills ended in ``statuses``, every figure inside its reference (error
+    rate 0, P99 1 s, P50 0.3 s, recovery 2 s): only the states can keep a tier from PASS."""
+    drills = []
+    for i, status in enumerate(statuses):
+        d = _drill(f"d{i}", 100, 0.0, 0.3, 1.0, status == "passed", recovery_s=2.0)
+        d["status"] = status
+        drills.append(d)
+    return {"plan": "graded", "target": {"kind": "lab"}, "drills": drills}
+
+
+def test_a_game_day_of_inconclusive_drills_never_reads_pass(tmp_path: Path) -> None:
+    # every drill inconclusive: nothing was judged, so nothing passed (it read "Stability: PASS"
+    # with "0 of 0 judged drills passed")
+    card = build_scorecard(_graded("inconclusive", "inconclusive", "inconclusive"))
+    stab, perf = card["tiers"][0], card["tiers"][1]
+    assert (stab["verdict"], perf["verdict"]) == ("INCONCLUSIVE", "INCONCLUSIVE")
+    assert stab["not_judged"] == perf["not_judged"] == 3
+    rows = {r["metric"]: r for r in stab["rows"]}
+    tolerance = rows["disaster tolerance"]
+    assert tolerance["value"] == 0.0 and tolerance["passed"] is None  # 0 of 3 drills run
+    assert tolerance["note"] == "0 of 0 judged drills passed; not judged: 3 (inconclusive 3)"
+    # the figures themselves are inside their references: only the states keep it from PASS
+    assert rows["error rate"]["passed"] is True and rows["P99 E2E latency"]["passed"] is True
+    html = render_index(tmp_path, _graded("inconclusive", "error"), "INCONCLUSIVE").read_text()
+    assert "Tier 1: Stability — INCONCLUSIVE (not judged: 2)" in html
+    assert "not judged: 2 (error 1, inconclusive 1)" in html
+    assert "— PASS" not in html
+
+
+@pytest.mark.parametrize(
+    ("statuses", "stability", "performance", "value", "note"),
+    [
+        (("passed", "passed", "passed"), "PASS", "PASS", 1.0, "3 of 3 judged drills passed"),
+        (
+            ("passed", "passed", "error"),
+            "INCONCLUSIVE",
+            "INCONCLUSIVE",
+            2 / 3,
+            "2 of 2 judged drills passed; not judged: 1 (error 1)",
+        ),
+        (
+            ("passed", "aborted", "inconclusive"),
+            "INCONCLUSIVE",
+            "INCONCLUSIVE",
+            1 / 3,
+            "1 of 1 judged drills passed; not judged: 2 (aborted 1, inconclusive 1)",
+        ),
+        # a failure outranks what was not judged; tier 2 (P50 inside its reference) stays grey
+        (
+            ("failed", "inconclusive", "passed"),
+            "FAIL",
+            "INCONCLUSIVE",
+            1 / 3,
+            "1 of 2 judged drills passed; not judged: 1 (inconclusive 1)",
+        ),
+        # "deviated" (the older name of failed) is judged, and failed
+        (("passed", "deviated"), "FAIL", "PASS", 0.5, "1 of 2 judged drills passed"),
+    ],
+)
+def test_only_passed_drills_count_as_held_and_grey_keeps_every_tier_from_pass(
+    statuses: tuple[str, ...], stability: str, performance: str, value: float, note: str
+) -> None:
+    card = build_scorecard(_graded(*statuses))
+    assert [t["verdict"] for t in card["tiers"][:2]] == [stability, performance]
+    tolerance = next(r for r in card["tiers"][0]["rows"] if r["metric"] == "disaster tolerance")
+    assert tolerance["value"] == pytest.approx(value) and tolerance["note"] == note
+    assert tolerance["passed"] is {"PASS": True, "FAIL": False, "INCONCLUSIVE": None}[stability]

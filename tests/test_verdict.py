@@ -469,13 +469,32 @@ def test_junit_reads_failed_inconclusive_and_error_as_ci_does() -> None:
         ],
     }
     root = ET.fromstring(junit_xml(summary))
-    assert (root.get("failures"), root.get("skipped"), root.get("errors")) == ("1", "1", "1")
+    # inconclusive is no pass: a <failure> by default (a gate reads <skipped> as green)
+    assert (root.get("failures"), root.get("skipped"), root.get("errors")) == ("2", "0", "1")
     cases = {c.get("name"): c for c in root.iter("testcase")}
     fail = cases["b"].find("failure")
     assert fail is not None and fail.get("message") == "duplicate generations: 3 > 0"
-    assert cases["c"].find("skipped") is not None
+    grey = cases["c"].find("failure")
+    assert grey is not None and grey.get("type") == "inconclusive"
+    assert grey.get("message") == "inconclusive: fault not confirmed"
+    assert cases["c"].find("skipped") is None
     assert cases["d"].find("error") is not None
     assert cases["a"].find("failure") is None
+    # the documented option (--junit-inconclusive=skipped, or recorded in the summary)
+    for root in (
+        ET.fromstring(junit_xml(summary, "skipped")),
+        ET.fromstring(junit_xml({**summary, "junit_inconclusive": "skipped"})),
+    ):
+        assert (root.get("failures"), root.get("skipped"), root.get("errors")) == ("1", "1", "1")
+        cases = {c.get("name"): c for c in root.iter("testcase")}
+        skipped = cases["c"].find("skipped")
+        assert skipped is not None and skipped.get("message") == "inconclusive: fault not confirmed"
+        assert cases["c"].find("failure") is None
+    # the argument outranks the recorded choice; anything else is refused
+    root = ET.fromstring(junit_xml({**summary, "junit_inconclusive": "skipped"}, "failure"))
+    assert root.get("skipped") == "0" and root.get("failures") == "2"
+    with pytest.raises(ValueError, match="expected one of failure, skipped"):
+        junit_xml(summary, "ignore")
 
 
 def test_plan_criteria_are_validated(tmp_path: Path) -> None:
@@ -878,6 +897,8 @@ def _mutate(
 
 
 _FAIL = {"ok": False, "e2e": 0.01}
+#: the common rates every failure of a window also breaks
+_SLO_RATES = ("availability", "availability_fault", "error_rate")
 
 #: criteria read from the records: (drill, ground update, mutation, criterion, also off: the
 #: criteria the same records break too, turned off so the reason is the criterion's own)
@@ -887,7 +908,7 @@ RECORD_BREAK: list[Any] = [
         {},
         {"a": 12, "b": 13, **_FAIL, "status": 500, "error_class": "http_5xx"},
         "non_shed_failures_fault",
-        (),
+        _SLO_RATES,
         id="spike-answered-with-fast-500s",
     ),
     pytest.param(
@@ -895,7 +916,7 @@ RECORD_BREAK: list[Any] = [
         {},
         {"a": 12, "b": 13, **_FAIL, "status": 502, "error_class": "http_5xx"},
         "non_shed_failures_fault",
-        (),
+        _SLO_RATES,
         id="spike-answered-with-fast-502s",
     ),
     pytest.param(
@@ -903,7 +924,7 @@ RECORD_BREAK: list[Any] = [
         {},
         {"a": 12, "b": 13, **_FAIL, "status": None, "error_class": "reset"},
         "non_shed_failures_fault",
-        (),
+        _SLO_RATES,
         id="spike-answered-with-resets",
     ),
     pytest.param(
@@ -918,8 +939,45 @@ RECORD_BREAK: list[Any] = [
             "error_class": "timeout_ttft",
         },
         "non_shed_failures_fault",
-        ("timeouts_fault", "timeout_rate_fault"),
+        ("timeouts_fault", "timeout_rate_fault", *_SLO_RATES),
         id="spike-answered-with-a-timeout",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        # 429s that kept the user waiting 3 s: the shed P99 breaks (and, with it judged, they
+        # are no shed: failures; off, every 429/503 is a shed again)
+        {"a": 12, "b": 13, "ok": False, "e2e": 3.0, "status": 429, "error_class": "http_429"},
+        "shed_p99_s",
+        (),
+        id="spike-answered-with-slow-429s",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        # 4 s of the 10 s spike shed: 40 % of its requests, over the 25 % budget
+        {"a": 12, "b": 16, **_FAIL, "status": 429, "error_class": "http_429"},
+        "shed_share_fault",
+        (),
+        id="spike-shed-beyond-its-budget",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        # the service answers 500 to everything from 2 s after the spike's end
+        {"a": 22, "b": 35, **_FAIL, "status": 500, "error_class": "http_5xx"},
+        "availability_after",
+        _SLO_RATES,
+        id="spike-followed-by-fast-500s",
+    ),
+    pytest.param(
+        "traffic-spike",
+        {},
+        # a fast 503 after the spike is no shed: no overload is left to shed
+        {"a": 30, "b": 30.1, **_FAIL, "status": 503, "error_class": "http_5xx"},
+        "availability_after",
+        _SLO_RATES,
+        id="spike-followed-by-a-fast-503",
     ),
     pytest.param(
         "oom-kill",
@@ -1023,9 +1081,14 @@ def test_spike_shed_as_fast_429_and_503_passes_and_only_those_are_shed() -> None
     rows = {r["criterion"]: r for r in v.rows}
     assert rows["shed_p99_s"]["result"] == "n/a"
     assert v.state == "failed"
+    # every other failure counts against the common SLOs too: 10 of the 350 requests, 10 of the
+    # fault window's 102 (the spike's 100 and 2 in flight at its start)
     assert v.reasons == [
-        "failures during the spike not shed as 429/503 (resets, other 5xx, timeouts): 10 > 0 "
-        "(non_shed_failures_fault)"
+        "failures during the spike not shed as a fast 429/503 (resets, other 5xx, timeouts): "
+        "10 > 0 (non_shed_failures_fault)",
+        "availability (whole drill): 0.9714 < 0.999 (availability)",
+        "availability (fault window): 0.902 < 0.999 (availability_fault)",
+        "error rate (whole drill): 0.02857 >= 0.001 (error_rate)",
     ]
 
 

@@ -15,6 +15,11 @@ such an attempt counts as a timeout: a request that hangs is never missing from 
 (:mod:`chaoslib_infer.measure.inflight`). Definitions follow ``docs/definitions.md``: availability, error rate and
 timeout rate are over attempted requests; latency percentiles are over successful requests, with
 the failed (censored) fraction reported beside them.
+
+Shedding as its own class (the traffic-spike experiments, ``docs/definitions.md``, "Drill
+criteria"): ``slo_check(..., shed=true)`` leaves the requests shed as a fast 429/503 out of the
+window, and :func:`shed_check` judges them by their own budget (shed share, shed answer P99), so
+a sane shed never fails the hypothesis and every other failure still does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import time
 from typing import Any
 
 from chaoslib_infer import settings
+from chaoslib_infer.drills.criterion import configured_overrides
+from chaoslib_infer.drills.traffic_spike.shed import shed_answer_p99_s, shed_counts, without_shed
 from chaoslib_infer.load.client import INFLIGHT_FILE
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure.inflight import (
@@ -35,12 +42,15 @@ from chaoslib_infer.measure.inflight import (
 )
 from chaoslib_infer.measure.metrics import logical_outcomes, select, window_stats
 from chaoslib_infer.measure.slo import Thresholds, evaluate
+from chaoslib_infer.verdict.criteria import criteria_for
 
 __all__ = [
     "availability",
     "error_rate",
     "latency_percentile",
     "logical_window",
+    "shed_bound_s",
+    "shed_check",
     "slo_check",
     "window_summary",
 ]
@@ -119,9 +129,9 @@ def logical_window(records: list[dict[str, Any]], start: float, end: float) -> d
     return stats
 
 
-#: (records path, window) -> (time the judgement finished, stats): the probes of one
-#: hypothesis share one judged window instead of each waiting for the same slow requests
-_CACHE: dict[tuple[str, float], tuple[float, dict[str, Any]]] = {}
+#: (records path, window, sheds left out) -> (time the judgement finished, stats): the probes
+#: of one hypothesis share one judged window instead of each waiting for the same slow requests
+_CACHE: dict[tuple[str, float, bool], tuple[float, dict[str, Any]]] = {}
 _CACHE_S = 3.0
 
 
@@ -133,12 +143,17 @@ def _deadline(configuration: dict[str, Any] | None) -> float:
         return DEFAULT_DEADLINE_S
 
 
-def _stats(window_s: float, configuration: dict[str, Any] | None) -> dict[str, Any]:
+def _stats(
+    window_s: float, configuration: dict[str, Any] | None, shed: bool = False
+) -> dict[str, Any]:
     """Stats of the attempts sent in the last ``window_s`` seconds, judged only once each has
     ended or passed the judging deadline (then it counts as a timeout):
-    :mod:`chaoslib_infer.measure.inflight`."""
+    :mod:`chaoslib_infer.measure.inflight`. With ``shed`` the shed requests (a fast 429/503,
+    :func:`shed_bound_s`) are left out (:func:`~chaoslib_infer.drills.traffic_spike.shed.
+    without_shed`), and ``shed_requests``, ``sent_requests``, ``shed_share`` and
+    ``shed_p99_s`` say what was shed (:func:`_leave_out_shed`)."""
     path = settings.records_path(configuration)
-    key = (str(path), float(window_s))
+    key = (str(path), float(window_s), shed)
     hit = _CACHE.get(key)
     if hit is not None and time.time() - hit[0] < _CACHE_S:
         return hit[1]
@@ -149,7 +164,11 @@ def _stats(window_s: float, configuration: dict[str, Any] | None) -> dict[str, A
     records = read_records(path) if path.exists() else []
     now = time.time()
     judged = judged_records(records, read_inflight(inflight_path), now, deadline)
+    shed_info: dict[str, Any] = {}
+    if shed:
+        judged, shed_info = _leave_out_shed(judged, end - float(window_s), end, configuration)
     stats = logical_window(judged, end - float(window_s), end)
+    stats.update(shed_info)
     stats["hung_in_flight"] = sum(
         1
         for r in judged
@@ -158,6 +177,41 @@ def _stats(window_s: float, configuration: dict[str, Any] | None) -> dict[str, A
     stats["judging_wait_s"] = round(waited, 3)
     _CACHE[key] = (time.time(), stats)
     return stats
+
+
+def _spike_thresholds(configuration: dict[str, Any] | None) -> dict[str, float | None]:
+    """The traffic-spike drill's shed thresholds in force: ``shed_share_fault`` and
+    ``shed_p99_s`` (defaults of ``drills/traffic_spike/criteria.py``, overridden by the
+    ``infer_criteria`` configuration key like every criterion; None: off).
+
+    Raises:
+        ValueError: a malformed ``infer_criteria`` item, or one naming no traffic-spike criterion.
+    """
+    crits = criteria_for("traffic-spike", configured_overrides(configuration, "traffic-spike"))
+    return {c.name: c.threshold for c in crits if c.name in ("shed_share_fault", "shed_p99_s")}
+
+
+def shed_bound_s(configuration: dict[str, Any] | None = None) -> float | None:
+    """How fast a 429/503 must come to be a shed (s): the ``shed_p99_s`` threshold in force
+    (default 1 s; None when it is off: any 429/503 is a shed)."""
+    return _spike_thresholds(configuration)["shed_p99_s"]
+
+
+def _leave_out_shed(
+    records: list[dict[str, Any]], a: float, b: float, configuration: dict[str, Any] | None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``records`` without the requests shed in ``[a, b)`` (:mod:`chaoslib_infer.drills.
+    traffic_spike.shed`), and ``{"shed_requests", "sent_requests", "shed_share",
+    "shed_p99_s"}`` of that window (logical requests; the P99 over the shed answers)."""
+    bound = shed_bound_s(configuration)
+    n_shed, n_sent = shed_counts(records, bound, a, b)
+    info = {
+        "shed_requests": n_shed,
+        "sent_requests": n_sent,
+        "shed_share": n_shed / n_sent if n_sent else None,
+        "shed_p99_s": shed_answer_p99_s(select(records, a, b)),
+    }
+    return without_shed(records, bound, a, b), info
 
 
 def window_summary(
@@ -233,6 +287,7 @@ def slo_check(
     metric: str,
     window_s: float = 10.0,
     configuration: dict[str, Any] | None = None,
+    shed: bool = False,
 ) -> dict[str, Any]:
     """Check one acceptance metric of ``docs/definitions.md`` over the last ``window_s`` seconds.
 
@@ -245,19 +300,26 @@ def slo_check(
             ``p95_e2e_s``, ``p99_e2e_s``.
         window_s: look-back window in seconds.
         configuration: Chaos Toolkit configuration.
+        shed: shedding is its own class (the traffic-spike experiments): the requests shed as a
+            fast 429/503 (:mod:`chaoslib_infer.drills.traffic_spike.shed`; "fast": the
+            ``shed_p99_s`` criterion in force, default 1 s) are left out of the window, and
+            :func:`shed_check` judges them by their own budget. Every other failure counts.
 
     Returns:
         ``{"metric", "value", "op", "threshold", "passed", "requests", "censored_fraction",
         "unit", "attempts", "attempt_value", "retries", "pending_retries"}``: ``value`` and
         ``requests`` are over logical requests (the verdict's unit); ``attempts`` is the
         attempts sent in the window and ``attempt_value`` the rate metric over them (None for a
-        latency), shown beside, never judged. Use the tolerance
+        latency), shown beside, never judged (with ``shed``, also ``"shed_requests"``: the
+        requests left out). Use the tolerance
         ``{"type": "jsonpath", "path": "$.passed", "expect": true}``.
 
     Raises:
-        ValueError: unknown metric name.
+        ValueError: unknown metric name; with ``shed``, a malformed ``infer_criteria``.
     """
-    stats = _stats(window_s, configuration)
+    if not isinstance(shed, bool):  # a ${var} arrives as text
+        shed = str(shed).strip().lower() in ("1", "true", "yes")
+    stats = _stats(window_s, configuration, shed=shed)
     thresholds = thresholds_from(settings.slo_overrides(configuration))
     rows = {row["metric"]: row for row in evaluate(stats, thresholds)}
     if metric not in rows:
@@ -272,6 +334,63 @@ def slo_check(
     row["attempt_value"] = attempts.get(metric)
     row["retries"] = stats.get("retries", 0)
     row["pending_retries"] = stats.get("pending_retries", 0)
+    if shed:
+        row["shed_requests"] = stats.get("shed_requests", 0)
     if not stats.get("requests"):
         row["passed"] = False
     return row
+
+
+def shed_check(
+    window_s: float = 10.0, configuration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Judge the shed load of the last ``window_s`` seconds by its own budget: the share of the
+    requests sent that were shed as a fast 429/503 (:mod:`chaoslib_infer.drills.traffic_spike.
+    shed`) and the P99 of the shed answers' times. The traffic-spike experiments hold it beside
+    the SLO probes run with ``shed: true``, so a sane shed never fails their hypotheses and an
+    insane one always does.
+
+    Thresholds: the traffic-spike criteria ``shed_share_fault`` (default 0.25) and
+    ``shed_p99_s`` (default 1 s), overridden by ``infer_criteria`` like every criterion
+    (``docs/definitions.md``, "Drill criteria"); ``off`` skips that check.
+
+    Args:
+        window_s: look-back window in seconds (attempts sent in it, judged as ``slo_check``
+            judges them: an attempt in flight past the deadline is a timeout, never a shed).
+        configuration: Chaos Toolkit configuration.
+
+    Returns:
+        ``{"metric": "shed_share", "value" (0..1, None without a request), "op": "<=",
+        "threshold", "shed_p99_s", "shed_p99_threshold_s", "requests" (logical requests sent),
+        "shed", "passed", "reasons"}``: ``passed`` is False when a check breaks or no request
+        was sent; ``reasons`` names each broken one (value and threshold).
+
+    Raises:
+        ValueError: a malformed ``infer_criteria`` item.
+    """
+    stats = _stats(window_s, configuration, shed=True)
+    limits = _spike_thresholds(configuration)
+    share, p99 = stats.get("shed_share"), stats.get("shed_p99_s")
+    max_share, max_p99 = limits["shed_share_fault"], limits["shed_p99_s"]
+    reasons: list[str] = []
+    if not stats.get("sent_requests"):
+        reasons.append(f"no request was sent in the last {float(window_s):g} s")
+    if share is not None and max_share is not None and share > max_share:
+        reasons.append(
+            f"shed share {share:.4g} > {max_share:g} ({stats['shed_requests']} of "
+            f"{stats['sent_requests']} requests shed as a fast 429/503)"
+        )
+    if p99 is not None and max_p99 is not None and p99 > max_p99:
+        reasons.append(f"shed answer P99 {p99:.3g} s > {max_p99:g} s")
+    return {
+        "metric": "shed_share",
+        "value": share,
+        "op": "<=",
+        "threshold": max_share,
+        "shed_p99_s": p99,
+        "shed_p99_threshold_s": max_p99,
+        "requests": stats.get("sent_requests", 0),
+        "shed": stats.get("shed_requests", 0),
+        "passed": not reasons,
+        "reasons": reasons,
+    }

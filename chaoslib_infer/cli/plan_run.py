@@ -1,7 +1,7 @@
 """Running a plan from the command line, shared by ``gameday`` and ``drill run``.
 
 The ``--target``/``--replicas``/``--engine``/``--slo``/``--criterion``/``--dry-run``/``--allow``/
-``--api-key-file`` options (:func:`target_options`, handed to the command as one
+``--api-key-file``/``--junit-inconclusive`` options (:func:`target_options`, handed to the command as one
 :class:`PlanRunOptions`), their checks, the dry-run print-out and :func:`run_plan`, which refuses
 bad input with one line and exit 2 before anything starts.
 """
@@ -37,6 +37,8 @@ class PlanRunOptions:
         dry_run: ``--dry-run``.
         allow: ``--allow`` patterns.
         api_key_file: ``--api-key-file``, or None.
+        junit_inconclusive: ``--junit-inconclusive``: how ``junit.xml`` writes an inconclusive
+            drill (``failure``, the default, or ``skipped``).
     """
 
     target_url: str | None
@@ -47,6 +49,7 @@ class PlanRunOptions:
     dry_run: bool
     allow: tuple[str, ...]
     api_key_file: Path | None
+    junit_inconclusive: str = "failure"
 
     @property
     def k8s_file(self) -> Path | None:
@@ -253,7 +256,8 @@ def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions) -> None:
     # too: set for this run only, as it was before afterwards (also on an exit or an interrupt)
     with api_key_in_env(key):
         code = _validate_and_run(
-            the_plan, out_dir, target_url, replicas, engine, overrides, dry_run, allow, k8s, criteria
+            the_plan, out_dir, target_url, replicas, engine, overrides, dry_run, allow, k8s, criteria,
+            opts.junit_inconclusive,
         )  # fmt: skip
     if code is not None:
         sys.exit(code)
@@ -296,6 +300,7 @@ def _validate_and_run(
     allow: tuple[str, ...],
     k8s: Any,
     criteria: list[tuple[str | None, str, float | None]],
+    junit_inconclusive: str = "failure",
 ) -> int | None:
     """The part of :func:`run_plan` that runs with the API key in the environment: the plan's
     experiments validated, then the dry-run print-out (None) or the preflight and the game day
@@ -335,6 +340,7 @@ def _validate_and_run(
             allow=allow,
             k8s_target=k8s,
             criteria=criteria,
+            junit_inconclusive=junit_inconclusive,
         )
     except InferChaosError as exc:
         fail(str(exc))
@@ -400,6 +406,15 @@ _TARGET_OPTIONS = [
         help="File holding the target's API key (sent as Authorization: Bearer). Default: "
         "$CHAOS_INFER_API_KEY. The key is passed through the environment, never on a command "
         "line, and scrubbed from every file the run writes.",
+    ),
+    click.option(
+        "--junit-inconclusive",
+        type=click.Choice(["failure", "skipped"]),
+        default="failure",
+        show_default=True,
+        help="How junit.xml writes an inconclusive drill: a <failure> (a drill that could not "
+        "answer its question is no pass; CI gates read <skipped> as green) or <skipped> (for a "
+        "pipeline that gates on exit code 3 itself). The exit code is 3 either way.",
     ),
 ]
 

@@ -13,21 +13,59 @@ from typing import Any
 from chaoslib_infer.evidence.render import write_atomic
 from chaoslib_infer.safety.redact import child_env
 
-__all__ = ["junit_xml", "tool_versions", "write_manifest", "verify_manifest"]
+__all__ = [
+    "JUNIT_INCONCLUSIVE",
+    "JUNIT_INCONCLUSIVE_DEFAULT",
+    "junit_inconclusive",
+    "junit_xml",
+    "tool_versions",
+    "verify_manifest",
+    "write_manifest",
+]
 
 MANIFEST = "SHA256SUMS"
 
 
-def junit_xml(summary: dict[str, Any]) -> str:
+#: How ``junit.xml`` writes an inconclusive drill: ``failure`` (the default: a drill that could
+#: not answer its question is no pass, and CI gates read ``<skipped>`` as green) or ``skipped``
+#: (``--junit-inconclusive=skipped``, for a pipeline that gates on inconclusive by itself).
+JUNIT_INCONCLUSIVE = ("failure", "skipped")
+JUNIT_INCONCLUSIVE_DEFAULT = "failure"
+
+
+def junit_inconclusive(summary: dict[str, Any], choice: str | None = None) -> str:
+    """How an inconclusive drill is written: ``choice`` when given, else the game day's own
+    (``summary["junit_inconclusive"]``, recorded by the run), else ``failure``.
+
+    Raises:
+        ValueError: a choice that is not one of :data:`JUNIT_INCONCLUSIVE`.
+    """
+    value = choice or summary.get("junit_inconclusive") or JUNIT_INCONCLUSIVE_DEFAULT
+    if value not in JUNIT_INCONCLUSIVE:
+        raise ValueError(
+            f"junit inconclusive {value!r}: expected one of {', '.join(JUNIT_INCONCLUSIVE)}"
+        )
+    return str(value)
+
+
+def junit_xml(summary: dict[str, Any], inconclusive: str | None = None) -> str:
     """Render a game-day summary as JUnit XML: one testcase per drill, as CI systems read it.
 
     ``passed`` drills pass; ``failed`` (and the older ``deviated``) drills are ``<failure>``;
-    ``inconclusive`` drills are ``<skipped>`` (the drill could not answer its question: not a
-    pass); ``error``, ``aborted`` and ``incomplete`` drills are ``<error>``. The message is the
-    verdict's first reason; the element's text holds every reason, one per line, then the key
+    ``inconclusive`` drills are ``<failure type="inconclusive">`` by default (the drill could
+    not answer its question: not a pass, and a gate reads ``<skipped>`` as green), or
+    ``<skipped>`` with ``inconclusive="skipped"`` (:func:`junit_inconclusive`: the argument,
+    else the run's recorded choice); ``error``, ``aborted`` and ``incomplete`` drills are
+    ``<error>``. The message is the verdict's first reason (``inconclusive: ...`` for an
+    inconclusive drill); the element's text holds every reason, one per line, then the key
     figures and the evidence path. A game day that failed before (or between) its drills adds an
     ``<error>`` case, so it never reads as green.
+
+    Raises:
+        ValueError: ``inconclusive`` (or the recorded choice) is not one of
+            :data:`JUNIT_INCONCLUSIVE`.
     """
+    grey = junit_inconclusive(summary, inconclusive)
     drills = list(summary.get("drills") or [])
     if summary.get("error") or not drills:
         drills.append(
@@ -41,13 +79,15 @@ def junit_xml(summary: dict[str, Any]) -> str:
         )
     failed = ("failed", "deviated")
     errors = ("error", "aborted", "incomplete")
+    n_grey = sum(1 for d in drills if d.get("status") == "inconclusive")
+    n_failed = sum(1 for d in drills if d.get("status") in failed)
     suite = ET.Element(
         "testsuite",
         name=f"gameday:{summary.get('plan', '')}",
         tests=str(len(drills)),
-        failures=str(sum(1 for d in drills if d.get("status") in failed)),
+        failures=str(n_failed + (n_grey if grey == "failure" else 0)),
         errors=str(sum(1 for d in drills if d.get("status") in errors)),
-        skipped=str(sum(1 for d in drills if d.get("status") == "inconclusive")),
+        skipped=str(n_grey if grey == "skipped" else 0),
         timestamp=str(summary.get("started_at") or ""),
     )
     for d in drills:
@@ -68,7 +108,11 @@ def junit_xml(summary: dict[str, Any]) -> str:
         if status in failed:
             ET.SubElement(case, "failure", message=message, type=status).text = detail
         elif status == "inconclusive":
-            ET.SubElement(case, "skipped", message=f"inconclusive: {message}").text = detail
+            note = f"inconclusive: {message}"
+            if grey == "failure":
+                ET.SubElement(case, "failure", message=note, type="inconclusive").text = detail
+            else:
+                ET.SubElement(case, "skipped", message=note).text = detail
         elif status in errors:
             ET.SubElement(case, "error", message=message, type=status).text = detail
         ET.SubElement(case, "system-out").text = detail

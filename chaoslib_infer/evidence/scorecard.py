@@ -17,7 +17,10 @@ Definitions used:
 - **P99**: the worst drill's P99 E2E latency over its successful requests (seconds).
 - **recovery time**: per drill the first present of ``recovery_s`` (back inside the baseline
   bands), ``interruption_s`` (first to last user-visible failure), ``restart_s``; the worst drill.
-- **disaster tolerance**: drills whose steady-state hypothesis held after the fault / drills run.
+- **disaster tolerance**: drills that passed / drills run. A drill that answered nothing
+  (inconclusive, error, aborted) is not judged: it lowers the share, its row reads "not judged:
+  N", and no tier reads PASS while any drill is not judged (``INCONCLUSIVE`` unless a row
+  fails: ``FAIL``), so grey never reads green.
 - **QPS**: successful requests per second of load time (first send to last end) of each drill: the
   throughput achieved at the drill's offered load, not the saturation peak.
 - **cost per request**: ``price_per_1k_tokens x mean output tokens of successful requests / 1000``,
@@ -34,6 +37,7 @@ from chaoslib_infer.load.records import read_records
 
 __all__ = [
     "ERROR_RATE_REFERENCE",
+    "JUDGED",
     "P50_REFERENCE_S",
     "P99_REFERENCE_S",
     "RECOVERY_REFERENCE_S",
@@ -139,11 +143,30 @@ def _recovery(figures: dict[str, Any]) -> tuple[float | None, str | None]:
     return None, None
 
 
-def _tier_verdict(rows: list[dict[str, Any]]) -> str:
+#: Drill states that answered their question (``deviated``: the older name of ``failed``).
+JUDGED = ("passed", "failed", "deviated")
+
+
+def _tier_verdict(rows: list[dict[str, Any]], not_judged: int = 0) -> str:
+    """``FAIL`` (a judged row fails), else ``INCONCLUSIVE`` (``not_judged`` drills answered
+    nothing: what they did not judge cannot pass), else ``NO DATA`` (nothing judged), else
+    ``PASS``."""
     judged = [r["passed"] for r in rows if r["passed"] is not None]
-    if not judged:
-        return "NO DATA"
-    return "PASS" if all(judged) else "FAIL"
+    if not all(judged):
+        return "FAIL"
+    if not_judged:
+        return "INCONCLUSIVE"
+    return "PASS" if judged else "NO DATA"
+
+
+def _not_judged_note(per_drill: list[dict[str, Any]]) -> str:
+    """``"not judged: N (inconclusive 2, error 1)"`` for the drills that answered nothing, or
+    ``""``."""
+    grey = [str(p["status"]) for p in per_drill if p["status"] not in JUDGED]
+    if not grey:
+        return ""
+    counts = ", ".join(f"{s} {grey.count(s)}" for s in sorted(set(grey)))
+    return f"not judged: {len(grey)} ({counts})"
 
 
 def build_scorecard(
@@ -160,7 +183,9 @@ def build_scorecard(
             plus an optional ``"currency"`` (default ``"USD"``); ``None``: ``summary["pricing"]``.
 
     Returns:
-        ``{"tiers": [{"tier", "name", "verdict", "rows", "drills"}, ...], "pricing"}``; rows are
+        ``{"tiers": [{"tier", "name", "verdict", "not_judged", "rows", "drills"}, ...],
+        "pricing"}`` (``verdict``: ``PASS``, ``FAIL``, ``INCONCLUSIVE`` (``not_judged`` drills,
+        none failing) or ``NO DATA``); rows are
         ``{"metric", "value", "unit", "reference", "passed", "note"}`` (``passed`` ``None`` where
         nothing is judged), ``drills`` per-drill figures. Tier 3 has ``"out_of_scope": True`` and a
         ``note``.
@@ -213,9 +238,12 @@ def build_scorecard(
     worst_rec = (
         max(recs, key=lambda p: inf if p["never_recovered"] else p["recovery_s"]) if recs else None
     )
-    # judged drills: passed or failed (inconclusive, error and aborted ones answered nothing)
-    tolerated = [p for p in per_drill if p["status"] in ("passed", "failed")]
+    # judged drills: passed or failed (inconclusive, error and aborted ones answered nothing:
+    # they lower the share and keep the tiers from PASS, never count as held)
+    tolerated = [p for p in per_drill if p["status"] in JUDGED]
     held = sum(1 for p in tolerated if p["status"] == "passed")
+    grey = len(per_drill) - len(tolerated)
+    grey_note = _not_judged_note(per_drill)
     stability = [
         _row(
             "error rate",
@@ -251,16 +279,12 @@ def build_scorecard(
         ),
         _row(
             "disaster tolerance",
-            (held / len(tolerated)) if tolerated else None,
+            (held / len(per_drill)) if per_drill else None,
             "ratio",
             "every drill passes its own criteria",
-            (held == len(tolerated)) if tolerated else None,
+            False if held < len(tolerated) else (True if tolerated and not grey else None),
             f"{held} of {len(tolerated)} judged drills passed"
-            + (
-                f" ({len(per_drill) - len(tolerated)} not evaluated)"
-                if len(tolerated) < len(per_drill)
-                else ""
-            ),
+            + (f"; {grey_note}" if grey_note else ""),
         ),
     ]
 
@@ -291,14 +315,16 @@ def build_scorecard(
             "tier": 1,
             "name": "Stability",
             "rows": stability,
-            "verdict": _tier_verdict(stability),
+            "verdict": _tier_verdict(stability, grey),
+            "not_judged": grey,
             "drills": per_drill,
         },
         {
             "tier": 2,
             "name": "Performance and cost",
             "rows": performance,
-            "verdict": _tier_verdict(performance),
+            "verdict": _tier_verdict(performance, grey),
+            "not_judged": grey,
             "drills": per_drill,
         },
         {

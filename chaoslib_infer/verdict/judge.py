@@ -39,14 +39,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from chaoslib_infer.drills.traffic_spike.figures import is_shed, non_shed_failures
 from chaoslib_infer.measure.figures import interruption, recovery
 from chaoslib_infer.measure.health import health_disagreement
 from chaoslib_infer.measure.inflight import cut_off_timeouts
 from chaoslib_infer.measure.metrics import (
     TIMEOUT_CLASSES,
     logical_outcomes,
-    percentiles_s,
     retry_stats,
     select,
     window_stats,
@@ -57,6 +55,7 @@ from . import client as vclient
 from .attribution import assign, crossed_note, ttft_allowance
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .facts import STATES, DrillFacts, Verdict, format_value, num
+from .spike import spike_values
 from .state import (
     CLIENT_LAG,
     FIGURE_ERROR_PREFIX,
@@ -110,15 +109,6 @@ def _timeouts(records: Sequence[Mapping[str, Any]], a: float, b: float) -> int:
         for r in select(logical_outcomes(list(records)), a, b)
         if r.get("error_class") in TIMEOUT_CLASSES
     )
-
-
-def _shed_p99(records: Sequence[Mapping[str, Any]], a: float, b: float) -> float | None:
-    shed = [
-        float(r["end_at"]) - float(r["sent_at"])
-        for r in select(list(records), a, b)
-        if is_shed(r) and isinstance(r.get("end_at"), int | float)
-    ]
-    return percentiles_s(shed, (99,))[99] if shed else None
 
 
 def _max_wait(records: Sequence[Mapping[str, Any]], a: float, b: float) -> float | None:
@@ -259,9 +249,6 @@ def _values(
         recs = sel("fault")
         a, b = float("-inf"), float("inf")
         out["timeouts_fault"] = (float(_timeouts(recs, a, b)), None)
-        out["non_shed_failures_fault"] = (float(non_shed_failures(recs)), None)
-        shed = _shed_p99(recs, a, b)
-        out["shed_p99_s"] = (shed, None if shed is not None else "no request was shed")
         hung = fig.get("hung_requests")
         if hung is None and facts.drill == "upstream-timeout":
             # no drill figure (a cluster): attempts of the fault window the client gave up on
@@ -421,6 +408,8 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     sel, crossed = _selector(facts, tl, w)
     info = _window_info(w, sel, crossed)
     values = _values(facts, tl, w, sel) if w else {}
+    if facts.drill == "traffic-spike":  # shedding as its own class (verdict/spike.py)
+        values.update(spike_values(crits, w, sel))
     rows = [judged_row(c, *values.get(c.name, (None, None))) for c in crits]
     return tl, w, sel, info, rows
 

@@ -58,6 +58,8 @@ CLIENT_INDEPENDENT = frozenset(
     {
         "availability",
         "availability_fault",
+        "availability_after",
+        "shed_share_fault",
         "timeout_rate",
         "timeout_rate_fault",
         "error_rate",

@@ -2,7 +2,8 @@
 latency held, and how long it took to be back to normal after the spike.
 
 Definitions (``docs/definitions.md``): shed requests are attempts answered 429 or 503 (the engines'
-queue-full answer, HAProxy's queue timeout); percentiles over successful requests sent in the spike
+queue-full answer, HAProxy's queue timeout; what the verdict counts as shed, and how: ``shed.py``,
+re-exported here); percentiles over successful requests sent in the spike
 phase; recovery time from ``chaoslib_infer.measure.figures.recovery`` against the baseline phase.
 Ground truth: the autoscaler's ``scale_out_*`` events (``events.jsonl``), HAProxy's request log
 (statuses it returned), the load generator's phase boundaries (its run summary in ``load.log``).
@@ -11,15 +12,15 @@ Ground truth: the autoscaler's ``scale_out_*`` events (``events.jsonl``), HAProx
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.drills.traffic_spike.shed import SHED_STATUSES, is_shed, non_shed_failures
 from chaoslib_infer.lab import haproxy as hap
 from chaoslib_infer.measure import figkit
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.figkit import DrillContext, Marker, mark, num
-from chaoslib_infer.measure.metrics import logical_outcomes, select, window_stats
+from chaoslib_infer.measure.metrics import window_stats
 
 __all__ = [
     "LEDGER_LABELS",
@@ -35,22 +36,6 @@ __all__ = [
 #: The fault is recorded when the load restarts with the spike profile; the spike itself starts
 #: with the profile's spike phase.
 LEDGER_LABELS = ("spike scheduled (profile load started)", "spike fault cleared")
-
-#: HTTP statuses counted as shed load.
-SHED_STATUSES = (429, 503)
-
-
-def is_shed(record: Mapping[str, Any]) -> bool:
-    """A failed attempt answered 429 or 503 (:data:`SHED_STATUSES`): load shed on purpose. A 500,
-    502 or 504, a reset or a timeout is not a shed answer."""
-    return not record.get("ok") and record.get("status") in SHED_STATUSES
-
-
-def non_shed_failures(records: Iterable[Mapping[str, Any]]) -> int:
-    """Logical requests of ``records`` (cut-off attempts left out, ``metrics.select``) that failed
-    other than as a 429/503 shed: a reset, another 5xx, a timeout, one still in flight past the
-    judging deadline (the criterion ``non_shed_failures_fault``)."""
-    return sum(1 for r in select(logical_outcomes(records)) if not r.get("ok") and not is_shed(r))
 
 
 def load_summary(run_dir: Path) -> dict[str, Any] | None:
