@@ -11,12 +11,12 @@ Ground truth: the autoscaler's ``scale_out_*`` events (``events.jsonl``), HAProx
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.drills.traffic_spike.shed import SHED_STATUSES, is_shed, non_shed_failures
 from chaoslib_infer.lab import haproxy as hap
+from chaoslib_infer.load.clientside import read_run_summary
 from chaoslib_infer.measure import figkit
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.figkit import DrillContext, Marker, mark, num
@@ -39,22 +39,10 @@ LEDGER_LABELS = ("spike scheduled (profile load started)", "spike fault cleared"
 
 
 def load_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The load generator's run summary (its last JSON line in ``load.log``), or None."""
-    try:
-        lines = (run_dir / "load.log").read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            summary = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(summary, dict) and summary.get("phases"):
-            return summary
-    return None
+    """The load generator's run summary (its last JSON line in ``load.log``,
+    :func:`chaoslib_infer.load.clientside.read_run_summary`) when it carries phases, or None."""
+    summary = read_run_summary(run_dir / "load.log")
+    return summary if summary and summary.get("phases") else None
 
 
 def load_phases(run_dir: Path, fault: dict[str, Any]) -> list[dict[str, Any]]:
