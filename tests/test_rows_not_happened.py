@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from test_verdict import GOOD, T0, facts, rec, steady
 
+from chaoslib_infer.evidence.scorecard import build_scorecard
 from chaoslib_infer.evidence.verdicts import hypothesis_failures
 from chaoslib_infer.measure.figures import (
     MIN_BUCKET_REQUESTS,
@@ -230,3 +231,18 @@ def test_a_probe_without_a_threshold_renders_no_none() -> None:
             "all-replicas-in-service: replicas_in_service = 2 (3 expected; missing: r0)",
         )
     ]
+
+
+def test_the_scorecard_does_not_call_an_unmeasured_recovery_never() -> None:
+    def drill(note: str) -> dict[str, Any]:
+        fig = {"requests": 100, "error_rate": 0.0, "recovery_s": None, "recovery_note": note}
+        return {"name": "traffic-spike", "status": "inconclusive", "figures": fig}
+
+    unmeasured = RECOVERY_UNMEASURED + "the load ended before 5 s in the baseline bands"
+    never = "never back inside the baseline bands before the load ended"
+    card = build_scorecard({"drills": [drill(unmeasured), {**drill(never), "name": "x"}]})
+    per = {d["name"]: d for d in card["tiers"][0]["drills"]}
+    assert per["traffic-spike"]["never_recovered"] is False
+    assert per["traffic-spike"]["recovery_s"] is None
+    assert per["traffic-spike"]["recovery_figure"] == "recovery_s (unmeasured)"
+    assert per["x"]["never_recovered"] is True
