@@ -200,6 +200,11 @@ def test_node_loss_deviates_when_rescheduling_is_slower_than_the_drill(tmp_path:
     assert "r0 on n0" in "".join(probe["exception"])
     gt = drill["ground_truth"]
     assert gt["rescheduled"] == {} and drill["figures"]["moved_replicas"] == 0
+    # nothing moved: no "moved replicas serving again" time, no PASS for the rollback's work
+    rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
+    assert rows["replacement_serving_s"]["result"] == "n/a"
+    assert rows["replacement_serving_s"]["note"].startswith("no replica moved: ")
+    assert not [r for r in drill["reasons"] if "None" in r], drill["reasons"]
     assert gt["node_up_by"] == "rollback"
     events = _events(out / "lab")
     restarted = [e for e in events if e.get("event") == "start" and e["replica"] == "r0"]

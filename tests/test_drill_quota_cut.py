@@ -133,10 +133,6 @@ def test_quota_cut_to_the_planned_instances_carries_the_load(tmp_path: Path) -> 
     _check_faults_cleared_by_rollback(out, "quota-cut")
 
 
-def fig_planned(drill: dict[str, Any]) -> int:
-    return int(drill["figures"]["planned_instances"])
-
-
 def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) -> None:
     lab = {
         **GAMEDAY_LAB,
@@ -156,12 +152,11 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     assert drill["status"] == "failed"
     check_verdict(drill)
     assert drill["hypothesis"] == {"before": True, "after": False}
-    # the quota is below the plan for the load: said so, with the shedding it caused
-    held = 1 / fig_planned(drill)
-    assert (
-        f"instances held at the quota / planned: {held:.3g}x < 1x (instances_held)"
-        in (drill["reasons"])
-    )
+    # the quota is below the plan for the load: the SLO rows say so, with the shedding it
+    # caused; the quota's one replica held (served through the cut): not a failure of its own
+    rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
+    assert rows["instances_held"]["value"] == 1.0 and rows["instances_held"]["result"] == "pass"
+    assert not any("(instances_held)" in r for r in drill["reasons"])
     assert any("(availability_fault)" in r for r in drill["reasons"])
     fig, gt = drill["figures"], drill["ground_truth"]
     assert fig["quota_source"] == "given" and fig["instances_held"] == 1

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.load.records import read_records
+from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED
 
 __all__ = [
     "ERROR_RATE_REFERENCE",
@@ -129,10 +130,15 @@ inf = float("inf")
 def _recovery(figures: dict[str, Any]) -> tuple[float | None, str | None]:
     """The drill's recovery figure: ``recovery_s`` when the drill measures one (a drill that
     measured it and never recovered gives ``(inf, "recovery_s")``: a failure, never a pass
-    read off another figure), else ``interruption_s`` (inf when not sustained), else
+    read off another figure; ``(None, "recovery_s (unmeasured)")`` when its ``recovery_note``
+    says the load ended first), else ``interruption_s`` (inf when not sustained), else
     ``restart_s``."""
     if "recovery_s" in figures:
         value = _num(figures.get("recovery_s"))
+        if value is None and str(figures.get("recovery_note") or "").startswith(
+            RECOVERY_UNMEASURED
+        ):
+            return None, "recovery_s (unmeasured)"
         return (value if value is not None else float("inf")), "recovery_s"
     for name in _RECOVERY_FIGURES[1:]:
         value = _num(figures.get(name))

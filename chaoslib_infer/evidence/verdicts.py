@@ -39,6 +39,30 @@ def read_residue(drill_dir: Path) -> list[str] | None:
     return [str(x) for x in lines] if isinstance(lines, list) else None
 
 
+def _probe_line(name: str, out: Mapping[str, Any]) -> str:
+    """One deviated probe with a ``value`` as ``"NAME: METRIC = VALUE (OP THRESHOLD required, N
+    requests; attempts: ...)"``, each part only when the probe gave it (never ``None``): a
+    probe without a threshold (``replicas_in_service``: ``expected``, ``missing``) says what
+    it expected instead."""
+    metric = out.get("metric")
+    head = f"{name}: {metric} = {out.get('value')}" if metric else f"{name}: {out.get('value')}"
+    parts = []
+    if out.get("op") is not None and out.get("threshold") is not None:
+        parts.append(f"{out['op']} {out['threshold']} required")
+    elif out.get("expected") is not None:
+        parts.append(f"{out['expected']} expected")
+    if out.get("requests") is not None:
+        unit = "logical requests" if out.get("unit") else "requests"
+        parts.append(f"{out['requests']} {unit}")
+    tail = ", ".join(parts)
+    if out.get("attempt_value") is not None:  # the attempts, shown beside
+        tail += f"; attempts: {out['attempt_value']} over {out.get('attempts')}"
+    missing = out.get("missing")
+    if isinstance(missing, list) and missing:
+        tail += ("; " if tail else "") + "missing: " + ", ".join(str(m) for m in missing)
+    return f"{head} ({tail.lstrip('; ')})" if tail else head
+
+
 def hypothesis_failures(journal: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``[(phase, line)]`` for each steady-state probe that deviated (``before`` / ``after``).
 
@@ -57,15 +81,7 @@ def hypothesis_failures(journal: Mapping[str, Any]) -> list[tuple[str, str]]:
             if isinstance(out_v, dict) and "judged" in out_v:
                 continue  # the drill-criteria probe: its reasons are the verdict's own rows
             if isinstance(out_v, dict) and "value" in out_v:
-                unit = "logical requests" if out_v.get("unit") else "requests"
-                line = (
-                    f"{name}: {out_v.get('metric')} = {out_v.get('value')} "
-                    f"({out_v.get('op')} {out_v.get('threshold')} required, "
-                    f"{out_v.get('requests')} {unit}"
-                )
-                if out_v.get("attempt_value") is not None:  # the attempts, shown beside
-                    line += f"; attempts: {out_v.get('attempt_value')} over {out_v.get('attempts')}"
-                line += ")"
+                line = _probe_line(str(name), out_v)
                 reasons = out_v.get("reasons")
                 if isinstance(reasons, list) and reasons:
                     line = f"{name}: " + "; ".join(str(r) for r in reasons)

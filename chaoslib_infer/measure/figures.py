@@ -21,7 +21,10 @@ from .metrics import percentiles_s, select, window_stats
 __all__ = [
     "duplicates",
     "interruption",
+    "MIN_BUCKET_REQUESTS",
+    "RECOVERY_UNMEASURED",
     "recovery",
+    "recovery_outcome",
     "restart",
     "restart_from_records",
     "steady_ttft_p50",
@@ -223,6 +226,17 @@ def duplicates(records: Iterable[Record], ledger_entries: Iterable[Mapping[str, 
     return sum(1 for c in counts.values() if c > 1)
 
 
+#: Fewest requests a recovery window (bucket) needs to be judged in or out of the baseline bands
+#: (``docs/definitions.md``, "Drill figures", recovery). A thinner window (the load's last partial
+#: window, a trickle) is skipped: it neither extends nor breaks a run, so one slow request in it
+#: cannot read as "never back".
+MIN_BUCKET_REQUESTS = 8
+
+#: The note of a recovery the data could not show (the load ended first): the row reads
+#: ``unmeasured``, never ``fail``.
+RECOVERY_UNMEASURED = "unmeasured: "
+
+
 def recovery(
     records: Iterable[Record],
     fault_at: float,
@@ -232,17 +246,51 @@ def recovery(
     p99_factor: float = 1.5,
     error_rate_margin: float = 0.005,
     end: float | None = None,
+    min_requests: int = MIN_BUCKET_REQUESTS,
 ) -> float | None:
+    """Recovery time in seconds, or None when not shown in the data (never back, or the load
+    ended first): :func:`recovery_outcome`'s first element, same arguments."""
+    return recovery_outcome(
+        records,
+        fault_at,
+        baseline_stats,
+        window_s,
+        settle_s,
+        p99_factor,
+        error_rate_margin,
+        end,
+        min_requests,
+    )[0]
+
+
+def recovery_outcome(
+    records: Iterable[Record],
+    fault_at: float,
+    baseline_stats: Mapping[str, Any],
+    window_s: float = 2.0,
+    settle_s: float = 5.0,
+    p99_factor: float = 1.5,
+    error_rate_margin: float = 0.005,
+    end: float | None = None,
+    min_requests: int = MIN_BUCKET_REQUESTS,
+) -> tuple[float | None, str | None]:
     """Recovery time: from the fault until per-window P99 E2E latency and error rate are back
     inside the steady-state baseline bands, sustained for ``settle_s``.
 
-    Windows of ``window_s`` are laid from ``fault_at`` on, by ``sent_at``. A window is in band when
-    it has requests, its P99 E2E (successful requests) is <= ``p99_factor`` x baseline P99, and its
-    error rate is <= baseline error rate + ``error_rate_margin``. Recovery is the start of the
-    first run of ``ceil(settle_s / window_s)`` consecutive in-band windows *after the first
-    impact* (the first window with requests out of band), minus ``fault_at``: an impact that
-    starts a few seconds after the fault is not mistaken for an early recovery. 0.0 when no
-    window left the band (no impact). Resolution: ``window_s``.
+    Windows of ``window_s`` are laid from ``fault_at`` on, by ``sent_at``. A window with fewer
+    than ``min_requests`` requests is *thin* and skipped (neither in nor out of band: it neither
+    extends nor breaks a run). Another window is in band when its P99 E2E (successful requests)
+    is <= ``p99_factor`` x baseline P99 and its error rate is <= baseline error rate +
+    ``error_rate_margin``. Recovery is the start of the first run of ``ceil(settle_s /
+    window_s)`` consecutive judged in-band windows *after the first impact* (the first judged
+    window out of band), minus ``fault_at``: an impact that starts a few seconds after the fault
+    is not mistaken for an early recovery. 0.0 when no judged window left the band (no impact).
+    Resolution: ``window_s``.
+
+    When the data ends without such a run, the recovery is "never" only when the last
+    ``ceil(settle_s / window_s)`` judged windows were all out of band (the service was seen out
+    of band for the settling time at the end); otherwise (the load ended during a partial run,
+    or fewer judged windows remain) it is unmeasured.
 
     Args:
         records: attempt records.
@@ -254,16 +302,22 @@ def recovery(
         p99_factor: latency band, multiple of the baseline P99 (1.5 as the domain's P99 alert).
         error_rate_margin: error-rate band above the baseline (0.5% as the domain's alert).
         end: last time to consider (default: the latest ``sent_at``).
+        min_requests: fewest requests a window needs to be judged (:data:`MIN_BUCKET_REQUESTS`).
 
     Returns:
-        Seconds, or None when the data ends before recovery is sustained ("never recovered":
-        a failing figure, never read as 0).
+        ``(seconds, None)`` when recovered (0.0: no impact); ``(None, "never back inside the
+        baseline bands before the load ended")`` when seen out of band to the end (a failing
+        figure, never read as 0); ``(None, "unmeasured: ...")`` (:data:`RECOVERY_UNMEASURED`)
+        when the data ended before a recovery could be shown or refuted.
 
     Raises:
-        ValueError: window_s <= 0, or the baseline lacks ``p99_e2e_s``/``error_rate``.
+        ValueError: window_s <= 0, min_requests < 1, or the baseline lacks
+            ``p99_e2e_s``/``error_rate``.
     """
     if not window_s > 0:
         raise ValueError(f"window_s must be > 0, got {window_s!r}")
+    if min_requests < 1:
+        raise ValueError(f"min_requests must be >= 1, got {min_requests!r}")
     base_p99 = _fnum(baseline_stats.get("p99_e2e_s"))
     base_err = _fnum(baseline_stats.get("error_rate"))
     if base_p99 is None or base_err is None:
@@ -280,19 +334,30 @@ def recovery(
         i = int((r["sent_at"] - fault_at) // window_s)
         if 0 <= i < len(buckets):
             buckets[i].append(r)
-    run = 0
+    run: list[int] = []  # indices of the current run of judged in-band windows
+    judged: list[bool] = []  # in band, per judged window
     impacted = False
     for i, b in enumerate(buckets):
         s = window_stats(b)
+        if s["requests"] < min_requests:
+            continue  # thin: neither in nor out of band
         good = (
-            s["requests"] > 0
-            and s["p99_e2e_s"] is not None
+            s["p99_e2e_s"] is not None
             and s["p99_e2e_s"] <= p99_band
             and s["error_rate"] <= err_band
         )
-        if not good and s["requests"] > 0:
-            impacted = True
-        run = run + 1 if good else 0
-        if impacted and run >= need:
-            return (i - need + 1) * window_s
-    return 0.0 if not impacted else None
+        judged.append(good)
+        impacted = impacted or not good
+        run = [*run, i] if good else []
+        if impacted and len(run) >= need:
+            return run[0] * window_s, None
+    if not impacted:
+        return 0.0, None
+    if len(judged) >= need and not any(judged[-need:]):
+        return None, "never back inside the baseline bands before the load ended"
+    seen = len(run) * window_s
+    return None, (
+        f"{RECOVERY_UNMEASURED}the load ended before {settle_s:g} s in the baseline bands could "
+        f"be seen ({seen:g} s in band at its end, windows of {window_s:g} s with at least "
+        f"{min_requests} requests)"
+    )

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from chaoslib_infer.measure.figures import interruption, recovery
+from chaoslib_infer.measure.figures import interruption, recovery_outcome
 from chaoslib_infer.measure.health import health_disagreement
 from chaoslib_infer.measure.inflight import cut_off_timeouts
 from chaoslib_infer.measure.metrics import (
@@ -52,6 +52,7 @@ from chaoslib_infer.measure.metrics import (
 from chaoslib_infer.measure.retrycost import retried
 
 from . import client as vclient
+from .applicable import instances_held, not_happened
 from .attribution import assign, crossed_note, ttft_allowance
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .facts import STATES, DrillFacts, Verdict, format_value, num
@@ -264,12 +265,13 @@ def _values(
         out["max_wait_s"] = (_max_wait(recs, a, b), None)
         share, why = _survivor_share(facts, recs)  # the fault window's, not the whole drill's
         out["max_survivor_share"] = (share, why)
-    planned, held = num(fig.get("planned_instances")), num(fig.get("instances_held"))
-    if planned is None and num(fig.get("k8s_quota_replicas_after")):
+    if num(fig.get("k8s_quota_replicas_after")) and num(fig.get("planned_instances")) is None:
         # a cluster: ready endpoints through the cut against the replicas the quota allows
         planned = num(fig.get("k8s_quota_replicas_after"))
         held = num(fig.get("k8s_ready_endpoints_min"))
-    out["instances_held"] = ((held / planned) if planned and held is not None else None, None)
+        out["instances_held"] = ((held / planned) if planned and held is not None else None, None)
+    else:  # the lab: the replicas that served during the cut against the quota
+        out["instances_held"] = instances_held(facts, sel("fault") if "fault" in w else [])
     if out["scale_out_s"][0] is None:
         wanted, serving = num(fig.get("k8s_hpa_desired_at_s")), num(fig.get("k8s_serving_at_s"))
         if wanted is not None and serving is not None:  # HPA desired -> new pod serving
@@ -279,12 +281,17 @@ def _values(
         # no drill figure (a cluster): the shared computation, from the end of the spike
         base_stats = window_stats(sel("baseline"))
         if base_stats.get("p99_e2e_s") is not None and tl.fault_at is not None:
-            rec = recovery(facts.records, tl.fault_end or tl.fault_at, base_stats)
-            fig = {**fig, "recovery_s": rec}
+            rec, why = recovery_outcome(facts.records, tl.fault_end or tl.fault_at, base_stats)
+            fig = {**fig, "recovery_s": rec, "recovery_note": why}
     out["recovery_s"] = (rec, None)
-    if rec is None and "recovery_s" in fig and w.get("after"):
-        # measured and never back inside the baseline bands before the load ended
+    note = fig.get("recovery_note")
+    if rec is None and isinstance(note, str) and note:
+        # never back (fail), or unmeasured as the load ended first (measure/figures.py)
+        out["recovery_s"] = (None, note)
+    elif rec is None and "recovery_s" in fig and w.get("after"):
+        # a figure without its note (older evidence): measured and never back
         out["recovery_s"] = (None, NEVER + "back inside the baseline bands before the load ended")
+    out.update(not_happened(facts))
     if facts.drill == "traffic-spike" and out["scale_out_s"][0] is None and "fault" in w:
         failed = sum(1 for r in sel("fault") if not r.get("ok") and not r.get("cut_off"))
         out["scale_out_s"] = (

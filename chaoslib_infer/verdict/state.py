@@ -10,6 +10,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED
 from chaoslib_infer.measure.metrics import logical_stats, window_stats
 
 from .criteria import Criterion
@@ -123,10 +124,17 @@ def request_stats(
 
 def judged_row(c: Criterion, value: float | None, note: str | None) -> dict[str, Any]:
     """One criterion's row of the verdict (:class:`~chaoslib_infer.verdict.facts.Verdict`
-    ``rows``): ``value`` None with a ``note`` reads ``n/a``, or ``fail`` when the note starts
-    with :data:`NEVER` and the criterion has a threshold."""
+    ``rows``): ``value`` None with a ``note`` reads ``n/a`` (the event the criterion is about did
+    not happen), ``fail`` when the note starts with :data:`NEVER` and the criterion has a
+    threshold, or ``unmeasured`` when it starts with ``"unmeasured: "`` (the data ended before the
+    figure could be shown, :data:`~chaoslib_infer.measure.figures.RECOVERY_UNMEASURED`)."""
     if value is None and note is not None:
-        result = "fail" if note.startswith(NEVER) and c.threshold is not None else "n/a"
+        if note.startswith(RECOVERY_UNMEASURED):
+            result = "unmeasured"
+        elif note.startswith(NEVER) and c.threshold is not None:
+            result = "fail"
+        else:
+            result = "n/a"
     elif c.threshold is None:
         result = "not judged" if value is not None else "unmeasured"
     elif value is None:

@@ -109,7 +109,9 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     each lost replica after the loss, the latest of them), ``replacement_serving_s_ground_truth``
     (lab view), ``lb_ejection_s_ground_truth`` (loss until HAProxy had ejected every lost
     replica), ``recovery_s`` (:func:`chaoslib_infer.measure.figures.recovery`, baseline = the
-    records before the loss; None when not recovered within the data).
+    records before the loss; None when not recovered within the data), ``recovery_note`` (why
+    it is None: never back, or unmeasured as the load ended first;
+    :func:`chaoslib_infer.measure.figures.recovery_outcome`).
 
     Ground truth: ``fault_at``, ``node``, ``lost_replica_names``, ``node_down_at``, ``node_up_at``,
     ``node_up_by`` (``rollback`` or ``dead-man timer``), ``replicas_killed_at``, ``rescheduled``
@@ -212,7 +214,8 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     before = ctx.records_before(fault_at)
     base = window_stats(before) if before else {}
     try:
-        figures["recovery_s"] = num(mfig.recovery(ctx.records, fault_at, base))
+        rec, figures["recovery_note"] = mfig.recovery_outcome(ctx.records, fault_at, base)
+        figures["recovery_s"] = num(rec)
     except ValueError:  # no baseline (no successful request before the loss)
         figures["recovery_s"] = None
     return figures, ground

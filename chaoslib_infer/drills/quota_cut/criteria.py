@@ -12,7 +12,7 @@ QUESTION = (
 CRITERIA: list[Criterion] = [
     Criterion(
         "instances_held",
-        "instances held at the quota / planned",
+        "replicas serving during the cut / quota",
         ">=",
         1.0,
         "x",

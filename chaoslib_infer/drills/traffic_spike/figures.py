@@ -110,7 +110,8 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     send time of the first successful request the new replica answered; None without a
     scale-out), ``scale_out_triggered_after_s`` (spike start to trigger), ``cold_start_s`` (trigger
     to the replica's health 200), ``recovery_s`` (from the end of the spike until per-window P99 and
-    error rate are back in the baseline bands for 5 s), ``recovery_from_spike_start_s`` (the same
+    error rate are back in the baseline bands for 5 s), ``recovery_note`` (why ``recovery_s`` is
+    None: never back, or unmeasured as the load ended first), ``recovery_from_spike_start_s`` (the same
     from the spike's start), ``phase_rates`` (per phase: planned, offered and successful requests/s
     over the part of the phase the load ran; the load's own count of requests scheduled (None when
     the load was stopped early), sent and not sent).
@@ -156,7 +157,7 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     baseline = window_stats(recs, start=base_start, end=start)
     figures["baseline_p99_e2e_s"] = num(baseline.get("p99_e2e_s"))
     if baseline.get("p99_e2e_s") is not None:
-        figures["recovery_s"] = mfig.recovery(recs, end, baseline)
+        figures["recovery_s"], figures["recovery_note"] = mfig.recovery_outcome(recs, end, baseline)
         figures["recovery_from_spike_start_s"] = mfig.recovery(recs, start, baseline)
     else:
         figures["recovery_s"] = figures["recovery_from_spike_start_s"] = None

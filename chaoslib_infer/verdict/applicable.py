@@ -1,0 +1,103 @@
+"""Rows about what did and did not happen in a drill (``docs/definitions.md``, "Verdicts": no row
+for what did not happen).
+
+A criterion about an event that did not occur reads ``n/a`` with a note saying why, never
+``pass``: a node loss whose replicas had nowhere to go (none was rescheduled) has no "moved
+replicas serving again" time, and its service back to size after the rollback restored the node
+says nothing about the orchestrator. quota-cut's key row is judged on what held: the replicas that
+actually served during the cut against the quota, not the plan's own numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .facts import DrillFacts, num
+
+__all__ = ["instances_held", "no_replica_moved", "not_happened"]
+
+Row = tuple[float | None, str | None]
+
+
+def no_replica_moved(figures: Mapping[str, Any], ground: Mapping[str, Any]) -> str | None:
+    """The ``n/a`` note of a node loss that moved no replica, or None when one moved (or the
+    figures do not say: a cluster, whose actions report the pods' own recovery).
+
+    Args:
+        figures: the node-loss figures (``lost_replicas``, ``moved_replicas``: counts).
+        ground: its ground truth (``node``, ``node_up_by``, ``replica_serving_again_at``).
+
+    Returns:
+        ``"no replica moved: the N lost replica(s) were not rescheduled onto another node; they
+        served again on node X once it came back (BY)"`` (or ``"...; they did not serve again
+        in the data"``), or None.
+    """
+    lost, moved = num(figures.get("lost_replicas")), num(figures.get("moved_replicas"))
+    if not lost or moved is None or moved > 0:
+        return None
+    node = ground.get("node") or "?"
+    if ground.get("replica_serving_again_at") is not None:
+        by = ground.get("node_up_by")
+        where = f"they served again on node {node} once it came back" + (f" ({by})" if by else "")
+    else:
+        where = "they did not serve again in the data"
+    return (
+        f"no replica moved: the {lost:.0f} lost replica(s) were not rescheduled onto another "
+        f"node; {where}"
+    )
+
+
+def not_happened(facts: DrillFacts) -> dict[str, Row]:
+    """``{criterion: (None, note)}`` for the rows of ``facts`` whose event did not occur (their
+    ``n/a``; :func:`chaoslib_infer.verdict.state.judged_row`); empty when all apply.
+
+    node-loss without a moved replica (:func:`no_replica_moved`): ``replacement_serving_s`` and
+    ``serving_after_vs_baseline``; the latter stays judged when the service ended smaller than
+    it began (a defect whatever moved).
+    """
+    if facts.drill != "node-loss":
+        return {}
+    why = no_replica_moved(facts.figures, facts.ground)
+    if why is None:
+        return {}
+    out: dict[str, Row] = {"replacement_serving_s": (None, why)}
+    before, after = facts.serving
+    if not (before and after is not None and after < before):
+        out["serving_after_vs_baseline"] = (None, why)
+    return out
+
+
+def instances_held(facts: DrillFacts, fault_records: Sequence[Mapping[str, Any]]) -> Row:
+    """quota-cut's key figure: the replicas that served during the cut over the quota.
+
+    Served: the lab's ground truth (``instances_serving_during_cut``: the servers HAProxy's
+    request log shows forwarded requests while the cap held), else the distinct replicas of the
+    fault window's successful records (``replica``, else the lab's ``facts.replica_of`` for the request id). The
+    quota: the ``instances_held`` figure (Q, as the fault recorded it), else ground ``quota``.
+
+    Returns:
+        ``(served / quota, "S of the quota's Q replicas served during the cut (plan: P)")``;
+        ``(None, None)`` (unmeasured) without a quota or without either source of what served.
+    """
+    fig, ground = facts.figures, facts.ground
+    quota = num(fig.get("instances_held"))
+    if quota is None:
+        quota = num(ground.get("quota"))
+    served = num(ground.get("instances_serving_during_cut"))
+    source = "HAProxy request log"
+    if served is None:
+        names = {
+            r.get("replica") or facts.replica_of.get(str(r.get("request_id")))
+            for r in fault_records
+            if r.get("ok")
+        }
+        names.discard(None)
+        served, source = (float(len(names)), "records") if names else (None, source)
+    if not quota or served is None:
+        return None, None
+    planned = num(fig.get("planned_instances"))
+    plan = f"; plan: {planned:.0f}" if planned is not None else ""
+    return served / quota, (
+        f"{served:.0f} of the quota's {quota:.0f} replicas served during the cut ({source}{plan})"
+    )
