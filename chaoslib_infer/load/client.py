@@ -344,6 +344,17 @@ async def run_load(
     #: attempts on the wire: (request id, attempt) -> (intended_at, sent_at), unix seconds
     on_wire: dict[tuple[str, int], tuple[float, float]] = {}
 
+    def write(rec: dict[str, Any]) -> bool:
+        """Write ``rec``; False when the writer failed (disk full, closed): the error is kept for
+        the caller and the run stops."""
+        try:
+            writer.write(rec)
+        except BaseException as exc:
+            write_error.append(exc)
+            internal_stop.set()
+            return False
+        return True
+
     async def one(i: int, body: bytes, intended_at: float) -> None:
         request_id = logical_request_id(run_id, i)
         jitter_rng: random.Random | None = None
@@ -364,11 +375,7 @@ async def run_load(
                 on_wire.pop((request_id, n), None)
                 retry = not rec["ok"] and n < spec.retry_attempts and rec["error_class"] in retry_on
                 rec["final"] = not retry
-                try:
-                    writer.write(rec)
-                except BaseException as exc:  # disk full, closed writer: stop the run
-                    write_error.append(exc)
-                    internal_stop.set()
+                if not write(rec):
                     return
                 if rec["ok"]:
                     counters.ok += 1
@@ -430,11 +437,7 @@ async def run_load(
                     counters.in_flight,
                     cap,
                 )
-                try:
-                    writer.write(rec)
-                except BaseException as exc:  # disk full, closed writer: stop the run
-                    write_error.append(exc)
-                    internal_stop.set()
+                if not write(rec):
                     return
                 continue
             payload = _dumps(body)
