@@ -41,6 +41,7 @@ from chaoslib_infer.lab.recorder import EVENTS_FILE, SUPERVISORD_LOG
 from chaoslib_infer.lab.standby import QUEUE_SAMPLES, scaling_options, supervisor_program
 from chaoslib_infer.lab.statedir import (
     ADMIN_TOKEN_FILE,
+    ENGINE_FAULTS_DIR,
     FAULTS_FILE,
     GATEWAY_FILES,
     HAPROXY_SOCK,
@@ -192,7 +193,7 @@ def up(
             (state_dir / name).unlink()
     write_secret(state_dir / ADMIN_TOKEN_FILE, secrets.token_hex(32))
     (state_dir / "logs").mkdir(exist_ok=True)
-    for log in (state_dir / "logs").glob("*"):
+    for log in (*(state_dir / "logs").glob("*"), *(state_dir / ENGINE_FAULTS_DIR).glob("*")):
         with contextlib.suppress(OSError):
             log.unlink()
 
@@ -322,6 +323,7 @@ def start(lab: Lab, haproxy_bin: str) -> None:
     engine_args = dict(meta["engine_args"])
     if meta["engine"] == "sim":  # the fault control plane answers the lab's token only
         engine_args["admin_token_file"] = str(sd / ADMIN_TOKEN_FILE)
+        engine_args["fault_state_dir"] = str(sd / ENGINE_FAULTS_DIR)  # crashes survive restarts
         if meta.get("gateway", "haproxy") != "haproxy":  # stream buffering (gateways)
             engine_args.setdefault("ttft_log", str(sd / "ttft.jsonl"))
     for rep in meta["replicas"]:

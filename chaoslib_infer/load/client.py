@@ -258,6 +258,7 @@ async def send_attempt(
         done_at=done_at,
         first_byte=first_byte,
         first_token=first_token,
+        body=body,
         chunk_times=chunk_times,
     )
 

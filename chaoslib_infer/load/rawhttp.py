@@ -213,6 +213,7 @@ async def send_attempt_raw(
         done_at=done_at,
         first_byte=first_byte,
         first_token=first_token,
+        body=body,
         chunk_times=chunk_times,
     )
     if kernel and loop_times is not None:

@@ -474,8 +474,12 @@ def judge_drill(
     if facts.closed_loop:
         notes.append(f"load: {facts.closed_loop}")
     notes += [f"load: {line}" for line in facts.load_lost]
-    if tl.confirmed is None:
-        notes.append("fault confirmation: no lab ground truth on this target")
+    if tl.confirmed is None:  # on the lab: ground truth exists, but none for this fault
+        notes.append(
+            "fault confirmation: the lab recorded no ground truth for this fault"
+            if facts.lab_events
+            else "fault confirmation: no lab ground truth on this target"
+        )
     if w.get("fault"):
         a, b = w["fault"]
         notes.append(f"fault window: {b - a:.1f} s from injection to the return to service")

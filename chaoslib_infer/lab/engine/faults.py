@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import math
 import os
 import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.lab.engine.config import EngineConfig
@@ -45,6 +47,11 @@ ADMIN_TOKEN_HEADER = "x-chaos-admin-token"
 FAULT_HEADER = "x-chaos-fault"
 #: Exit status of a replica that ``crash_on_long_prompt`` (``how=exit``) killed.
 CRASH_EXIT_CODE = 70
+#: Modes that outlive the process, like a deterministic bug in the engine's code: armed through
+#: the admin endpoint they are kept in the replica's fault-state file (``--fault-state-dir``) and
+#: re-armed by the restarted replica until cleared or expired. The other modes are run-time
+#: states (a hung loop, a slow step) that a restart ends.
+PERSISTENT_MODES: frozenset[str] = frozenset({"crash_on_long_prompt"})
 
 #: Per mode: accepted parameters and their defaults (k: tokens sent first; t: stall seconds;
 #: n: prompt-token threshold; factor: ITL growth per request served; how: variant).
@@ -217,6 +224,69 @@ def parse_fault(fields: Mapping[str, Any], source: str = "admin", text: bool = F
             known = ", ".join(sorted(set(allowed) | {"probability"}))
             raise RequestError(400, f"fault {mode}: unknown parameter {key!r} (accepted: {known})")
     return FaultSpec(mode=mode, params=params, probability=probability, ttl_s=ttl_s, source=source)
+
+
+def persisted_json(spec: FaultSpec) -> dict[str, Any]:
+    """How a fault of :data:`PERSISTENT_MODES` is kept in the fault-state file: ``{"mode",
+    "params", "probability", "set_at", "expires_at" (unix s, None: never), "fault_id"}``."""
+    remaining = spec.remaining_s()
+    return {
+        "mode": spec.mode,
+        "params": dict(spec.params),
+        "probability": spec.probability,
+        "set_at": spec.set_at,
+        "expires_at": None if remaining is None else time.time() + remaining,
+        "fault_id": spec.fault_id,
+    }
+
+
+def read_persisted(path: Path, now: float | None = None) -> list[FaultSpec]:
+    """The faults a replica's fault-state file keeps that have not expired (``now``: unix s).
+
+    A missing, unreadable or malformed file (or entry) keeps nothing: the engine starts clean
+    rather than refusing to start.
+    """
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    now = time.time() if now is None else now
+    out: list[FaultSpec] = []
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict) or e.get("mode") not in PERSISTENT_MODES:
+            continue
+        expires = e.get("expires_at")
+        if isinstance(expires, int | float) and expires <= now:
+            continue
+        fields = {"mode": e["mode"], "params": e.get("params") or {}}
+        fields["probability"] = e.get("probability", 1.0)
+        if isinstance(expires, int | float):
+            fields["ttl_s"] = expires - now
+        try:
+            spec = parse_fault(fields)
+        except RequestError:
+            continue
+        spec.set_at = float(e.get("set_at") or spec.set_at)
+        spec.fault_id = str(e.get("fault_id") or spec.fault_id)
+        out.append(spec)
+    return out
+
+
+def write_persisted(path: Path, specs: list[FaultSpec]) -> None:
+    """Keep the faults of ``specs`` in :data:`PERSISTENT_MODES` in ``path`` (atomic write;
+    the file is removed when none is left).
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    keep = [persisted_json(f) for f in specs if f.mode in PERSISTENT_MODES]
+    if not keep:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(keep) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def parse_fault_header(value: str) -> FaultSpec:
