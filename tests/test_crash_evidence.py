@@ -99,6 +99,10 @@ def test_crash_report_counts_exits_restarts_and_the_prompts_died_on() -> None:
     fig, exits = crash_report(_events(), _ledger(), _records(), ["r1"], T0 + 100)
     assert (fig["replica_exits"], fig["restart_s"], exits) == (0, None, [])
     assert died_on(_ledger(), {"replica": "r1", "pid": 21, "t": T0 + 200}) == []
+    # the supervisor's pid is not the engine's (a wrapper): matched by time, after the last exit
+    no_pid = [{**e, "pid": None} for e in _events()]
+    fig, exits = crash_report(no_pid, _ledger(), _records(), ["r0"], T0 + 100)
+    assert [[p["request_id"] for p in x["died_on"]] for x in exits] == [["b", "c"], ["d"]]
 
 
 def _faults() -> list[dict[str, Any]]:
@@ -158,6 +162,13 @@ def test_an_engine_fault_the_traffic_never_met_is_not_confirmed(tmp_path: Path) 
         == "the armed crash_on_long_prompt sabotaged none of the drill's requests (engine ledger)"
     )
     assert "replica_exits" not in headline(fig)
+    # a mode that cannot crash and killed nothing: no crash rows at all (nothing happened)
+    hang = [
+        {**f, "mode": "hang" if f["phase"] == "set" else "all", "params": {}} for f in _faults()
+    ]
+    fig, ground = ev.compute(DrillContext(tmp_path, steady(T0 + 90, T0 + 130), hang, [], []))
+    assert "replica_exits" not in fig and "crash_trigger" not in ground
+    assert ground["replica_exits"] == []
 
 
 def test_oom_kill_reports_exits_restarts_and_what_was_in_flight(tmp_path: Path) -> None:

@@ -35,14 +35,21 @@ def _t(e: Row) -> float | None:
     return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None
 
 
-def died_on(ledger: Sequence[Row], exit_event: Row) -> list[str]:
+def died_on(ledger: Sequence[Row], exit_event: Row, after: float | None = None) -> list[str]:
     """Request ids the process of ``exit_event`` died on (module docstring), in ledger order.
+
+    The process is matched by its pid; where the ledger holds no line of the replica with that
+    pid (a wrapper between the supervisor and the engine), by time: the replica's lines after
+    ``after`` (its previous exit) up to this one.
 
     Args:
         ledger: the engine's ledger lines.
         exit_event: a lab ``exit`` event (``replica``, ``pid``, ``t``).
+        after: the replica's previous exit (unix s), for the match by time.
     """
     pid, replica, t = exit_event.get("pid"), exit_event.get("replica"), _t(exit_event)
+    if pid and not any(e.get("replica") == replica and e.get("pid") == pid for e in ledger):
+        pid = None
     ended = {
         (e.get("request_id"), e.get("pid")) for e in ledger if e.get("event") == "generation_end"
     }
@@ -52,6 +59,8 @@ def died_on(ledger: Sequence[Row], exit_event: Row) -> list[str]:
             continue
         te = _t(e)
         if t is not None and te is not None and te > t:
+            continue
+        if not pid and after is not None and te is not None and te <= after:
             continue
         rid = e.get("request_id")
         crash = e.get("event") == "fault" and e.get("mode") in CRASH_MODES
@@ -107,13 +116,15 @@ def crash_report(
     events = [e for e in lab_events if _t(e) is not None]
     by_id = {str(r.get("request_id")): r for r in records if r.get("request_id")}
     exits: list[dict[str, Any]] = []
+    previous: dict[str, float] = {}  # replica -> its last exit seen (for died_on's match by time)
     for e in sorted(events, key=lambda x: _t(x) or 0.0):
         t = _t(e)
         if e.get("event") != "exit" or e.get("replica") not in replicas or t is None:
             continue
+        name = str(e["replica"])
+        before, previous[name] = previous.get(name), t
         if t < since:
             continue
-        name = str(e["replica"])
 
         def after(kind: str, name: str = name, t: float = t) -> float | None:
             return next(
@@ -130,7 +141,7 @@ def crash_report(
             "replica": name, "t": t, "pid": e.get("pid"), "cause": e.get("cause"),
             "status": e.get("status"), "restarted_at": after("start"), "ready_at": after("ready"),
             "serving_again_at": serving, "restart_s": None if serving is None else serving - t,
-            "died_on": [_prompt(rid, ledger, by_id) for rid in died_on(ledger, e)],
+            "died_on": [_prompt(rid, ledger, by_id) for rid in died_on(ledger, e, before)],
         })  # fmt: skip
     codes: dict[str, int] = {}
     for x in exits:

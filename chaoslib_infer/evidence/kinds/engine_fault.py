@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaoslib_infer.measure.crashes import crash_report
+from chaoslib_infer.measure.crashes import CRASH_MODES, crash_report
 from chaoslib_infer.measure.figkit import (
     FAULT,
     MILESTONE,
@@ -110,14 +110,15 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     not caught), ``sabotaged_by_mode``/``caught_by_mode`` (counts), ``health_disagreement_s``
     (seconds, recomputed from the health checks' samples; None when no check ran).
     Crashes (:func:`chaoslib_infer.measure.crashes.crash_report`, exits of those replicas after
-    the fault was armed): ``replica_exits``, ``replica_restarts``, ``exit_codes``, ``restart_s``
+    the fault was armed; only when a crash mode was armed or a replica exited): ``replica_exits``, ``replica_restarts``, ``exit_codes``, ``restart_s``
     (worst death to serving again; None: unmeasured), ``restarts_unserved``,
     ``crash_prompt_tokens`` and their source (the trigger).
     Ground truth: ``fault_at`` (first fault armed, unix s), ``cleared_at``, ``replicas``, ``modes``,
     ``sabotaged_request_ids`` (count per replica), ``replica_exits`` (each exit of those replicas
     after the fault: ``{"replica", "t", "pid", "cause", "status", "restarted_at", "ready_at",
     "serving_again_at", "restart_s", "died_on"}``), ``crash_trigger`` (one line: the armed
-    threshold and the prompt sizes the replicas died on; None without an exit).
+    threshold and the prompt sizes the replicas died on; None without an exit; absent where no
+    crash figures are).
     """
     sets = [
         f for f in ctx.faults if f.get("kind") == "engine-fault" and f.get("phase") != "cleared"
@@ -179,7 +180,8 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
         crash_fig, exits = crash_report(
             ctx.lab_events, ctx.ledger, ctx.records, replicas, fault_at, ctx.served_after
         )
-        figures.update(crash_fig)
         ground["replica_exits"] = exits
-        ground["crash_trigger"] = _trigger(sets, crash_fig)
+        if exits or CRASH_MODES & set(ground["modes"]):  # no crash rows for a hang that killed none
+            figures.update(crash_fig)
+            ground["crash_trigger"] = _trigger(sets, crash_fig)
     return figures, ground
