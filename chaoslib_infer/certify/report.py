@@ -22,14 +22,12 @@ conformance probe's critical checks), then stability (tier 1 verdict, failed tie
 error rate, disaster tolerance, worst P99), then performance and cost (tier 2 verdict, peak QPS,
 P50, cost); a figure measured over records decides only where its bootstrap confidence intervals
 do not overlap (:mod:`chaoslib_infer.certify.significance`), else the targets tie on it.
-:func:`rank_key` is the plain order without intervals (kept for callers that sort by value).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,6 @@ from .ranking import attach_intervals
 
 __all__ = [
     "console_table",
-    "rank_key",
     "rank_text",
     "render_report",
     "score_target",
@@ -199,31 +196,6 @@ def _rowval(card: dict[str, Any], tier: int, metric: str) -> float | None:
             v = r["value"]
             return float(v) if isinstance(v, int | float) else None
     return None
-
-
-def rank_key(result: dict[str, Any]) -> tuple[Any, ...]:
-    """Sort key: lower is better (module docstring, "Ranking")."""
-    card = result["scorecard"]
-    inf = math.inf
-
-    def v(x: float | None, worse: float = inf) -> float:
-        return worse if x is None else x
-
-    stab = card["tiers"][0]
-    failed_rows = sum(1 for r in stab["rows"] if r["passed"] is False)
-    return (
-        0 if (result.get("probe") or {}).get("usable") else 1,
-        0 if stab["verdict"] == "PASS" else 1,
-        failed_rows,
-        v(_rowval(card, 0, "error rate (steady state)")),
-        -v(_rowval(card, 0, "disaster tolerance"), -1.0),
-        v(_rowval(card, 0, "P99 E2E latency")),
-        v(_rowval(card, 0, "recovery time")),
-        0 if card["tiers"][1]["verdict"] != "FAIL" else 1,
-        -v(_rowval(card, 1, "peak QPS"), 0.0),
-        v(_rowval(card, 1, "P50 E2E latency")),
-        v(_rowval(card, 1, "cost per request")),
-    )
 
 
 def cell(row: dict[str, Any]) -> str:
