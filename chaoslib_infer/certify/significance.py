@@ -53,6 +53,8 @@ CONFIDENCE = 0.95
 SEED = 20260421
 
 _QUANTILE = {"p50": 0.50, "p99": 0.99}
+#: values resampled per batch (8 bytes each: 16 MB), whatever the number of records
+_BATCH_VALUES = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -128,18 +130,23 @@ def interval(
     x = np.asarray([float(v) for v in values], dtype=float)
     if x.size == 0:
         return None
+    if stat == "qps" and (durations is None or len(durations) != x.size):
+        raise ValueError("qps needs one duration per value")
+    dur = np.asarray([float(v) for v in durations or ()], dtype=float)
     rng = np.random.default_rng(SEED)
-    idx = rng.integers(0, x.size, size=(RESAMPLES, x.size))
-    sample = x[idx]
-    if stat in _QUANTILE:
-        stats = np.quantile(sample, _QUANTILE[stat], axis=1, method="higher")
-    elif stat == "ratio":
-        stats = sample.mean(axis=1)
-    else:
-        if durations is None or len(durations) != x.size:
-            raise ValueError("qps needs one duration per value")
-        d = np.asarray([float(v) for v in durations], dtype=float)[idx].sum(axis=1)
-        stats = concurrency * sample.sum(axis=1) / np.maximum(d, 1e-9)
+    parts: list[Any] = []
+    batch = max(1, _BATCH_VALUES // x.size)  # resamples per batch: memory stays bounded
+    for start in range(0, RESAMPLES, batch):
+        idx = rng.integers(0, x.size, size=(min(batch, RESAMPLES - start), x.size))
+        sample = x[idx]
+        if stat in _QUANTILE:
+            parts.append(np.quantile(sample, _QUANTILE[stat], axis=1, method="higher"))
+        elif stat == "ratio":
+            parts.append(sample.mean(axis=1))
+        else:
+            d = dur[idx].sum(axis=1)
+            parts.append(concurrency * sample.sum(axis=1) / np.maximum(d, 1e-9))
+    stats = np.concatenate(parts)
     alpha = (1 - CONFIDENCE) / 2
     lo, hi = np.quantile(stats, [alpha, 1 - alpha])
     return Interval(float(lo), float(hi), int(x.size), stat)
