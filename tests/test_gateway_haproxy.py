@@ -100,6 +100,10 @@ def test_standby_replicas_are_disabled_and_servers_loop_renders() -> None:
         ("global\n    user haproxy\n" + MINIMAL, "'user' in global: the lab runs HAProxy unpriv"),
         ("global\n    log stdout local0\n" + MINIMAL, "'log stdout' in global"),
         (
+            MINIMAL.replace("mode http", "mode http\n    log stderr local0"),
+            "'log stderr' in defaults",
+        ),
+        (
             MINIMAL.replace("default_backend", "option httplog\n    default_backend"),
             "'option httplog' in the lab's frontend: the lab owns its request log",
         ),

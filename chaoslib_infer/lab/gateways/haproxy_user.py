@@ -21,7 +21,7 @@ per replica (the runtime steps act on ``engines/<replica>``). **Refused** becaus
 take the runtime socket or the request log away: ``stats socket``, ``daemon``,
 ``master-worker``, ``user``/``group``/``uid``/``gid``/``chroot`` (the lab runs HAProxy
 unprivileged, in the foreground), a global ``log stdout``/``log stderr`` (it would double the
-request log); in the lab's frontend its own ``log-format``, ``option httplog``/``tcplog``/
+request log; in ``defaults`` too); in the lab's frontend its own ``log-format``, ``option httplog``/``tcplog``/
 ``httpslog``, ``option logasap``, ``option dontlog-normal``, ``no log``, a ``log`` target other
 than ``log global``, ``capture request header``, ``mode tcp``; ``option logasap`` or ``option
 dontlog-normal`` in a ``defaults`` section. Then ``haproxy -c`` checks the rendered file
@@ -204,9 +204,12 @@ def render_config(
                     raise refuse(j, f"'log {w[1]}' in global", "the lab's request log is stdout")
         elif kind == "defaults":
             for j in body:
+                w = _words(lines[j])
                 for kw in _DEFAULTS_REFUSED:
-                    if _starts(_words(lines[j]), kw):
+                    if _starts(w, kw):
                         raise refuse(j, f"'{kw}' in defaults", "it drops the lab's request log")
+                if _starts(w, "log") and len(w) > 1 and w[1] in ("stdout", "stderr"):
+                    raise refuse(j, f"'log {w[1]}' in defaults", "the lab's request log is stdout")
         elif kind in ("frontend", "listen"):
             binds = [_words(lines[j]) for j in body if _starts(_words(lines[j]), "bind")]
             if any(len(b) > 1 and b[1] == listen for b in binds):
