@@ -149,7 +149,7 @@ def test_haproxy_c_refuses_the_broken_example_and_accepts_the_others() -> None:
     assert "\n" not in msg and msg.startswith(str(EXAMPLES / "broken.cfg"))
     assert "haproxy rejected it: 'timeout server' : unexpected extra argument 'seconds'" in msg
     assert "(rendered haproxy.cfg line " in msg
-    for name in ("good", "weak"):
+    for name in ("good", "weak", "fail-fast"):
         gateways.precheck("haproxy", EXAMPLES / f"{name}.cfg", ["r0", "r1", "r2"])
     gateways.precheck("haproxy", None, ["r0"])  # the lab's own settings: nothing to check
 

@@ -150,7 +150,8 @@ def test_idle_timeout_below_a_pause_cuts_streams_after_a_200(tmp_path: Path) -> 
 
 _HAPROXY_LINE = re.compile(  # the lab's LOG_FORMAT, read again here (not through the parser)
     r"^(?P<t>[\d.]+) (?P<srv>\S+) (?P<st>-?\d+) (?P<tw>-?\d+) (?P<tc>-?\d+) -?\d+ (?P<ta>\d+) "
-    r"\d+ (?P<tsc>\S+) (?P<rc>\S+) \{(?P<rid>[^}]*)\} \"[^\"]*\" (?P<th>\d+) (?P<ti>\d+) (?P<trq>\d+)$"
+    r"\d+ (?P<tsc>\S+) (?P<rc>\S+) \{(?P<rid>[^}]*)\} \"[^\"]*\" "
+    r"(?P<th>\d+) (?P<ti>\d+) (?P<trq>\d+)$"
 )
 
 

@@ -111,7 +111,10 @@ def up(
     100ms``); the default gateway relies on its health checks alone (``inter 500ms fall 2``),
     so a restarted replica that is still loading answers 503s to clients until it is DOWN.
 
-    ``gateway`` is the process on the lab's URL: ``haproxy`` (the above) or ``nginx`` with
+    ``gateway`` is the process on the lab's URL: ``haproxy`` (the above; with ``gateway_config``
+    the user's haproxy.cfg, a Jinja2 template over the lab's replicas, into which the lab
+    injects its runtime socket and request log: :mod:`chaoslib_infer.lab.gateways.haproxy_user`;
+    ``gateway_retry`` is then refused) or ``nginx`` with
     ``gateway_config`` (the user's nginx.conf, server blocks or location snippet, a Jinja2
     template over the lab's replicas; None: the project's default), HAProxy then running off
     the client path as the lab's intent plane: see :mod:`chaoslib_infer.lab.gateways`.

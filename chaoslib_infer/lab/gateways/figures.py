@@ -6,8 +6,9 @@ HAProxy with the lab's own settings: those labs keep their figures as before).
 - ``gateway_timeout_s``: the gateway's *effective* timeout: the longest time it held a client
   request before it answered 5xx or the client gave up on it (nginx ``$request_time`` of the
   5xx and 499 lines; HAProxy ``%Ta`` of its 5xx lines and of those the client or its own
-  ``timeout server`` ended (termination state ``C...``/``s...``); LiteLLM, which logs no requests: the client's 5xx, 408, stream-error and
-  timed-out attempts, send to end; seconds). None when it never did either.
+  ``timeout server`` ended (termination state ``C...``/``s...``); LiteLLM, which logs no
+  requests: the client's 5xx, 408, stream-error and timed-out attempts, send to end; seconds).
+  None when it never did either.
 - ``gateway_gave_up``: how many requests it answered 5xx (or lost to the client) that way.
 - ``retry_amplification``: upstream generations per client attempt, the largest over the drill's
   logical requests (engine ledger generations of a request id / the client's attempts sent with
@@ -22,10 +23,11 @@ HAProxy with the lab's own settings: those labs keep their figures as before).
   its ``exit`` and its next ``ready`` event in the lab's ground truth).
 - ``streams_cut_200``: attempts that got status 200 and then lost their stream (reset,
   truncated, stream error, empty).
-- ``ejection_s`` (upstream-timeout, nginx and LiteLLM; HAProxy keeps the drill's own, from its
-  ``show stat`` health view, which is the gateway's): replaces HAProxy's health view, which is not the gateway's:
-  the last time the gateway sent a request to the frozen replica, from the freeze (seconds; the
-  hold when it never stopped). A frozen replica counts as down for ``routed_to_down``.
+- ``ejection_s`` (upstream-timeout; nginx and LiteLLM only: with the user's HAProxy config the
+  drill's own, from HAProxy's ``show stat`` health view, is the gateway's and stays): replaces
+  HAProxy's health view, which is not the gateway's: the last time the gateway sent a request to the
+  frozen replica, from the freeze (seconds; the hold when it never stopped). A frozen replica counts
+  as down for ``routed_to_down``.
 """
 
 from __future__ import annotations
@@ -267,9 +269,8 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
         if r.get("status") == 200 and not r.get("ok") and r.get("error_class") in CUT_CLASSES
     )
     out: dict[str, Any] = {}
-    if (
-        frozen and frozen_ejection
-    ):  # the gateway's own ejection: it sent nothing more to the frozen replica after
+    # the gateway's own ejection: it sent nothing more to the frozen replica after
+    if frozen and frozen_ejection:
         rep, a, _ = frozen[0]
         out["ejection_s"] = round(last_to_frozen.get((rep, a), a) - a, 3)
         log = "litellm's lanes (HAProxy log)" if info.get("gateway") == "litellm" else None

@@ -15,15 +15,15 @@ the frontend that binds ``listen``, ``mode http``, ``log global``, the lab's ``l
 ``capture request header X-Request-Id len 64``; in backend ``engines``, ``http-response
 set-header X-Lab-Server %s``. Standby replicas' server lines get ``disabled`` (MAINT).
 
-**Required** of the config (refused with one line otherwise): one ``frontend``/``listen``
-section that binds ``listen``; a ``backend engines`` with exactly one ``server <replica>`` line
-per replica (the runtime steps act on ``engines/<replica>``). **Refused** because they would
-take the runtime socket or the request log away: ``stats socket``, ``daemon``,
-``master-worker``, ``user``/``group``/``uid``/``gid``/``chroot`` (the lab runs HAProxy
-unprivileged, in the foreground), a global ``log stdout``/``log stderr`` (it would double the
-request log; in ``defaults`` too); in the lab's frontend its own ``log-format``, ``option httplog``/``tcplog``/
-``httpslog``, ``option logasap``, ``option dontlog-normal``, ``no log``, a ``log`` target other
-than ``log global``, ``capture request header``, ``mode tcp``; ``option logasap`` or ``option
+**Required** of the config (refused with one line otherwise): one ``frontend``/``listen`` section
+that binds ``listen``; a ``backend engines`` with exactly one ``server <replica>`` line per replica
+(the runtime steps act on ``engines/<replica>``). **Refused** because they would take the runtime
+socket or the request log away: ``stats socket``, ``daemon``, ``master-worker``,
+``user``/``group``/``uid``/``gid``/``chroot`` (the lab runs HAProxy unprivileged, in the
+foreground), a global ``log stdout``/``log stderr`` (it would double the request log; in
+``defaults`` too); in the lab's frontend its own ``log-format``, ``option httplog``/``tcplog``/
+``httpslog``, ``option logasap``, ``option dontlog-normal``, ``no log``, a ``log`` target other than
+``log global``, ``capture request header``, ``mode tcp``; ``option logasap`` or ``option
 dontlog-normal`` in a ``defaults`` section. Then ``haproxy -c`` checks the rendered file
 (:func:`check_config`). Sections and keywords: HAProxy 2.6 configuration manual, sections 2-4.
 """
