@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_RETRY_ON",
     "RETRY_JITTER",
+    "SDK_MAX_WAIT_S",
     "LoadCounters",
     "LoadSpec",
     "build_body",
@@ -55,6 +56,9 @@ DEFAULT_RETRY_ON: tuple[str, ...] = (
 )
 #: Relative jitter of a retry backoff: the delay is multiplied by a factor in [1 - J, 1 + J].
 RETRY_JITTER = 0.2
+#: The longest wait the OpenAI SDK makes before a retry (a ``Retry-After`` it honours, openai 3.60
+#: ``MAX_RETRY_AFTER_DELAY``), seconds: the bound of ``LoadSpec.max_logical_s`` with the SDK.
+SDK_MAX_WAIT_S = 120.0
 
 
 @dataclass
@@ -109,6 +113,14 @@ class LoadSpec:
         transport: ``"raw"`` (default; ``rawhttp``: asyncio Protocol + httptools, less client
             CPU per request, chunk times taken as the bytes arrive) or ``"aiohttp"``; same
             records and error classes.
+        client: who sends the requests: ``"raw"`` (default: our client, over ``transport``,
+            the one whose chunk times are kernel-stamped) or ``"openai-sdk"`` (the official
+            ``openai`` package's ``AsyncOpenAI``, streaming chat completions under its own retry
+            and timeout policy, every SDK retry its own record: ``sdkclient``). With the SDK
+            the SDK owns the retries: ``retry_attempts`` must stay 1 and ``api`` ``chat``.
+        sdk_max_retries: the SDK's ``max_retries`` (None: its default, 2).
+        sdk_timeout_s: the SDK's read/write timeout, seconds, connect ``connect_timeout_s``
+            (None: its default, 600 s, connect 5 s).
 
     Raises:
         ValueError: from ``__post_init__`` on an invalid value (one-line message).
@@ -138,6 +150,9 @@ class LoadSpec:
     retry_on: tuple[str, ...] = DEFAULT_RETRY_ON
     profile: list[tuple[float, float]] | None = None
     transport: Literal["aiohttp", "raw"] = "raw"
+    client: Literal["raw", "openai-sdk"] = "raw"
+    sdk_max_retries: int | None = None
+    sdk_timeout_s: float | None = None
     trace: str | None = None
     trace_speed: float = 1.0
     _trace: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
@@ -153,6 +168,8 @@ class LoadSpec:
             raise ValueError(f"arrival must be 'poisson' or 'constant', got {self.arrival!r}")
         if self.transport not in ("aiohttp", "raw"):
             raise ValueError(f"transport must be 'aiohttp' or 'raw', got {self.transport!r}")
+        if self.client not in ("raw", "openai-sdk"):
+            raise ValueError(f"client must be 'raw' or 'openai-sdk', got {self.client!r}")
 
         def pos(
             name: str, v: float | None, allow_none: bool = False, allow_zero: bool = False
@@ -206,6 +223,38 @@ class LoadSpec:
             raise ValueError(f"prompt_words must be an integer >= 0, got {self.prompt_words!r}")
         if self.prompt_mix is not None:
             self.prompt_mix = parse_prompt_mix(self.prompt_mix)
+        self._check_sdk()
+
+    def _check_sdk(self) -> None:
+        """Validate the OpenAI SDK client's options (``client``, ``sdk_*``).
+
+        Raises:
+            ValueError: one line naming the option.
+        """
+        mr = self.sdk_max_retries
+        if mr is not None and (not isinstance(mr, int) or isinstance(mr, bool) or mr < 0):
+            raise ValueError(f"sdk_max_retries must be an integer >= 0, got {mr!r}")
+        t = self.sdk_timeout_s
+        if t is not None and (
+            not isinstance(t, int | float) or isinstance(t, bool) or not 0 < t < math.inf
+        ):
+            raise ValueError(f"sdk_timeout_s must be a finite number > 0, got {t!r}")
+        if self.client != "openai-sdk":
+            if mr is not None or t is not None:
+                raise ValueError("sdk_max_retries / sdk_timeout_s need client: openai-sdk")
+            return
+        if self.retry_attempts != 1:
+            raise ValueError(
+                "client openai-sdk retries by itself: set sdk_max_retries, not retry_attempts"
+            )
+        if self.api != "chat":
+            raise ValueError("client openai-sdk sends chat completions only (api: chat)")
+        try:  # imported here, not in the run: the import (~1 s) would be schedule lag
+            import openai  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "client openai-sdk needs the openai package: pip install openai"
+            ) from None
 
     @property
     def trace_requests(self) -> list[TraceRequest]:
@@ -222,6 +271,10 @@ class LoadSpec:
     def max_logical_s(self) -> float:
         """Upper bound in seconds of one logical request: every attempt at its timeout plus every
         backoff at its maximum jitter (the drain bound of ``run_load``)."""
+        if self.client == "openai-sdk":  # the SDK's: each try at its timeout, each backoff
+            tries = (2 if self.sdk_max_retries is None else self.sdk_max_retries) + 1
+            timeout = 600.0 if self.sdk_timeout_s is None else self.sdk_timeout_s
+            return tries * (timeout + self.connect_timeout_s) + (tries - 1) * SDK_MAX_WAIT_S
         backoffs = sum(
             self.retry_backoff_s * 2 ** (n - 1) * (1 + RETRY_JITTER)
             for n in range(1, self.retry_attempts)
