@@ -191,3 +191,21 @@ def test_records_file_unchanged_shape(tmp_path: Path) -> None:
         w.write(rec)
     [back] = read_records(tmp_path / "r.jsonl")
     assert [k for k in back if k not in OPTIONAL_FIELDS] == list(RECORD_FIELDS)
+
+
+def test_our_client_honours_retry_after_only_when_asked() -> None:
+    import random
+
+    from chaoslib_infer.load.spec import retry_backoff_delay
+
+    ignore = LoadSpec(url="http://127.0.0.1:1", retry_attempts=3, retry_backoff_s=0.2)
+    honour = LoadSpec(
+        url="http://127.0.0.1:1", retry_attempts=3, retry_backoff_s=0.2, retry_after_max_s=5
+    )
+    assert retry_backoff_delay(ignore, 1, random.Random(1), 3.0) < 0.25  # its backoff alone
+    assert retry_backoff_delay(honour, 1, random.Random(1), 3.0) == 3.0
+    assert retry_backoff_delay(honour, 1, random.Random(1), 60.0) == 5.0  # capped
+    assert retry_backoff_delay(honour, 1, random.Random(1), None) < 0.25
+    assert honour.max_logical_s() == pytest.approx(3 * (30 + 0.5) + 5 + 5)
+    with pytest.raises(ValueError, match="retry_after_max_s"):
+        LoadSpec(url="http://127.0.0.1:1", retry_after_max_s=-1)

@@ -399,7 +399,7 @@ async def run_load(
                     counters.retried_requests += 1
                 if jitter_rng is None:  # per request: jitter independent of completion order
                     jitter_rng = random.Random(f"{spec.seed}:retry:{i}")
-                retry_at = pc() + retry_backoff_delay(spec, n, jitter_rng)
+                retry_at = pc() + retry_backoff_delay(spec, n, jitter_rng, rec.get("retry_after_s"))
                 delay = retry_at - pc()
                 while delay > 0:
                     await asyncio.sleep(delay)

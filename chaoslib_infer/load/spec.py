@@ -104,6 +104,10 @@ class LoadSpec:
             ``timeout_s``.
         retry_on: error classes that trigger a retry (default ``DEFAULT_RETRY_ON``); each must be
             in ``ERROR_CLASSES``.
+        retry_after_max_s: honour a ``Retry-After`` the failed attempt's answer carried (the
+            record's ``retry_after_s``) up to this many seconds: the retry waits the longer of
+            its backoff and ``min(Retry-After, retry_after_max_s)``. None (default): our client
+            ignores ``Retry-After`` and waits its backoff alone.
         profile: consecutive ``(duration_s, rate_rps)`` phases; when given it defines the
             schedule (``schedule.profile_schedule``), ``duration_s`` and ``rate_rps``.
         trace: path of a recorded trace (``trace.read_trace``: Mooncake / AIPerf JSONL); when
@@ -148,6 +152,7 @@ class LoadSpec:
     retry_backoff_s: float = 0.2
     attempt_timeout_s: float | None = None
     retry_on: tuple[str, ...] = DEFAULT_RETRY_ON
+    retry_after_max_s: float | None = None
     profile: list[tuple[float, float]] | None = None
     transport: Literal["aiohttp", "raw"] = "raw"
     client: Literal["raw", "openai-sdk"] = "raw"
@@ -199,6 +204,7 @@ class LoadSpec:
         pos("timeout_s", self.timeout_s)
         pos("attempt_timeout_s", self.attempt_timeout_s, allow_none=True)
         pos("retry_backoff_s", self.retry_backoff_s, allow_zero=True)
+        pos("retry_after_max_s", self.retry_after_max_s, allow_none=True, allow_zero=True)
         ra = self.retry_attempts
         if not isinstance(ra, int) or isinstance(ra, bool) or ra < 1:
             raise ValueError(f"retry_attempts must be an integer >= 1, got {ra!r}")
@@ -276,7 +282,10 @@ class LoadSpec:
             timeout = 600.0 if self.sdk_timeout_s is None else self.sdk_timeout_s
             return tries * (timeout + self.connect_timeout_s) + (tries - 1) * SDK_MAX_WAIT_S
         backoffs = sum(
-            self.retry_backoff_s * 2 ** (n - 1) * (1 + RETRY_JITTER)
+            max(
+                self.retry_backoff_s * 2 ** (n - 1) * (1 + RETRY_JITTER),
+                self.retry_after_max_s or 0,
+            )
             for n in range(1, self.retry_attempts)
         )
         return self.retry_attempts * (self.attempt_timeout + AFTER_DONE_GRACE_S) + backoffs
@@ -395,13 +404,22 @@ def build_body(spec: LoadSpec, rng: random.Random, nonce: str | None = None) -> 
     return body
 
 
-def retry_backoff_delay(spec: LoadSpec, retry: int, rng: random.Random) -> float:
+def retry_backoff_delay(
+    spec: LoadSpec, retry: int, rng: random.Random, retry_after_s: float | None = None
+) -> float:
     """Seconds to wait before retry number ``retry`` (1 = the second attempt).
 
     ``spec.retry_backoff_s * 2**(retry - 1)`` times a factor drawn uniformly from
-    ``[1 - RETRY_JITTER, 1 + RETRY_JITTER]`` (i.e. +-20%) with ``rng``.
+    ``[1 - RETRY_JITTER, 1 + RETRY_JITTER]`` (i.e. +-20%) with ``rng``; with
+    ``spec.retry_after_max_s`` set and a ``retry_after_s`` (the failed answer's ``Retry-After``,
+    seconds), at least ``min(retry_after_s, spec.retry_after_max_s)``.
     """
-    return spec.retry_backoff_s * 2 ** (retry - 1) * rng.uniform(1 - RETRY_JITTER, 1 + RETRY_JITTER)
+    delay = (
+        spec.retry_backoff_s * 2 ** (retry - 1) * rng.uniform(1 - RETRY_JITTER, 1 + RETRY_JITTER)
+    )
+    if spec.retry_after_max_s is not None and retry_after_s is not None and retry_after_s > 0:
+        delay = max(delay, min(retry_after_s, spec.retry_after_max_s))
+    return delay
 
 
 def logical_request_id(run_id: str, index: int) -> str:
