@@ -209,3 +209,23 @@ def test_our_client_honours_retry_after_only_when_asked() -> None:
     assert honour.max_logical_s() == pytest.approx(3 * (30 + 0.5) + 5 + 5)
     with pytest.raises(ValueError, match="retry_after_max_s"):
         LoadSpec(url="http://127.0.0.1:1", retry_after_max_s=-1)
+
+
+def test_a_stream_error_is_classified_and_never_retried_by_the_sdk(tmp_path: Path) -> None:
+    """An error object inside the 200 stream: our parser's class, one attempt (the SDK retries
+    only before a response starts)."""
+    recs, ledger, _ = _sdk_requests(tmp_path, {"mode": "error_in_stream", "k": 1}, 1)
+    [[rec]] = recs
+    assert rec["error_class"] == "stream_error" and rec["status"] == 200 and rec["final"]
+    assert len(rec["chunk_times"]) == 1
+    assert [e["event"] for e in ledger if e.get("request_id") == "req-0"][:2] == [
+        "fault", "generation",
+    ]  # fmt: skip
+
+
+def test_the_key_goes_to_the_sdk_not_as_a_header() -> None:
+    spec = LoadSpec(url="http://127.0.0.1:1", client="openai-sdk",
+                    headers={"authorization": "Bearer sk-test-1", "X-Team": "a"})  # fmt: skip
+    session = SdkSession(spec)
+    assert session.client.api_key == "sk-test-1"
+    assert session.policy()["max_retries"] == 2

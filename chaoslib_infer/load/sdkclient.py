@@ -274,14 +274,13 @@ class SdkSession:
         Returns:
             The record of the SDK's last HTTP attempt (``attempt`` + the SDK's retries), with
             the records of its earlier attempts under ``"prior_attempts"`` (oldest first;
-            :func:`write_prior_attempts` writes them). A request that never reached the
-            transport (refused by the SDK itself) is one ``garbled``-free ``http_4xx``-free
-            record of class ``connect`` with the SDK's message.
+            :func:`write_prior_attempts` writes them). A request the SDK refused before any
+            HTTP attempt is one record of class ``connect`` with the SDK's message.
         """
         payload = json.loads(body)
         extra = {k: v for k, v in payload.items() if k not in ("model", "messages", "stream")}
-        headers = {**spec.headers, "X-Request-Id": request_id}
-        headers.pop("Authorization", None)  # the SDK sends the key itself
+        headers = {k: v for k, v in spec.headers.items() if k.lower() != "authorization"}
+        headers["X-Request-Id"] = request_id  # the SDK sends the key itself (``_api_key``)
         failure: BaseException | None = None
         try:
             stream = await self.client.chat.completions.create(
@@ -325,7 +324,7 @@ class SdkSession:
 
 def _api_key(headers: dict[str, str]) -> str:
     """The bearer key of ``headers`` (the SDK needs one; ``"none"`` when the target has none)."""
-    auth = headers.get("Authorization", "")
+    auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
     return auth.removeprefix("Bearer ").strip() or "none"
 
 
