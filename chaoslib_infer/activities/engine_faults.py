@@ -20,6 +20,12 @@ Modes and what a client sees (the load client's error class):
 ``slowdown``             ITL x (1 + ``factor`` x requests served since set): latency SLOs
 ``crash_on_long_prompt`` a prompt over ``n`` tokens kills the replica -> ``reset`` (direct) or
                          ``http_5xx`` (through HAProxy); supervisord restarts it
+``http_error``           an HTTP error a provider really answers (``how``: ``rate_limit`` 429
+                         and ``unavailable`` 503 with ``Retry-After: retry_after``,
+                         ``server_error`` 500, ``closed_endpoint`` 400 retryable (Ark's
+                         ``InvalidEndpoint.ClosedEndpoint``), ``bad_request`` 400 final), in
+                         the error shape of ``profile``, ``burst`` requests in a row per hit
+                         -> ``http_429`` / ``http_5xx`` / ``http_4xx`` (``lab.engine.errors``)
 ======================== ===================================================================
 
 Each armed fault is recorded with ``lab.add_fault`` *before* the admin call: the lab's rollback
@@ -59,6 +65,8 @@ MODULE = "chaoslib_infer.activities.engine_faults"
 ADMIN_PATH = engine_admin.ADMIN_PATH
 #: seconds the lab's dead-man waits past a fault's own ``ttl_s`` before it disarms it itself
 TTL_MARGIN_S = 5.0
+#: Fault parameters copied into the journal's fault log (what the mode was armed with).
+FAULT_PARAMS_LOGGED = ("k", "t", "n", "factor", "how", "retry_after", "burst", "profile")
 
 
 def _admin(
@@ -316,7 +324,7 @@ def set_engine_fault(
                 "mode": mode_n,
                 "probability": prob,
                 "ttl_s": body.get("ttl_s"),
-                "params": {k: v for k, v in fault.items() if k in ("k", "t", "n", "factor", "how")},
+                "params": {k: v for k, v in fault.items() if k in FAULT_PARAMS_LOGGED},
                 "fault_id": fault_id,
             },
         )

@@ -131,24 +131,28 @@ class Engine:
         if self._ledger_fd is not None:
             os.write(self._ledger_fd, (json.dumps(entry) + "\n").encode())
 
-    def record_fault(self, spec: FaultSpec, request_id: str) -> None:
+    def record_fault(
+        self, spec: FaultSpec, request_id: str, answer: dict[str, Any] | None = None
+    ) -> None:
         """Append the ledger line of a request sabotaged by ``spec`` (ground truth).
 
         Line: ``{"t", "event": "fault", "mode", "replica", "request_id", "pid", "source",
-        "params"}``.
+        "params"}``, plus ``"answer"`` (``http_error``: ``{"status", "code", "retryable",
+        "retry_after_s", "profile"}``, ``errors.answer``) when given.
         """
-        self._ledger_line(
-            {
-                "t": time.time(),
-                "event": "fault",
-                "mode": spec.mode,
-                "replica": self.config.replica_id,
-                "request_id": request_id,
-                "pid": os.getpid(),
-                "source": spec.source,
-                "params": spec.params,
-            }
-        )
+        line: dict[str, Any] = {
+            "t": time.time(),
+            "event": "fault",
+            "mode": spec.mode,
+            "replica": self.config.replica_id,
+            "request_id": request_id,
+            "pid": os.getpid(),
+            "source": spec.source,
+            "params": spec.params,
+        }
+        if answer is not None:
+            line["answer"] = answer
+        self._ledger_line(line)
 
     def record_admin(self, action: str, specs: list[FaultSpec]) -> None:
         """Ledger line ``{"t", "event": "fault_set"|"fault_clear", "replica", "modes", "pid"}``."""
