@@ -22,6 +22,12 @@ Modes and what a client sees (the load client's error class):
                          ``http_5xx`` (through HAProxy); supervisord restarts it, and the
                          restarted engine re-arms it (a deterministic bug: kept in
                          ``<state_dir>/engine-faults/<replica>.json`` until cleared)
+``http_error``           an HTTP error a provider really answers (``how``: ``rate_limit`` 429
+                         and ``unavailable`` 503 with ``Retry-After: retry_after``,
+                         ``server_error`` 500, ``closed_endpoint`` 400 retryable (Ark's
+                         ``InvalidEndpoint.ClosedEndpoint``), ``bad_request`` 400 final), in
+                         the error shape of ``profile``, ``burst`` requests in a row per hit
+                         -> ``http_429`` / ``http_5xx`` / ``http_4xx`` (``lab.engine.errors``)
 ======================== ===================================================================
 
 Each armed fault is recorded with ``lab.add_fault`` *before* the admin call: the lab's rollback
@@ -64,6 +70,8 @@ MODULE = "chaoslib_infer.activities.engine_faults"
 ADMIN_PATH = engine_admin.ADMIN_PATH
 #: seconds the lab's dead-man waits past a fault's own ``ttl_s`` before it disarms it itself
 TTL_MARGIN_S = 5.0
+#: Fault parameters copied into the journal's fault log (what the mode was armed with).
+FAULT_PARAMS_LOGGED = ("k", "t", "n", "factor", "how", "retry_after", "burst", "profile")
 
 
 def _admin(
@@ -363,7 +371,7 @@ def set_engine_fault(
                 "mode": mode_n,
                 "probability": prob,
                 "ttl_s": body.get("ttl_s"),
-                "params": {k: v for k, v in fault.items() if k in ("k", "t", "n", "factor", "how")},
+                "params": {k: v for k, v in fault.items() if k in FAULT_PARAMS_LOGGED},
                 "fault_id": fault_id,
             },
         )

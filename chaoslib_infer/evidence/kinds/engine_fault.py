@@ -43,6 +43,8 @@ EXPECTED_CLASSES: dict[str, frozenset[str]] = {
     "truncated": frozenset({"truncated"}),
     "slowdown": frozenset(),
     "crash_on_long_prompt": frozenset({"reset", "connect", "timeout_connect", "http_5xx"}),
+    # a provider's error answer: caught when the request's attempt got it (a retry may succeed)
+    "http_error": frozenset({"http_429", "http_4xx", "http_5xx"}),
 }
 
 

@@ -40,6 +40,7 @@ FAULT_MODES: tuple[str, ...] = (
     "truncated",
     "slowdown",
     "crash_on_long_prompt",
+    "http_error",
 )
 #: Request header carrying the lab's admin token (see ``EngineConfig.admin_token``).
 ADMIN_TOKEN_HEADER = "x-chaos-admin-token"
@@ -54,7 +55,10 @@ CRASH_EXIT_CODE = 70
 PERSISTENT_MODES: frozenset[str] = frozenset({"crash_on_long_prompt"})
 
 #: Per mode: accepted parameters and their defaults (k: tokens sent first; t: stall seconds;
-#: n: prompt-token threshold; factor: ITL growth per request served; how: variant).
+#: n: prompt-token threshold; factor: ITL growth per request served; how: variant; retry_after:
+#: whole seconds of the ``Retry-After`` header, 0 for none; burst: consecutive requests answered
+#: once the probability roll hits; profile: the provider whose error shape answers, "" for the
+#: engine's own: ``errors.PROVIDER_ERRORS``).
 FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "hang": {},
     "reset_after_k": {"k": 3},
@@ -65,11 +69,15 @@ FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "truncated": {"k": 3},
     "slowdown": {"factor": 0.05},
     "crash_on_long_prompt": {"n": 1024, "how": "exit"},
+    "http_error": {"how": "rate_limit", "retry_after": 2, "burst": 1, "profile": ""},
 }
 _FAULT_HOW: dict[str, tuple[str, ...]] = {
     "garbled": ("fffd", "bytes", "both"),
     "crash_on_long_prompt": ("exit", "kill"),
+    "http_error": ("rate_limit", "unavailable", "server_error", "closed_endpoint", "bad_request"),
 }
+#: Provider profiles an ``http_error`` answer may take the shape of ("": the engine's own).
+_PROFILES = ("", "vllm", "sglang", "tgi", "trtllm", "ark", "openai")
 _FAULT_KEYS = frozenset({"mode", "probability", "ttl_s", "params", "seed"})
 
 
@@ -98,6 +106,8 @@ class FaultSpec:
     served_at_set: int = 0
     fault_id: str = field(default_factory=lambda: os.urandom(4).hex())
     _expires: float | None = field(default=None, repr=False)
+    #: requests of the current burst still to answer (``http_error``'s ``burst``)
+    burst_left: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         """Arm the expiry clock (monotonic)."""
@@ -142,13 +152,15 @@ def _fault_value(mode: str, key: str, value: Any, text: bool) -> Any:
         RequestError: 400 on a bad value.
     """
     bad = RequestError(400, f"fault {mode}: bad value for {key!r}: {value!r}")
-    if key in ("k", "n"):
+    if key in ("k", "n", "retry_after", "burst"):
         if text:
             try:
                 value = int(str(value), 10)
             except ValueError:
                 raise bad from None
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad
+        if key == "burst" and value < 1:
             raise bad
         return value
     if key in ("t", "factor", "probability", "ttl_s"):
@@ -167,6 +179,12 @@ def _fault_value(mode: str, key: str, value: Any, text: bool) -> Any:
         if key == "ttl_s" and value == 0:
             raise bad
         return value
+    if key == "profile":
+        if not isinstance(value, str) or value.strip().lower() not in _PROFILES:
+            raise RequestError(
+                400, f"fault {mode}: profile must be one of {', '.join(_PROFILES[1:])}"
+            )
+        return value.strip().lower()
     if key == "how":
         choices = _FAULT_HOW.get(mode, ())
         if not isinstance(value, str) or value.lower() not in choices:
@@ -358,9 +376,20 @@ class FaultBoard:
         return spec.probability >= 1.0 or self.rng.random() < spec.probability
 
     def pick(self, prompt_tokens: int) -> FaultSpec | None:
-        """The first armed fault that applies to the request and wins its probability roll."""
+        """The first armed fault that applies to the request and wins its probability roll.
+
+        A fault with a ``burst`` of *b* > 1 (``http_error``) answers the *b* - 1 requests after
+        a winning roll without rolling again (a provider's rate limiter or a closed endpoint
+        stays so for a while: the answers come in bursts, not spread alone).
+        """
         for spec in self.active():
-            if spec.applies(prompt_tokens) and self.roll(spec):
+            if not spec.applies(prompt_tokens):
+                continue
+            if spec.burst_left > 0:
+                spec.burst_left -= 1
+                return spec
+            if self.roll(spec):
+                spec.burst_left = int(spec.params.get("burst", 1)) - 1
                 return spec
         return None
 

@@ -152,26 +152,35 @@ class Engine:
         if self._ledger_fd is not None:
             os.write(self._ledger_fd, (json.dumps(entry) + "\n").encode())
 
-    def record_fault(self, spec: FaultSpec, request_id: str, prompt_tokens: int) -> None:
+    def record_fault(
+        self,
+        spec: FaultSpec,
+        request_id: str,
+        answer: dict[str, Any] | None = None,
+        prompt_tokens: int | None = None,
+    ) -> None:
         """Append the ledger line of a request sabotaged by ``spec`` (ground truth).
 
         Line: ``{"t", "event": "fault", "mode", "replica", "request_id", "pid", "source",
-        "params", "prompt_tokens"}`` (``prompt_tokens``: the request's prompt as this engine
-        counted it: the trigger of a ``crash_on_long_prompt``).
+        "params"}``, plus ``"answer"`` (``http_error``: ``{"status", "code", "retryable",
+        "retry_after_s", "profile"}``, ``errors.answer``) and ``"prompt_tokens"`` (the request's
+        prompt as this engine counted it: the trigger of a ``crash_on_long_prompt``) when given.
         """
-        self._ledger_line(
-            {
-                "t": time.time(),
-                "event": "fault",
-                "mode": spec.mode,
-                "replica": self.config.replica_id,
-                "request_id": request_id,
-                "pid": os.getpid(),
-                "source": spec.source,
-                "params": spec.params,
-                "prompt_tokens": int(prompt_tokens),
-            }
-        )
+        line: dict[str, Any] = {
+            "t": time.time(),
+            "event": "fault",
+            "mode": spec.mode,
+            "replica": self.config.replica_id,
+            "request_id": request_id,
+            "pid": os.getpid(),
+            "source": spec.source,
+            "params": spec.params,
+        }
+        if answer is not None:
+            line["answer"] = answer
+        if prompt_tokens is not None:
+            line["prompt_tokens"] = int(prompt_tokens)
+        self._ledger_line(line)
 
     def record_admin(self, action: str, specs: list[FaultSpec]) -> None:
         """Ledger line ``{"t", "event": "fault_set"|"fault_clear"|"fault_restore", "replica",
