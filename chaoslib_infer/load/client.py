@@ -243,26 +243,11 @@ async def send_attempt(
             raise  # cancelled by the caller, not by our deadline: no record
         timed_out = True
     return finish_attempt(
-        spec,
-        parser,
-        request_id=request_id,
-        attempt=attempt,
-        intended_at=intended_at,
-        sent=sent,
-        end=pc(),
-        status=status,
-        replica=replica,
-        err_class=err_class,
-        err=err,
-        timed_out=timed_out,
-        kind=kind,
-        after_done=after_done,
-        done_at=done_at,
-        first_byte=first_byte,
-        first_token=first_token,
-        body=body,
-        chunk_times=chunk_times,
-    )
+        spec, parser, request_id=request_id, attempt=attempt, intended_at=intended_at,
+        sent=sent, end=pc(), status=status, replica=replica, err_class=err_class, err=err,
+        timed_out=timed_out, kind=kind, after_done=after_done, done_at=done_at,
+        first_byte=first_byte, first_token=first_token, chunk_times=chunk_times, body=body,
+    )  # fmt: skip
 
 
 async def run_load(
