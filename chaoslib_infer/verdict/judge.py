@@ -54,6 +54,7 @@ from chaoslib_infer.measure.retrycost import retried
 from . import client as vclient
 from .applicable import instances_held, not_happened
 from .attribution import assign, crossed_note, ttft_allowance
+from .confirm import confirm_by_traffic
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .facts import STATES, DrillFacts, Verdict, format_value, num
 from .provider_errors import provider_error_rows
@@ -413,6 +414,7 @@ _Judged = tuple[
 def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     """``(timeline, windows, selector, window info, judged rows)`` of ``facts``."""
     tl = timeline(facts.drill, facts.ground, facts.figures, facts.lab_events)
+    tl = confirm_by_traffic(tl, facts.drill, facts.ground, facts.records, facts.replica_of)
     w = _windows(facts, tl)
     sel, crossed = _selector(facts, tl, w)
     info = _window_info(w, sel, crossed)
