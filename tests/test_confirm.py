@@ -100,7 +100,9 @@ def test_a_pause_in_the_faulted_replicas_answers_confirms_it() -> None:
     """Every replica restarted (nothing to move to): a 4 s gap in their answers."""
     records = load(T0, AT) + load(AT + 4, END) + load(END, T0 + 30)
     reach = traffic_reach(records, ["r0", "r1", "r2"], AT, END)
-    assert reach.felt is True and "paused (4.1 s without an answer, 0.3 s at most before)" in reach.why
+    assert (
+        reach.felt is True and "paused (4.1 s without an answer, 0.3 s at most before)" in reach.why
+    )
 
 
 def test_records_without_engine_identity_confirm_only_by_failures_or_slowdown() -> None:
