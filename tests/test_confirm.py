@@ -249,3 +249,28 @@ def test_a_lab_fault_already_unconfirmed_keeps_its_ground_truth_reason() -> None
     tl = Timeline(AT, END, False, "no kernel OOM kill recorded")
     out = confirm_by_traffic(tl, "oom-kill", {"replica": "r0"}, load(T0, T0 + 30, ("r1",)))
     assert out is tl
+
+
+def test_quota_cut_on_a_cluster_holds_by_the_pods_that_served_and_their_load() -> None:
+    """The key row counts the pods that answered during the cut (not the ready endpoints), with
+    the load each carried; without any pod named, the fewest ready endpoints stand in."""
+    pods = ("vllm-a", "vllm-b", "vllm-c")
+    ground = {"k8s_quota_fault_at": AT}
+    figures = {
+        "k8s_quota_replicas_before": 3,
+        "k8s_quota_replicas_after": 2,
+        "k8s_ready_endpoints_min": 3,  # the ready endpoints say 3: the pods' answers say 2
+        "k8s_recovery_total_s_max": 10.0,
+    }
+    records = load(T0, AT, pods) + load(AT, T0 + 30, pods[:2])
+    v = judge_drill(DrillFacts("quota-cut", records, figures, ground))
+    row = {r["criterion"]: r for r in v.rows}["instances_held"]
+    assert (row["value"], row["result"]) == (1.0, "pass"), row
+    assert row["note"].startswith("2 of the quota's 2 replicas served during the cut (records)")
+    assert "load carried: vllm-a " in row["note"] and ", vllm-b " in row["note"]
+    assert v.state == "passed", v.reasons
+    anonymous = load(T0, T0 + 30, (None,))
+    v = judge_drill(DrillFacts("quota-cut", anonymous, figures, ground))
+    row = {r["criterion"]: r for r in v.rows}["instances_held"]
+    assert row["value"] == 1.5 and "fewest ready endpoints: no record names its pod" in row["note"]
+    assert v.state == "inconclusive" and v.reasons[0].startswith(MISSED), v.reasons

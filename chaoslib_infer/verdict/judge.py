@@ -268,13 +268,8 @@ def _values(
         out["max_wait_s"] = (_max_wait(recs, a, b), None)
         share, why = _survivor_share(facts, recs)  # the fault window's, not the whole drill's
         out["max_survivor_share"] = (share, why)
-    if num(fig.get("k8s_quota_replicas_after")) and num(fig.get("planned_instances")) is None:
-        # a cluster: ready endpoints through the cut against the replicas the quota allows
-        planned = num(fig.get("k8s_quota_replicas_after"))
-        held = num(fig.get("k8s_ready_endpoints_min"))
-        out["instances_held"] = ((held / planned) if planned and held is not None else None, None)
-    else:  # the lab: the replicas that served during the cut against the quota
-        out["instances_held"] = instances_held(facts, sel("fault") if "fault" in w else [])
+    # the replicas (pods) that served during the cut against the quota, and the load each carried
+    out["instances_held"] = instances_held(facts, sel("fault") if "fault" in w else [], tl.fault_at)
     if out["scale_out_s"][0] is None:
         wanted, serving = num(fig.get("k8s_hpa_desired_at_s")), num(fig.get("k8s_serving_at_s"))
         if wanted is not None and serving is not None:  # HPA desired -> new pod serving
