@@ -274,3 +274,19 @@ def test_quota_cut_on_a_cluster_holds_by_the_pods_that_served_and_their_load() -
     row = {r["criterion"]: r for r in v.rows}["instances_held"]
     assert row["value"] == 1.5 and "fewest ready endpoints: no record names its pod" in row["note"]
     assert v.state == "inconclusive" and v.reasons[0].startswith(MISSED), v.reasons
+
+
+def test_netem_counters_read_from_tc_statistics() -> None:
+    """``tc -s qdisc show`` as iproute2 prints it: the netem qdisc's Sent line is its count;
+    another qdisc's is not, and no netem qdisc reads None (nothing to confirm from)."""
+    from chaoslib_infer.drills.network_jitter.plumbing import parse_netem_counters
+
+    out = (
+        "qdisc netem 8001: root refcnt 2 limit 1000 delay 150ms  40ms\n"
+        " Sent 123456 bytes 789 pkt (dropped 0, overlimits 0 requeues 0)\n"
+        " backlog 0b 0p requeues 0\n"
+        "qdisc fq_codel 0: parent :1 limit 10240p flows 1024\n"
+        " Sent 999 bytes 9 pkt (dropped 0, overlimits 0 requeues 0)\n"
+    )
+    assert parse_netem_counters(out) == {"bytes": 123456, "packets": 789}
+    assert parse_netem_counters("qdisc noqueue 0: root refcnt 2\n Sent 0 bytes 0 pkt\n") is None
