@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_verdict import GOOD
+from test_verdict import GOOD, felt
 from test_verdict_unit import attempt, ledger_for, steady
 
 from chaoslib_infer.evidence.figures import common_figures
@@ -44,6 +44,7 @@ def _drill(wait_s: float, final: bool = False) -> tuple[list[dict[str, Any]], li
 
 def _rows(drill: str, records: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> Any:
     ground, good = GOOD[drill]
+    records = felt(drill, records, ground)  # the fault reached the traffic (verdict/confirm.py)
     v = judge_drill(DrillFacts(drill, records, {**good, **common_figures(records, ledger)}, ground))
     return v, {r["criterion"]: r for r in v.rows}
 
