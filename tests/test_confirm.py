@@ -290,3 +290,11 @@ def test_netem_counters_read_from_tc_statistics() -> None:
     )
     assert parse_netem_counters(out) == {"bytes": 123456, "packets": 789}
     assert parse_netem_counters("qdisc noqueue 0: root refcnt 2\n Sent 0 bytes 0 pkt\n") is None
+
+
+def test_an_engine_fault_confirmed_by_its_ledger_needs_no_replica_share() -> None:
+    """Armed before the load, the sabotaged requests are the drill's own (the engine's ledger):
+    the traffic felt it by construction, whatever the replicas served before."""
+    tl = Timeline(AT, None, True, "12 of the drill's requests sabotaged by crash (engine ledger)")
+    ground = {"replicas": ["r0"], "sabotaged_request_ids": ["q1"]}
+    assert confirm_by_traffic(tl, "oom-kill", ground, load(T0, T0 + 30, ("r1",))) is tl

@@ -330,11 +330,15 @@ def confirm_by_traffic(
 ) -> Timeline:
     """``tl`` with the traffic's say: unchanged when its ground truth already says the fault did
     not act (``confirmed`` False) or there is nothing to trace (:func:`traffic_reach` None);
-    ``confirmed`` False with :data:`MISSED` in ``why`` when the traffic did not feel it; else
+    ``confirmed`` False with :data:`MISSED` in ``why`` when the traffic did not feel it;
+    unchanged too for a confirmed engine fault (its ledger lists the drill's own requests it
+    sabotaged: the traffic felt it by construction, even when armed before the load); else
     ``confirmed`` True (a Kubernetes action's own record, or no lab ground truth, confirmed by
     the traffic) with the signs appended to ``why``."""
     if tl.confirmed is False:
         return tl
+    if tl.confirmed and "sabotaged_request_ids" in ground:
+        return tl  # an engine fault: its ledger names the drill's own requests it sabotaged
     names = faulted_names(drill, ground)
     if drill == "quota-cut" and not names:  # a cluster: the pods the ReplicaSet removed are unnamed
         reach = quota_reach(records, tl.fault_at, tl.fault_end, replica_of)
