@@ -273,3 +273,49 @@ def test_a_short_baseline_is_judged_and_the_verdict_notes_its_power() -> None:
         {"output": {"test_settings": {"false_alarm": 0.1, "power": 0.9, "defect": 0.02}}}
     ]}}}  # fmt: skip
     assert window_settings(journal) == {"false_alarm": 0.1, "power": 0.9, "defect": 0.02}
+
+
+# -- sizing the shipped baseline ---------------------------------------------------------------
+
+
+def test_warmup_auto_sizes_the_baseline_from_the_rate_and_the_plan() -> None:
+    from chaoslib_infer.controls.load import warmup_seconds
+
+    assert warmup_seconds("auto", 8.0, {}) == 25.0  # 194 requests at 8 req/s
+    assert warmup_seconds("auto", 16.0, {}) == 13.0
+    assert warmup_seconds(" 8 ", 8.0, {}) == 8.0  # a number stays a number (an env value)
+    # a looser SLO needs more to tell a 2 % defect from it: 1235 requests at 99 %
+    assert warmup_seconds("auto", 8.0, {"slo_availability": "0.99"}) == math.ceil(1235 / 8)
+    assert warmup_seconds("auto", 8.0, {"window_power": "0.5"}) < 25.0
+    for bad, msg in (("soon", "give seconds or auto"), ("-1", "must be >= 0")):
+        with pytest.raises(ValueError, match=msg):
+            warmup_seconds(bad, 8.0, {})
+    with pytest.raises(ValueError, match="window_defect"):
+        warmup_seconds("auto", 8.0, {"window_defect": "2"})
+
+
+def test_the_shipped_lab_experiments_warm_up_for_a_powered_baseline() -> None:
+    """Every shipped experiment whose load runs at a fixed rate warms up ``auto`` by default:
+    its baseline holds the 194 requests a 2 % defect needs at 99.9 %; the Kubernetes ones too."""
+    import yaml
+
+    from chaoslib_infer.controls.load import warmup_seconds
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    sized = []
+    for path in sorted([*root.glob("*.yaml"), *root.glob("k8s/*.yaml")]):
+        exp = yaml.safe_load(path.read_text())
+        conf = exp.get("configuration") or {}
+        control = next(c for c in exp.get("controls") or [] if c["name"] == "background-load")
+        args = control["provider"]["arguments"]
+        if "profile" in args:  # traffic-spike: its profile's first phase is the baseline
+            continue
+        warm = conf["load_warmup_s"]
+        warm = warm["default"] if isinstance(warm, dict) else warm
+        assert args["warmup_s"] == "${load_warmup_s}", path
+        rate = args["rate_rps"]
+        if isinstance(rate, str):
+            rate = conf[rate.strip("${}")]
+        assert warmup_seconds(warm, float(rate), {}) * float(rate) >= 194, path
+        sized.append(path.stem)
+    assert len(sized) == 12, sized  # 6 lab + 6 Kubernetes experiments (traffic-spike: a profile)

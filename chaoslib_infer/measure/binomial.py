@@ -165,7 +165,7 @@ def window_seconds(
     defect: float = DEFAULT_DEFECT,
 ) -> float:
     """Seconds of load at ``rate_rps`` that hold :func:`required_requests` (whole seconds,
-    rounded up): ``window_s: auto`` and ``warmup_s: auto``. 25 s at 8 req/s and 99.9 %.
+    rounded up): ``warmup_s: auto`` of the background load. 25 s at 8 req/s and 99.9 %.
 
     Raises:
         ValueError: ``rate_rps <= 0``, or no window size reaches the power target.
