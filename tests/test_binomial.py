@@ -279,8 +279,9 @@ def test_a_short_baseline_is_judged_and_the_verdict_notes_its_power() -> None:
 
 
 def test_warmup_auto_sizes_the_baseline_from_the_rate_and_the_plan() -> None:
-    from chaoslib_infer.controls.load import warmup_seconds
+    from chaoslib_infer.controls.load import baseline_need, warmup_seconds
 
+    assert baseline_need({}) == 194 and baseline_need({"slo_availability": "0.99"}) == 1235
     assert warmup_seconds("auto", 8.0, {}) == 25.0  # 194 requests at 8 req/s
     assert warmup_seconds("auto", 16.0, {}) == 13.0
     assert warmup_seconds(" 8 ", 8.0, {}) == 8.0  # a number stays a number (an env value)

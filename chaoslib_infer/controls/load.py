@@ -66,6 +66,7 @@ from chaoslib_infer.settings import WARMUP_FILE as WARMUP_FILE  # re-exported
 
 __all__ = [
     "after_experiment_control",
+    "baseline_need",
     "before_experiment_control",
     "start_load",
     "stop_load",
@@ -127,7 +128,8 @@ def start_load(
         rate_rps: mean open-loop arrival rate (requests/s, Poisson arrivals).
         warmup_s: seconds to let the load run before the first steady-state hypothesis;
             ``"auto"``: long enough for the baseline to catch a 2 % defect (:func:`warmup_seconds`:
-            25 s at 8 req/s and 99.9 %).
+            25 s at 8 req/s and 99.9 %), then until that many requests (:func:`baseline_need`,
+            194) succeeded, within the patience below.
         max_duration_s: hard bound of the load in seconds; it stops by itself after it.
         max_concurrency: cap on logical requests in flight; None (default): from the plan, the
             rate x the request deadline, at least 1000 (``LoadSpec.cap``). A request due while
@@ -181,6 +183,8 @@ def start_load(
         ttft = _timeout("ttft_timeout_s", ttft_timeout_s)
         idle = _timeout("idle_timeout_s", idle_timeout_s)
         first_rate = float(phases[0][1]) if phases else float(rate_rps)
+        # auto: the baseline a powered test needs; the warm-up also waits for that many to end
+        need = baseline_need(configuration) if str(warmup_s).strip().lower() == "auto" else 0
         warmup_s = warmup_seconds(warmup_s, first_rate, configuration)
         LoadSpec(  # validate here: one clear line instead of a dead load process
             url="http://127.0.0.1:1",
@@ -254,6 +258,7 @@ def start_load(
     else:  # what the warm-up's own schedule should have completed, at most the verdict's need
         expected = int(WARMUP_SHARE * float(rate_rps) * float(warmup_s))
         wanted = min(int(baseline_requests), max(1, expected))
+        wanted = max(wanted, need) if int(baseline_requests) else 0  # 0: no wait, as asked
     while True:
         now = time.monotonic()
         if proc.poll() is not None:
@@ -316,14 +321,38 @@ def warmup_seconds(
         if not value >= 0:
             raise ValueError(f"warmup_s={warmup_s!r}: must be >= 0 seconds")
         return value
-    from chaoslib_infer.measure.binomial import plan_settings, window_seconds
+    if not rate_rps > 0:
+        raise ValueError(f"warmup_s=auto needs a rate above 0 req/s (got {rate_rps})")
+    return float(math.ceil(baseline_need(configuration) / rate_rps))
+
+
+def baseline_need(configuration: dict[str, Any] | None = None) -> int:
+    """The requests a powered baseline needs: the fewest that catch the plan's defect with the
+    plan's power at the plan's false-alarm bound against the availability SLO in force
+    (:func:`chaoslib_infer.measure.binomial.required_requests`; 194 at 99.9 % and the
+    defaults). ``warmup_s: auto`` lasts that long at the load's rate and then waits, within
+    the warm-up's patience, until that many requests have succeeded: Poisson arrivals and a
+    slow start would otherwise leave the baseline a few short.
+
+    Raises:
+        ValueError: a ``window_*`` or ``slo_availability`` setting out of range, or no window
+            size reaching the power target (one line).
+    """
+    from chaoslib_infer.measure.binomial import MAX_REQUESTS, plan_settings, required_requests
     from chaoslib_infer.measure.slo import Thresholds
 
     slo = settings.slo_overrides(configuration).get("availability", Thresholds().availability)
     if slo is None or not 0.0 <= float(slo) <= 1.0:
         raise ValueError(f"slo_availability={slo}: a fraction must be between 0 and 1")
     s = plan_settings(configuration)
-    return window_seconds(rate_rps, 1.0 - float(slo), s["false_alarm"], s["power"], s["defect"])
+    n = required_requests(1.0 - float(slo), s["false_alarm"], s["power"], s["defect"])
+    if n is None:
+        raise ValueError(
+            f"no baseline of up to {MAX_REQUESTS} requests catches a {s['defect']:g} defect "
+            f"{s['power']:.0%} of the time at availability {float(slo):g}: lower window_power "
+            "or raise window_defect"
+        )
+    return n
 
 
 #: Error classes of an attempt that never reached the target: when every attempt of the warm-up
