@@ -260,23 +260,27 @@ def check_verdict(drill: dict[str, Any], allowed: tuple[str, ...] = ("passed", "
 
 
 def run_gameday(
-    plan: Path | None, out: Path, timeout_s: float = 600.0
+    plan: Path | None, out: Path, timeout_s: float = 600.0, shipped: bool = False
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     """Run ``chaos-infer gameday [PLAN] --out OUT`` as a user would (a child process from the
     repository root, this environment; no PLAN: the default plan); return the process and
-    ``summary.json``.
+    ``summary.json``. ``shipped``: without the suite's short warm-up
+    (``CHAOS_INFER_LOAD_WARMUP_S``, conftest.py), the experiments' own ``auto``.
 
     Raises:
         AssertionError: no summary was written (with the output's tail).
     """
     plan_arg = [] if plan is None else [str(plan)]
+    env = dict(os.environ)
+    if shipped:
+        env.pop("CHAOS_INFER_LOAD_WARMUP_S", None)
     proc = subprocess.run(
         [sys.executable, "-m", "chaoslib_infer.cli", "gameday", *plan_arg, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         cwd=ROOT,
-        env=dict(os.environ),
+        env=env,
     )
     summary_file = out / "summary.json"
     assert summary_file.is_file(), proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -326,7 +330,7 @@ def run_default_gameday(out: Path, timeout_s: float = 900.0) -> GamedayRun:
     ``default_gameday`` in conftest.py) and every test that only reads a drill's outcome of the
     default plan reads it there instead of bringing up a lab of its own."""
     t0 = time.monotonic()
-    proc, summary = run_gameday(None, out, timeout_s)
+    proc, summary = run_gameday(None, out, timeout_s, shipped=True)
     return GamedayRun(proc, out, time.monotonic() - t0, summary)
 
 

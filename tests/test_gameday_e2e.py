@@ -347,7 +347,9 @@ def test_default_gameday_runs_all_seven_drills(default_gameday: GamedayRun) -> N
     out, proc, elapsed = default_gameday.out, default_gameday.proc, default_gameday.elapsed_s
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-3000:]
     assert "game day FAILED" in proc.stdout
-    assert elapsed < 600, f"game day took {elapsed:.0f} s"
+    # ~5.4 min with 8 s warm-ups; six drills warm up 25 s for a powered baseline
+    # (load_warmup_s: auto, docs/definitions.md "Windows with stated error rates"): +~2 min
+    assert elapsed < 780, f"game day took {elapsed:.0f} s"
     summary = json.loads((out / "summary.json").read_text())
     assert [d["name"] for d in summary["drills"]] == SEVEN
     by = {d["name"]: d for d in summary["drills"]}

@@ -370,7 +370,9 @@ def test_a_hang_present_from_the_start_is_a_baseline_defect_not_the_faults() -> 
     assert len(v.reasons) == 1
     assert v.reasons[0].startswith(
         "the service did not meet its SLOs before the fault (not blamed on the fault): "
-        "availability (baseline): 0.6353 < 0.999 (availability); timeout rate (baseline)"
+        "availability (baseline): 0.6353 < 0.999; 31 failed of 85: fails at 2 or more failed "
+        "of 85 (false alarm 0.34 % at the SLO, bound 5 %); catches a 2 % defect only 51 % of "
+        "the time at n=85; 194 needed for 90 % (availability); timeout rate (baseline)"
     ), v.reasons
     # by hand: r2's hung attempts sent at 0.2, 0.5 ... 9.8 s all wait at the injection; those
     # sent before 9.5 s wait longer than the allowance (its floor: the baseline's TTFT tail is

@@ -34,14 +34,15 @@ from chaoslib_infer.drills.criterion import configured_overrides
 from chaoslib_infer.drills.traffic_spike.shed import shed_answer_p99_s, shed_counts, without_shed
 from chaoslib_infer.load.client import INFLIGHT_FILE
 from chaoslib_infer.load.records import read_records
+from chaoslib_infer.measure.binomial import plan_settings
 from chaoslib_infer.measure.inflight import (
     DEFAULT_DEADLINE_S,
     judged_records,
     read_inflight,
     wait_for_window,
 )
-from chaoslib_infer.measure.metrics import logical_outcomes, select, window_stats
-from chaoslib_infer.measure.slo import Thresholds, evaluate
+from chaoslib_infer.measure.metrics import e2e_ok_s, logical_outcomes, select, window_stats
+from chaoslib_infer.measure.slo import Thresholds, bad_word, evaluate, window_test
 from chaoslib_infer.verdict.criteria import criteria_for
 
 __all__ = [
@@ -133,6 +134,9 @@ def logical_window(records: list[dict[str, Any]], start: float, end: float) -> d
 #: of one hypothesis share one judged window instead of each waiting for the same slow requests
 _CACHE: dict[tuple[str, float, bool], tuple[float, dict[str, Any]]] = {}
 _CACHE_S = 3.0
+#: The E2E of the window's successful logical requests, kept beside the statistics for the
+#: latency SLOs' binomial test and left out of every probe's output.
+_E2E_OK = "_e2e_ok_s"
 
 
 def _deadline(configuration: dict[str, Any] | None) -> float:
@@ -169,6 +173,12 @@ def _stats(
         judged, shed_info = _leave_out_shed(judged, end - float(window_s), end, configuration)
     stats = logical_window(judged, end - float(window_s), end)
     stats.update(shed_info)
+    done = [
+        r
+        for r in select(logical_outcomes(judged), end - float(window_s), end)
+        if r.get("final") is not False
+    ]
+    stats[_E2E_OK] = e2e_ok_s(done)  # the latency SLOs' counts over threshold (slo_check)
     stats["hung_in_flight"] = sum(
         1
         for r in judged
@@ -229,7 +239,7 @@ def window_summary(
         ``timeout_rate``, ``p50_e2e_s`` ... ``p99_ttft_s`` (seconds, ``None`` without data),
         ``censored_fraction``, ``errors_by_class``, ``retries``, ``pending_retries``.
     """
-    return _stats(window_s, configuration)
+    return {k: v for k, v in _stats(window_s, configuration).items() if k != _E2E_OK}
 
 
 def availability(window_s: float = 10.0, configuration: dict[str, Any] | None = None) -> float:
@@ -295,6 +305,15 @@ def slo_check(
     timeout rate < 0.5%, error rate < 0.1%, availability >= 99.9%) and are overridden by
     ``slo_<metric>`` configuration keys (e.g. ``--var slo_p99_e2e_s=0.5``).
 
+    The window is judged by the exact binomial test on its count of bad requests
+    (:func:`chaoslib_infer.measure.slo.window_test`; ``docs/definitions.md``, "Windows with
+    stated error rates"): availability, error and timeout rates count failed / timed-out
+    requests against the rate the SLO allows (0.1 %, 0.1 %, 0.5 %), P50 and P99 the
+    successful requests over their threshold against 50 % and 1 %; the window fails at the
+    smallest count whose false-alarm rate at the SLO is at most ``window_false_alarm``
+    (default 0.05). ``value`` stays the point estimate; the P95 check (a factor of the
+    measured P50) is judged on it.
+
     Args:
         metric: one of ``availability``, ``error_rate``, ``timeout_rate``, ``p50_e2e_s``,
             ``p95_e2e_s``, ``p99_e2e_s``.
@@ -311,14 +330,24 @@ def slo_check(
         ``requests`` are over logical requests (the verdict's unit); ``attempts`` is the
         attempts sent in the window and ``attempt_value`` the rate metric over them (None for a
         latency), shown beside, never judged (with ``shed``, also ``"shed_requests"``: the
-        requests left out). Use the tolerance
+        requests left out); for a binomial metric also ``"test"``
+        (:meth:`~chaoslib_infer.measure.binomial.WindowTest.as_dict`: ``n``, ``bad``,
+        ``fails_at``, ``false_alarm`` at the SLO and its bound, ``power`` against the
+        ``defect`` and its target, ``needed`` requests, ``powered``) and ``"statement"`` (the
+        same in one line: ``"1 failed of 64: fails at 2 or more failed of 64 (false alarm
+        0.19 % at the SLO, bound 5 %); catches a 2 % defect only 37 % of the time at n=64;
+        194 needed for 90 %"``) and ``"test_settings"`` (``{"false_alarm", "power",
+        "defect"}`` in force: the verdict reads them back). Use the tolerance
         ``{"type": "jsonpath", "path": "$.passed", "expect": true}``.
 
     Raises:
-        ValueError: unknown metric name; with ``shed``, a malformed ``infer_criteria``.
+        ValueError: unknown metric name; a ``window_false_alarm``, ``window_power`` or
+            ``window_defect`` not strictly between 0 and 1; with ``shed``, a malformed
+            ``infer_criteria``.
     """
     if not isinstance(shed, bool):  # a ${var} arrives as text
         shed = str(shed).strip().lower() in ("1", "true", "yes")
+    test_settings = plan_settings(configuration)  # a bad setting: one line, before the wait
     stats = _stats(window_s, configuration, shed=shed)
     thresholds = thresholds_from(settings.slo_overrides(configuration))
     rows = {row["metric"]: row for row in evaluate(stats, thresholds)}
@@ -336,6 +365,16 @@ def slo_check(
     row["pending_retries"] = stats.get("pending_retries", 0)
     if shed:
         row["shed_requests"] = stats.get("shed_requests", 0)
+    test = (
+        window_test(metric, stats, stats.get(_E2E_OK) or [], row["threshold"], test_settings)
+        if row["threshold"] is not None
+        else None
+    )
+    if test is not None:  # the exact binomial test judges the window, its rates stated
+        row["passed"] = test.passed
+        row["test"] = test.as_dict()
+        row["statement"] = test.statement(bad_word(metric, row["threshold"]))
+        row["test_settings"] = test_settings  # the verdict judges its windows with the same
     if not stats.get("requests"):
         row["passed"] = False
     return row

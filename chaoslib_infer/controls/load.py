@@ -66,10 +66,12 @@ from chaoslib_infer.settings import WARMUP_FILE as WARMUP_FILE  # re-exported
 
 __all__ = [
     "after_experiment_control",
+    "baseline_need",
     "before_experiment_control",
     "start_load",
     "stop_load",
     "warmup_finding",
+    "warmup_seconds",
 ]
 
 _RUNNING: dict[str, subprocess.Popen[bytes]] = {}
@@ -101,7 +103,7 @@ def _count_ok(path: Path) -> int:
 
 def start_load(
     rate_rps: float = 8.0,
-    warmup_s: float = 6.0,
+    warmup_s: float | str = 6.0,
     max_duration_s: float = 300.0,
     max_concurrency: int | None = None,
     max_tokens: int = 24,
@@ -124,7 +126,10 @@ def start_load(
 
     Args:
         rate_rps: mean open-loop arrival rate (requests/s, Poisson arrivals).
-        warmup_s: seconds to let the load run before the first steady-state hypothesis.
+        warmup_s: seconds to let the load run before the first steady-state hypothesis;
+            ``"auto"``: long enough for the baseline to catch a 2 % defect (:func:`warmup_seconds`:
+            25 s at 8 req/s and 99.9 %), then until that many requests (:func:`baseline_need`,
+            194) succeeded, within the patience below.
         max_duration_s: hard bound of the load in seconds; it stops by itself after it.
         max_concurrency: cap on logical requests in flight; None (default): from the plan, the
             rate x the request deadline, at least 1000 (``LoadSpec.cap``). A request due while
@@ -163,7 +168,8 @@ def start_load(
         by the service's doing, also written to ``warmup.json`` in the run folder; else None).
 
     Raises:
-        InterruptExecution: bad retry/profile/mix/timeout arguments (one line), no target, the
+        InterruptExecution: bad retry/profile/mix/timeout/warm-up arguments (one line), a
+            ``window_*`` setting out of range with ``warmup_s: auto``, no target, the
             load process died, or no request succeeded in the warm-up because the tool could not
             run (nothing sent, every attempt failed to connect: :func:`warmup_finding`).
     """
@@ -176,6 +182,10 @@ def start_load(
         mix = parse_prompt_mix(prompt_mix) if prompt_mix not in (None, "") else None
         ttft = _timeout("ttft_timeout_s", ttft_timeout_s)
         idle = _timeout("idle_timeout_s", idle_timeout_s)
+        first_rate = float(phases[0][1]) if phases else float(rate_rps)
+        # auto: the baseline a powered test needs; the warm-up also waits for that many to end
+        need = baseline_need(configuration) if str(warmup_s).strip().lower() == "auto" else 0
+        warmup_s = warmup_seconds(warmup_s, first_rate, configuration)
         LoadSpec(  # validate here: one clear line instead of a dead load process
             url="http://127.0.0.1:1",
             timeout_s=timeout_s,
@@ -248,6 +258,7 @@ def start_load(
     else:  # what the warm-up's own schedule should have completed, at most the verdict's need
         expected = int(WARMUP_SHARE * float(rate_rps) * float(warmup_s))
         wanted = min(int(baseline_requests), max(1, expected))
+        wanted = max(wanted, need) if int(baseline_requests) else 0  # 0: no wait, as asked
     while True:
         now = time.monotonic()
         if proc.poll() is not None:
@@ -282,7 +293,66 @@ def start_load(
         "ttft_timeout_s": ttft,
         "idle_timeout_s": idle,
         "warmup": finding,
+        "warmup_s": warmup_s,
     }
+
+
+def warmup_seconds(
+    warmup_s: float | str, rate_rps: float, configuration: dict[str, Any] | None = None
+) -> float:
+    """The warm-up in seconds: ``warmup_s`` itself, or for ``"auto"`` the load the baseline
+    needs to catch the plan's defect with the plan's power at the plan's false-alarm bound
+    (:func:`chaoslib_infer.measure.binomial.window_seconds` against the availability SLO in
+    force, ``slo_availability``; the ``window_false_alarm``, ``window_power`` and
+    ``window_defect`` settings): 194 requests at 99.9 % and the defaults, 25 s at 8 req/s.
+    The baseline the verdict judges runs from the first request to the injection, so it holds
+    the warm-up and the first hypothesis's seconds (``docs/definitions.md``, "Windows with
+    stated error rates").
+
+    Raises:
+        ValueError: ``warmup_s`` neither ``auto`` nor a number >= 0, a rate <= 0 with
+            ``auto``, a ``window_*`` or ``slo_availability`` setting out of range (one line).
+    """
+    if str(warmup_s).strip().lower() != "auto":
+        try:
+            value = float(warmup_s)
+        except (TypeError, ValueError):
+            raise ValueError(f"warmup_s={warmup_s!r}: give seconds or auto") from None
+        if not value >= 0:
+            raise ValueError(f"warmup_s={warmup_s!r}: must be >= 0 seconds")
+        return value
+    if not rate_rps > 0:
+        raise ValueError(f"warmup_s=auto needs a rate above 0 req/s (got {rate_rps})")
+    return float(math.ceil(baseline_need(configuration) / rate_rps))
+
+
+def baseline_need(configuration: dict[str, Any] | None = None) -> int:
+    """The requests a powered baseline needs: the fewest that catch the plan's defect with the
+    plan's power at the plan's false-alarm bound against the availability SLO in force
+    (:func:`chaoslib_infer.measure.binomial.required_requests`; 194 at 99.9 % and the
+    defaults). ``warmup_s: auto`` lasts that long at the load's rate and then waits, within
+    the warm-up's patience, until that many requests have succeeded: Poisson arrivals and a
+    slow start would otherwise leave the baseline a few short.
+
+    Raises:
+        ValueError: a ``window_*`` or ``slo_availability`` setting out of range, or no window
+            size reaching the power target (one line).
+    """
+    from chaoslib_infer.measure.binomial import MAX_REQUESTS, plan_settings, required_requests
+    from chaoslib_infer.measure.slo import Thresholds
+
+    slo = settings.slo_overrides(configuration).get("availability", Thresholds().availability)
+    if slo is None or not 0.0 <= float(slo) <= 1.0:
+        raise ValueError(f"slo_availability={slo}: a fraction must be between 0 and 1")
+    s = plan_settings(configuration)
+    n = required_requests(1.0 - float(slo), s["false_alarm"], s["power"], s["defect"])
+    if n is None:
+        raise ValueError(
+            f"no baseline of up to {MAX_REQUESTS} requests catches a {s['defect']:g} defect "
+            f"{s['power']:.0%} of the time at availability {float(slo):g}: lower window_power "
+            "or raise window_defect"
+        )
+    return n
 
 
 #: Error classes of an attempt that never reached the target: when every attempt of the warm-up

@@ -16,7 +16,14 @@ from chaoslib_infer.evidence.figures import replica_count_series
 from chaoslib_infer.evidence.journal import drill_status, failed_activities, method_findings
 from chaoslib_infer.verdict import DrillFacts, Verdict, figure_error_reason, judge_drill, timeline
 
-__all__ = ["RESIDUE_FILE", "drill_verdict", "hypothesis_failures", "read_residue", "write_residue"]
+__all__ = [
+    "RESIDUE_FILE",
+    "drill_verdict",
+    "hypothesis_failures",
+    "read_residue",
+    "window_settings",
+    "write_residue",
+]
 
 #: In the drill folder: faults still active after the rollbacks (``{"checked_at", "residue"}``).
 RESIDUE_FILE = "residue.json"
@@ -41,7 +48,9 @@ def read_residue(drill_dir: Path) -> list[str] | None:
 
 def _probe_line(name: str, out: Mapping[str, Any]) -> str:
     """One deviated probe with a ``value`` as ``"NAME: METRIC = VALUE (OP THRESHOLD required, N
-    requests; attempts: ...)"``, each part only when the probe gave it (never ``None``): a
+    requests; attempts: ...)[: STATEMENT]"`` (the statement of the window's binomial test:
+    its bad count, the count it fails at, its false-alarm rate and power), each part only when
+    the probe gave it (never ``None``): a
     probe without a threshold (``replicas_in_service``: ``expected``, ``missing``) says what
     it expected instead."""
     metric = out.get("metric")
@@ -60,7 +69,28 @@ def _probe_line(name: str, out: Mapping[str, Any]) -> str:
     missing = out.get("missing")
     if isinstance(missing, list) and missing:
         tail += ("; " if tail else "") + "missing: " + ", ".join(str(m) for m in missing)
-    return f"{head} ({tail.lstrip('; ')})" if tail else head
+    line = f"{head} ({tail.lstrip('; ')})" if tail else head
+    statement = out.get("statement")  # the window's binomial test (activities/slo.py)
+    return f"{line}: {statement}" if isinstance(statement, str) and statement else line
+
+
+def window_settings(journal: Mapping[str, Any]) -> dict[str, float]:
+    """The binomial test's settings (``{"false_alarm", "power", "defect"}``) the drill's SLO
+    probes ran with (``test_settings`` of an ``slo_check`` output, the plan's
+    ``window_false_alarm``, ``window_power``, ``window_defect``), so the verdict judges its
+    windows the same way; {} (the defaults) when no probe gave them."""
+    for phase in ("before", "after"):
+        entry = (journal.get("steady_states") or {}).get(phase) or {}
+        for probe in entry.get("probes") or []:
+            out = probe.get("output")
+            got = out.get("test_settings") if isinstance(out, dict) else None
+            if isinstance(got, dict):
+                return {
+                    k: float(v)
+                    for k, v in got.items()
+                    if k in ("false_alarm", "power", "defect") and isinstance(v, int | float)
+                }
+    return {}
 
 
 def hypothesis_failures(journal: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -201,5 +231,6 @@ def drill_verdict(
         load_lost=list(load_lost),
         warmup=warmup,
         client=dict(client or {}),
+        window_settings=window_settings(journal) if journal else {},
     )
     return judge_drill(facts, criteria)

@@ -38,6 +38,7 @@ __all__ = [
     "TIMEOUT_CLASSES",
     "client_lag_s",
     "cut_off_count",
+    "e2e_ok_s",
     "logical_outcomes",
     "logical_stats",
     "percentiles_s",
@@ -163,6 +164,13 @@ def _since(r: Record, key: str, from_send: bool = False) -> float | None:
 
 def _e2e(r: Record) -> float | None:
     return _since(r, "end_at")
+
+
+def e2e_ok_s(records: Iterable[Record]) -> list[float]:
+    """E2E latency (s, from the intended send, as ``window_stats`` measures it) of each
+    successful record: what a latency SLO's count of requests over its threshold reads
+    (:mod:`chaoslib_infer.measure.binomial`)."""
+    return [v for v in (_e2e(r) for r in records if _ok(r)) if v is not None]
 
 
 def _ratio(n: int, d: int) -> float | None:

@@ -3,16 +3,30 @@
 Defaults are the acceptance references of ``docs/definitions.md`` ("Acceptance SLOs"):
 P50 latency within 2 s (chat); P95 under 3x P50; P99 over 10 s fails; timeout rate below 0.5%;
 error rate below 0.1%; availability at least 99.9% ("three nines is the floor").
+
+A steady-state window (the baseline before the fault, the window after it) judges the rate SLOs
+and the P50/P99 latency SLOs by the exact binomial test of :mod:`chaoslib_infer.measure.binomial`
+on its count of bad requests (:func:`window_test`), not by the point estimate: one failure in 200
+requests meets 99.9 % (a service exactly at 99.9 % shows it 18 % of the time), five do not.
+``docs/definitions.md``, "Windows with stated error rates".
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Thresholds", "evaluate"]
+from .binomial import WindowTest, judge_window
+
+__all__ = ["BINOMIAL", "Thresholds", "allowance", "bad_word", "evaluate", "window_test"]
+
+#: The SLO metrics a steady-state window judges by the binomial test. The P95 check (a factor of
+#: the measured P50, not a fixed threshold) stays a point estimate.
+BINOMIAL = ("availability", "error_rate", "timeout_rate", "p50_e2e_s", "p99_e2e_s")
+#: The fraction of the (successful) requests a latency SLO allows over its threshold.
+_LATENCY_ALLOWANCE = {"p50_e2e_s": 0.5, "p99_e2e_s": 0.01}
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,
@@ -85,3 +99,64 @@ def evaluate(
     if t.availability is not None:
         rows.append(_row("availability", stats.get("availability"), ">=", t.availability))
     return rows
+
+
+def allowance(metric: str, threshold: float) -> float:
+    """The bad fraction the SLO ``metric`` at ``threshold`` allows: 1 - availability, the error
+    or timeout rate itself, 0.5 over the P50 threshold, 0.01 over the P99 threshold.
+
+    Raises:
+        KeyError: a metric outside :data:`BINOMIAL`.
+    """
+    if metric == "availability":
+        return max(0.0, 1.0 - float(threshold))
+    if metric in ("error_rate", "timeout_rate"):
+        return float(threshold)
+    return _LATENCY_ALLOWANCE[metric]
+
+
+def bad_word(metric: str, threshold: float) -> str:
+    """What a bad request of ``metric`` is, in words: ``"failed"``, ``"timed out"``, ``"over
+    10 s"``."""
+    if metric in ("availability", "error_rate"):
+        return "failed"
+    if metric == "timeout_rate":
+        return "timed out"
+    return f"over {float(threshold):g} s"
+
+
+def window_test(
+    metric: str,
+    stats: Mapping[str, Any],
+    e2e_ok_s: Sequence[float],
+    threshold: float,
+    settings: Mapping[str, float] | None = None,
+) -> WindowTest | None:
+    """Judge one steady-state window against the SLO ``metric`` by the binomial test.
+
+    Args:
+        metric: one of :data:`BINOMIAL` (else None is returned).
+        stats: the window's ``metrics.window_stats`` (``requests``, ``ok``, ``failed``,
+            ``timeouts``): availability and error rate count ``failed`` of ``requests``, the
+            timeout rate ``timeouts`` of ``requests``.
+        e2e_ok_s: E2E (s) of the window's successful requests (``metrics.e2e_ok_s``): a latency
+            SLO counts those over ``threshold`` of them (failed requests are judged by
+            availability, as percentiles are over successful requests).
+        threshold: the SLO's threshold.
+        settings: ``{"false_alarm", "power", "defect"}``
+            (:func:`chaoslib_infer.measure.binomial.plan_settings`; defaults 0.05, 0.9, 0.02).
+
+    Returns:
+        The :class:`~chaoslib_infer.measure.binomial.WindowTest`, or None for another metric.
+    """
+    if metric not in BINOMIAL:
+        return None
+    if metric in _LATENCY_ALLOWANCE:
+        n, bad = len(e2e_ok_s), sum(1 for v in e2e_ok_s if v > float(threshold))
+    else:
+        n = int(stats.get("requests") or 0)
+        key = "timeouts" if metric == "timeout_rate" else "failed"
+        bad = min(n, int(stats.get(key) or 0))
+    s = dict(settings or {})
+    kwargs = {k: float(s[k]) for k in ("false_alarm", "power", "defect") if k in s}
+    return judge_window(n, bad, allowance(metric, threshold), **kwargs)

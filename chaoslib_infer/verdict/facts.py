@@ -59,6 +59,9 @@ class DrillFacts:
             (:func:`chaoslib_infer.load.clientside.client_figures`: ``client_cpu_share``,
             ``client_runq_wait_share``, ``load_cap``, ``load_cap_fill``, ...); they name the
             client's CPU in the reason of a client that fell behind. Empty when unknown.
+        window_settings: the plan's settings of the steady-state windows' binomial test
+            (:func:`chaoslib_infer.measure.binomial.plan_settings`: ``false_alarm``, ``power``,
+            ``defect``); empty: the defaults (0.05, 0.9, 0.02).
     """
 
     drill: str
@@ -80,6 +83,7 @@ class DrillFacts:
     load_lost: list[str] = field(default_factory=list)
     warmup: str | None = None
     client: Mapping[str, Any] = field(default_factory=dict)
+    window_settings: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass

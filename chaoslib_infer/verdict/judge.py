@@ -72,6 +72,7 @@ from .state import (
     judged_row,
     request_stats,
 )
+from .steady import judge_after_rows, power_note, slo_tests, tests_evidence
 from .timeline import Timeline, timeline
 
 __all__ = [
@@ -417,6 +418,8 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     if facts.drill == "traffic-spike":  # shedding as its own class (verdict/spike.py)
         values.update(spike_values(crits, w, sel))
     rows = [judged_row(c, *values.get(c.name, (None, None))) for c in crits]
+    if "after" in w:  # an SLO rate of the after window: the binomial test (verdict/steady.py)
+        judge_after_rows(rows, sel("after"), facts.window_settings)
     return tl, w, sel, info, rows
 
 
@@ -485,5 +488,12 @@ def judge_drill(
     note = crossed_note(info.get("fault", {}).get("crossed_injection") or {})
     if note:
         notes.append(note)
+    for name in ("baseline", "after"):  # the steady-state windows' stated error rates
+        if name in w:
+            tests = slo_tests(sel(name), crits, facts.window_settings, not client_bound(rows))
+            info[name]["slo_tests"] = tests_evidence(tests)
+            short = power_note(name, tests) if name == "baseline" else None
+            if short:
+                notes.append(short)
     state, reasons = decide_state(facts, tl, rows, info, w, mins, crits, sel)
     return Verdict(state, reasons, rows, info, notes)

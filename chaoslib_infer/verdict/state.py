@@ -16,6 +16,7 @@ from chaoslib_infer.measure.metrics import logical_stats, window_stats
 from .confirm import MISSED
 from .criteria import Criterion
 from .facts import DrillFacts, format_value, num
+from .steady import defect_reasons, slo_tests
 from .timeline import Timeline
 
 __all__ = [
@@ -161,13 +162,18 @@ def judged_row(c: Criterion, value: float | None, note: str | None) -> dict[str,
 
 def reason(row: Mapping[str, Any]) -> str:
     """A failed row as one reason line: ``"LABEL: VALUE OP THRESHOLD (CRITERION)"`` (``OP`` the
-    broken side), or ``"LABEL: NOTE (CRITERION)"`` for a row with a note and no value."""
+    broken side; a row judged by a window's binomial test, :mod:`chaoslib_infer.verdict.steady`,
+    adds ``"; STATEMENT"`` before the criterion: its count, false-alarm rate and power), or
+    ``"LABEL: NOTE
+    (CRITERION)"`` for a row with a note and no value."""
     if row["value"] is None and row.get("note"):
         return f"{row['label']}: {row['note']} ({row['criterion']})"
     value = format_value(row["value"], row["unit"])
     thr = format_value(row["threshold"], row["unit"])
     fails = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[row["op"]]
-    return f"{row['label']}: {value} {fails} {thr} ({row['criterion']})"
+    statement = row.get("statement")  # a steady-state window's binomial test (verdict/steady.py)
+    tested = f"; {statement}" if statement else ""
+    return f"{row['label']}: {value} {fails} {thr}{tested} ({row['criterion']})"
 
 
 def baseline_defects(
@@ -176,30 +182,16 @@ def baseline_defects(
     crits: Sequence[Criterion],
     sel: Callable[[str], list[dict[str, Any]]],
     latency: bool = True,
+    settings: Mapping[str, float] | None = None,
 ) -> list[str]:
     """One reason line per whole-drill SLO criterion (availability, timeout and error rates,
-    p99) the baseline window (``w["baseline"]``, records through ``sel``) already breaks; the
-    p99 only with ``latency`` (False: the client fell behind, its latencies are suspect)."""
+    p99) the baseline window (``w["baseline"]``, records through ``sel``) already breaks, by
+    the exact binomial test with its error rates stated (:mod:`chaoslib_infer.verdict.steady`;
+    ``settings``: the plan's false-alarm bound, power target and defect); the p99 only with
+    ``latency`` (False: the client fell behind, its latencies are suspect)."""
     if "baseline" not in w or tl.fault_at is None:
         return []
-    stats = request_stats(sel("baseline"), None, None)
-    by = {c.name: c for c in crits}
-    out = []
-    for name, key in (
-        ("availability", "availability"),
-        ("timeout_rate", "timeout_rate"),
-        ("error_rate", "error_rate"),
-        *((("p99_e2e_s", "p99_e2e_s"),) if latency else ()),
-    ):
-        c = by.get(name)
-        v = num(stats.get(key))
-        if c is None or c.threshold is None or v is None:
-            continue
-        if not OPS[c.op](v, c.threshold):
-            row = judged_row(c, v, None)
-            row["label"] = c.label.replace("(whole drill)", "(baseline)")
-            out.append(reason(row))
-    return out
+    return defect_reasons(slo_tests(sel("baseline"), crits, settings, latency), "baseline")
 
 
 def client_bound(rows: Sequence[Mapping[str, Any]]) -> bool:
@@ -277,7 +269,7 @@ def decide_state(
     ]
     client += [LOAD_LOST_PREFIX + line for line in facts.load_lost]
     before = [f"{BEFORE_FAULT} ({facts.warmup})"] if facts.warmup else []
-    base = baseline_defects(tl, w, crits, sel, latency=not lagging) if w else []
+    base = baseline_defects(tl, w, crits, sel, not lagging, facts.window_settings) if w else []
     base += [line for phase, line in facts.hypothesis_failures if phase == "before"]
     if base:
         before.append(f"{BEFORE_FAULT} (not blamed on the fault): " + "; ".join(base))
