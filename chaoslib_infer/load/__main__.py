@@ -2,7 +2,8 @@
 
 Retry policy (owned by the client, ``client.run_load``): ``--retry-attempts N`` (total attempts per
 logical request, default 1), ``--retry-backoff-s S`` (0.2), ``--attempt-timeout-s S`` (default
-``--timeout-s``), ``--retry-on a,b,c`` (error classes, default ``client.DEFAULT_RETRY_ON``).
+``--timeout-s``), ``--retry-on a,b,c`` (error classes, default ``client.DEFAULT_RETRY_ON``),
+``--idempotency-header NAME`` (the logical request id in that header too, same on every retry).
 Prompt lengths: ``--prompt-words N`` (16) or a mix ``--prompt-mix short:70,mid:25,long:5``
 (:mod:`chaoslib_infer.load.mix`). Client timeouts: ``--ttft-timeout-s`` (first token, 10),
 ``--idle-timeout-s`` (between chunks, 5), 0 for no limit; ``--timeout-s`` (total, 30).
@@ -113,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--retry-on", default=None, metavar="A,B,C", help="error classes to retry (see docs)"
+    )
+    p.add_argument(
+        "--idempotency-header",
+        default=None,
+        metavar="NAME",
+        help="send the logical request id in this header too, the same on every retry",
     )
     p.add_argument(
         "--profile", default=None, metavar="D:R,...", help='rate phases, e.g. "10:8,15:24,15:8"'
@@ -242,6 +249,7 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
             profile=profile,
             trace=args.trace,
             trace_speed=args.trace_speed,
+            idempotency_header=args.idempotency_header,
         )
     except ValueError as exc:
         parser.error(str(exc))
