@@ -311,3 +311,25 @@ def test_the_idempotency_key_is_the_request_id_on_every_attempt(
     assert len(sent) == len(recs) and all(rid == key for rid, key in sent)
     # without the setting, no such header
     assert load_vars({"load_idempotency_header": None}) == {"idempotency_header": None}
+
+
+def test_the_well_run_plan_is_the_default_game_day_with_plan_options_only() -> None:
+    well = load_plan(ROOT / "examples" / "well-run" / "gameday.yaml")
+    default = load_plan(ROOT / "drills" / "gameday.yaml")
+    # the same shipped experiments, in the same order, unmodified (the files themselves)
+    assert [(d.name, d.experiment) for d in well.drills] == [
+        (d.name, d.experiment) for d in default.drills
+    ]
+    # the same lab but for the engine's warm-up (the oom-kill fix)
+    lab = dict(well.lab.options)
+    assert lab.pop("engine_args") == {"max_num_seqs": 4, "warmup_requests": 0}
+    assert {k: v for k, v in default.lab.options.items() if k != "engine_args"} == lab
+    assert (well.lab.replicas, well.lab.engine) == (default.lab.replicas, default.lab.engine)
+    # every other fix is a load setting, and every drill retries a cut stream
+    for drill in well.drills:
+        assert set(drill.vars) <= {s.var for s in LOAD_SETTINGS}, drill.name
+        assert {"reset", "truncated", "timeout_idle"} <= set(
+            parse_setting("retry_on", drill.vars["load_retry_on"])
+        )
+    jitter = next(d for d in well.drills if d.name == "network-jitter")
+    assert jitter.vars["load_attempt_timeout_s"] > 1.0  # above the slowest generation

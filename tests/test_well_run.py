@@ -36,7 +36,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 RETRY_COST = {"duplicate_generations", "extra_generations", "wasted_tokens"}
 #: upstream-timeout's rows that need the gateway's first-byte timeout (HAProxy's user config)
 GATEWAY_PART = {"hung_requests", "max_wait_s"}
-CUT = {"reset", "truncated", "timeout_idle"}
 
 
 def _failing(drill: dict[str, Any]) -> set[str]:
@@ -44,10 +43,11 @@ def _failing(drill: dict[str, Any]) -> set[str]:
 
 
 def _cut_by_the_fault(drill_dir: Path) -> int:
-    """Logical requests whose first attempt the fault cut: a stream in flight on a replica the
+    """Logical requests whose first attempt the fault cut: a request in flight on a replica the
     fault took (the lab's fault record: ``replica`` or ``replicas``; sent before the fault, ended
-    after it) that ended ``reset``/``truncated`` (a killed replica) or ``timeout_idle`` (a lost
-    node: the stream went silent), and that a later attempt served."""
+    after it) that failed (``reset``/``truncated`` from a killed replica; ``timeout_idle`` or
+    ``timeout_ttft`` when its node was dropped: the stream went silent), and that a later
+    attempt served."""
     faults = [json.loads(line) for line in (drill_dir / "faults.jsonl").read_text().splitlines()]
     taken = {r for f in faults for r in (f.get("replicas") or [f.get("replica")]) if r}
     fault_at = min(float(f["fault_at"]) for f in faults)
@@ -61,9 +61,9 @@ def _cut_by_the_fault(drill_dir: Path) -> int:
             max(attempts, key=lambda a: a["attempt"]),
         )
         if (
-            first.get("error_class") in CUT
+            not first.get("ok")
             and first.get("replica") in taken
-            and first["sent_at"] < fault_at <= first["end_at"]
+            and first["sent_at"] <= fault_at <= first["end_at"]
             and last.get("ok")
             and last is not first
         ):
