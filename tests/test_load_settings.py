@@ -21,6 +21,7 @@ from chaoslib_infer.load.client import LoadSpec, run_load_blocking
 from chaoslib_infer.load.fakeserver import FakeServer
 from chaoslib_infer.load.options import (
     LOAD_SETTINGS,
+    choice,
     cli_flag,
     load_argv,
     load_vars,
@@ -333,3 +334,10 @@ def test_the_well_run_plan_is_the_default_game_day_with_plan_options_only() -> N
         )
     jitter = next(d for d in well.drills if d.name == "network-jitter")
     assert jitter.vars["load_attempt_timeout_s"] > 1.0  # above the slowest generation
+
+
+def test_a_choice_setting_takes_one_of_its_values() -> None:
+    parse = choice("raw", "openai-sdk")  # how a row such as client: raw|openai-sdk reads
+    assert parse(" openai-sdk") == "openai-sdk"
+    with pytest.raises(ValueError, match="expected one of raw, openai-sdk, got 'sdk'"):
+        parse("sdk")

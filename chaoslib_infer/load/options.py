@@ -37,6 +37,7 @@ __all__ = [
     "RETRY_ON_GROUPS",
     "VAR_PREFIX",
     "LoadSetting",
+    "choice",
     "cli_flag",
     "load_argv",
     "load_vars",
@@ -163,6 +164,19 @@ def _retry_on(value: Any) -> list[str]:
     if not out:
         raise ValueError(f"expected a list of error classes, got {value!r}")
     return list(dict.fromkeys(out))
+
+
+def choice(*values: str) -> Callable[[Any], str]:
+    """A parser for a setting that takes one of ``values`` (e.g. ``choice("raw", "openai-sdk")``
+    for a row ``client``); anything else is a one-line ValueError listing them."""
+
+    def parse(value: Any) -> str:
+        text = value.strip() if isinstance(value, str) else value
+        if text not in values:
+            raise ValueError(f"expected one of {', '.join(values)}, got {value!r}")
+        return str(text)
+
+    return parse
 
 
 def _header(value: Any) -> str | None:
