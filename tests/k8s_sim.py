@@ -10,24 +10,32 @@
   counter rose) and restarts it, writing the pod status into the fake. Needs root and a memory
   cgroup (lab tests).
 - :func:`kubelet_restart`: the status changes of one in-place container restart, on a timer.
+- :class:`ServiceProxy`: the Service's data path (kube-proxy): each request goes to the next
+  *ready* endpoint of the fake's EndpointSlices, round robin, and its answer carries that pod's
+  name in ``X-Replica-Id`` (as a pod's engine stamps it from the downward API, docs/kubernetes.md);
+  the engine behind every pod is one simulated engine, so a fault reaches the traffic only by
+  taking its pod out of the endpoints (drained, deleted, not ready).
 """
 
 from __future__ import annotations
 
+import http.client
 import os
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fake_k8s import ExecCall, ExecReply, FakeK8s
 
 from chaoslib_infer.platforms.kubernetes import scripts as S
 
-__all__ = ["LocalContainer", "SimContainer", "kubelet_restart", "set_container"]
+__all__ = ["LocalContainer", "ServiceProxy", "SimContainer", "kubelet_restart", "set_container"]
 
 _PROGRAMS = {"probe": S.PROBE, "signal": S.SIGNAL, "hog": S.HOG, "kill": S.KILL_TREE}
 
@@ -400,3 +408,101 @@ def running_as_root_with_memory_cgroup() -> str | None:
         if not any(os.access(os.path.join(d, tool), os.X_OK) for d in ("/usr/bin", "/bin")):
             return LAB_MISSING + f"needs {tool} (util-linux)"
     return None
+
+
+class ServiceProxy:
+    """A Service's data path on loopback (see the module docstring).
+
+    Args:
+        fake: the fake API (its EndpointSlices of ``service`` in ``ns`` are read per request).
+        ns, service: the Service.
+        upstream: the engine's base URL (``http://127.0.0.1:PORT``), behind every pod.
+
+    Attributes:
+        url: the proxy's base URL once started; served: ``[(pod, unix s)]`` of every answer.
+    """
+
+    def __init__(self, fake: FakeK8s, ns: str, service: str, upstream: str) -> None:
+        self.fake, self.ns, self.service = fake, ns, service
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname or "127.0.0.1", int(parts.port or 80))
+        self.served: list[tuple[str, float]] = []
+        self._next = 0
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def ready_pods(self) -> list[str]:
+        """The pod names of the Service's ready endpoints, sorted."""
+        names = []
+        for sl in self.fake.list("discovery.k8s.io", "endpointslices", self.ns):
+            labels = sl["metadata"].get("labels") or {}
+            if labels.get("kubernetes.io/service-name") != self.service:
+                continue
+            for ep in sl.get("endpoints") or []:
+                if (ep.get("conditions") or {}).get("ready"):
+                    names.append(str((ep.get("targetRef") or {}).get("name")))
+        return sorted(names)
+
+    def pick(self) -> str | None:
+        """The next ready pod, round robin (None: no ready endpoint)."""
+        pods = self.ready_pods()
+        if not pods:
+            return None
+        with self._lock:
+            self._next += 1
+            return pods[self._next % len(pods)]
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                pod = proxy.pick()
+                if pod is None:  # kube-proxy: no ready endpoint, the connection is refused
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+                skip = {"host", "content-length", "connection"}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in (
+                        "content-length",
+                        "transfer-encoding",
+                        "connection",
+                        "x-replica-id",
+                    ):
+                        self.send_header(k, v)
+                self.send_header("X-Replica-Id", pod)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                proxy.served.append((pod, time.time()))
+
+            do_GET = _forward
+            do_POST = _forward
+
+        return Handler
+
+    def __enter__(self) -> ServiceProxy:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

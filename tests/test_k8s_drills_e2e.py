@@ -12,6 +12,15 @@ show a healthy service (availability 1.0): these tests check the plumbing (each 
 cluster with the exact calls, its figures match the scripted ground truth, its rollback restores
 the cluster and removes its saved state), not the service's resilience.
 
+Confirmed by the traffic (issue 21 item 3): with ``url`` the engine itself, the requests never
+cross the faulted pods (every answer names the engine, ``X-Replica-Id: r0``), so each fault on a
+pod reads ``inconclusive``, "the fault did not reach the service's traffic" (traffic-spike, a
+fault of the load itself, passes; the unmeasured duplicate generations of network-jitter stay
+behind the unconfirmed fault). Routed (``url`` the Service's data path,
+:class:`k8s_sim.ServiceProxy`: ready endpoints round robin, each answer naming its pod), a drain
+moves the traffic off its pods and is judged as before: passed; a quota cut still misses it (the
+fake's ReplicaSet does not scale down: all three pods keep serving through the cut).
+
 Holds and settles are shortened through the plan's ``vars`` (``hold_s``, ``settle_s``) so each
 drill takes about 10 s.
 """
@@ -33,9 +42,10 @@ from typing import Any
 import pytest
 import yaml
 from fake_k8s import ExecCall, ExecReply, FakeK8s, make_cluster, write_target
-from k8s_sim import SimContainer, kubelet_restart
+from k8s_sim import ServiceProxy, SimContainer, kubelet_restart
 
 from chaoslib_infer.load.ceiling import sim_engine
+from chaoslib_infer.verdict.confirm import MISSED
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S_EXPERIMENTS = ROOT / "experiments" / "k8s"
@@ -168,10 +178,20 @@ def _outputs(journal: dict[str, Any]) -> dict[str, Any]:
     return {r["activity"]["name"]: r.get("output") for r in journal["run"]}
 
 
+#: the drills also run with the url routed through the Service to the pods: a drain moves the
+#: traffic off its pods (passed); the fake's quota cut leaves every pod serving (inconclusive);
+#: the others would need a per-pod engine to feel theirs
+ROUTED = ("node-loss", "quota-cut")
+
+
 @pytest.mark.slow  # ~25 s a drill: out of the fast tier
-@pytest.mark.parametrize("name", sorted(VARS))
+@pytest.mark.parametrize(
+    ("name", "routed"),
+    [(n, False) for n in sorted(VARS)] + [(n, True) for n in ROUTED],
+    ids=[*sorted(VARS), *(f"{n}-routed" for n in ROUTED)],
+)
 def test_k8s_drill_runs_end_to_end_on_the_fake_cluster(
-    tmp_path: Path, cluster: tuple[FakeK8s, dict[str, str]], name: str
+    tmp_path: Path, cluster: tuple[FakeK8s, dict[str, str]], name: str, routed: bool
 ) -> None:
     fake, env = cluster
     kubelet = Kubelet(fake)
@@ -188,28 +208,51 @@ def test_k8s_drill_runs_end_to_end_on_the_fake_cluster(
         scaler.start()
     try:
         with sim_engine(zero_latency=False, itl_s=0.002, output_tokens=8) as url:
-            proc, out = _run_drill(tmp_path, env, name, url)
+            if routed:
+                with ServiceProxy(fake, NS, "vllm", url) as svc:
+                    proc, out = _run_drill(tmp_path, env, name, svc.url)
+                served = {pod for pod, _ in svc.served}
+                assert served >= set(pods0), (served, sorted(pods0))  # every pod served
+            else:
+                proc, out = _run_drill(tmp_path, env, name, url)
     finally:
         scaler.stop.set()
     text = proc.stdout + proc.stderr
     assert "Traceback" not in text, text
-    # judged from the API's own record; duplicate generations need an engine ledger, which a
-    # cluster does not have: network-jitter cannot answer its question there (never "0")
-    expected = "inconclusive" if name == "network-jitter" else "passed"
+    # unrouted: the faulted pods never served the traffic (the fault missed it); a spike is the
+    # load's own. Duplicate generations need an engine ledger, which a cluster does not have:
+    # network-jitter cannot answer its question there (never "0")
+    # Routed, quota-cut still misses: the fake's ReplicaSet does not scale a Deployment down, so
+    # the cut changes the API's numbers while all three pods keep serving (ready endpoints 3)
+    missed = (not routed and name != "traffic-spike") or name == "quota-cut"
+    expected = "inconclusive" if missed or name == "network-jitter" else "passed"
     assert proc.returncode == (3 if expected == "inconclusive" else 0), text
     run_dir = out / name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] is True and summary["target"]["kind"] == "kubernetes"
     (drill,) = summary["drills"]
     assert drill["status"] == expected, drill["reasons"]
-    if expected == "inconclusive":
-        assert drill["reasons"] == [
+    reasons = list(drill["reasons"])
+    if missed:
+        why = reasons.pop(0)
+        if name == "quota-cut":  # no pod named: fewer engines serving during the cut, or not
+            n = 3 if routed else 1
+            assert why.startswith(f"{MISSED}: {n} engines served before the cut ("), why
+            assert f"), {n} during it (" in why, why
+        else:
+            assert why.startswith(f"{MISSED}: "), why
+            assert "served none of the" in why and "(served by: r0 " in why, why
+    if name == "network-jitter" and not missed:
+        assert reasons == [
             "duplicate generations is unmeasured on this target (duplicate_generations): "
             "the drill cannot answer its question"
         ]
     else:
-        assert drill["reasons"] == []
+        assert reasons == []
         assert not drill["verdict"]["notes"][0].startswith("fault: no fault was recorded")
+    if routed and not missed:  # the traffic felt it: the pods' answers moved off the faulted ones
+        note = drill["verdict"]["notes"][0]
+        assert "the traffic felt it: " in note and "moved (share of answers" in note, note
     assert drill["hypothesis"] == {"before": True, "after": True}
     figures = drill["figures"]
     # one engine behind the url, untouched by the cluster's faults: a healthy client view

@@ -137,6 +137,7 @@ case "$1 $2" in
   "qdisc add") touch "$FAKE_NET_STATE.$4" ;;
   "qdisc del") rm -f "$FAKE_NET_STATE.$4" ;;
   "qdisc show") if [ -e "$FAKE_NET_STATE.$4" ]; then echo "qdisc netem 8001: root"; else echo "qdisc noqueue 0: root"; fi ;;
+  "-s qdisc") if [ -e "$FAKE_NET_STATE.$5" ]; then printf 'qdisc netem 8001: root\n Sent 4200 bytes 42 pkt (dropped 0, overlimits 0 requeues 0)\n'; fi ;;
 esac
 """
 _FAKE_IP = """#!/bin/sh
@@ -225,6 +226,8 @@ def test_netem_path_with_nodes_adds_and_removes_qdiscs_on_both_veth_ends(
     removed = network.remove_network_jitter(configuration=cfg)
     assert "removed netem from cit1r1, cit1n1" in str(removed["undone"])
     assert "stopped its watchdog" in str(removed["undone"])
+    # the qdiscs' counters, read before their removal: the delay the kernel applied
+    assert removed["netem"] == {"bytes": 8400, "packets": 84}
     dels = [ln for ln in log.read_text().splitlines() if "qdisc del" in ln]
     assert dels == ["tc qdisc del dev cit1r1 root", "tc qdisc del dev cit1n1 root"]
     assert "saw the API key" not in log.read_text()  # show/del calls too

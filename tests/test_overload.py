@@ -220,6 +220,9 @@ def test_a_client_starved_far_past_its_timeouts_gives_up_on_its_own_lag_inconclu
         r.update(chunk_times_loop=[], first_token_at=None)
     client = {"client_cpu_share": 0.02, "client_runq_wait_share": 0.98}
     ground = {**OOM_GROUND}
+    for i, r in enumerate(records):  # r0 served before its OOM kill; r1 alone after it
+        if r["ok"] and r["sent_at"] < ground["fault_at"]:
+            r["replica"] = ("r0", "r1")[i % 2]
     v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, ground, client=client))
     assert v.state == "inconclusive", v.reasons
     assert len(v.reasons) == 1

@@ -28,6 +28,8 @@ from chaoslib_infer.measure.inflight import (
 from chaoslib_infer.measure.metrics import cut_off_count, window_stats
 from chaoslib_infer.plan import load_plan
 from chaoslib_infer.verdict import DrillFacts, criteria_for, exit_code, judge_drill, parse_override
+from chaoslib_infer.verdict.confirm import faulted_names
+from chaoslib_infer.verdict.timeline import timeline
 
 T0 = 1_800_000_000.0
 
@@ -64,6 +66,26 @@ def steady(a: float, b: float, rate: float = 10.0, **kw: Any) -> list[dict[str, 
     return [rec(a + i / rate, replica=reps[i % 3], **kw) for i in range(n)]
 
 
+def felt(drill: str, records: list[dict[str, Any]], ground: dict[str, Any]) -> list[dict[str, Any]]:
+    """``records`` as a fault that reached the traffic leaves them (verdict/confirm.py): the
+    faulted replicas' successful requests of the fault window (at least 5 s) answered by a replica the
+    fault spared (the gateway moved them). network-jitter and traffic-spike: unchanged (the
+    jitter is confirmed by the shim's applied delay, the spike by its rate)."""
+    hit = set(faulted_names(drill, ground))
+    at = ground.get("fault_at") or ground.get("cut_done_at")
+    if drill in ("network-jitter", "traffic-spike") or not hit or at is None:
+        return records
+    end = timeline(drill, ground, {}).fault_end
+    end = max(end if end is not None else at, at + 5.0)
+    spare = next((r for r in ("r1", "r2", "r0") if r not in hit), None)
+    return [
+        {**r, "replica": spare}
+        if r.get("ok") and r.get("replica") in hit and at <= float(r.get("sent_at") or 0) < end
+        else r
+        for r in records
+    ]
+
+
 def facts(
     drill: str,
     records: list[dict[str, Any]],
@@ -71,6 +93,9 @@ def facts(
     ground: dict[str, Any],
     **kw: Any,
 ) -> DrillFacts:
+    """The drill's facts, its records as a fault that reached the traffic leaves them
+    (:func:`felt`)."""
+    records = felt(drill, records, ground)
     return DrillFacts(drill=drill, records=records, figures=figures, ground=ground, **kw)
 
 
@@ -205,6 +230,8 @@ JITTER_GROUND = {
     "generations_on_replica_in_window": 30,
     "delay_ms": 400,
     "jitter_ms": 300,
+    # the shim's stats file: the delay it applied on r0's connections (confirms the fault)
+    "shim": {"connections": 12, "applied_delay": {"n": 300, "mean_s": 0.41}},
 }
 
 
@@ -860,7 +887,7 @@ def test_a_recovery_that_missed_its_deadline_fails_the_drill_not_errors_it(
         name="oom-kill",
         drill_dir=tmp_path,
         journal=finding,
-        records=steady(T0, T0 + 30),
+        records=felt("oom-kill", steady(T0, T0 + 30), OOM_GROUND),
         figures=OOM_FIG,
         ground=OOM_GROUND,
         lab_events=[],

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_verdict import GOOD, JITTER_GROUND
+from test_verdict import GOOD, JITTER_GROUND, felt
 
 from chaoslib_infer.activities.slo import logical_window, slo_check
 from chaoslib_infer.evidence.figures import common_figures
@@ -207,7 +207,7 @@ def test_a_baseline_whose_attempts_were_retried_and_succeeded_is_no_defect(
 
     fig = {**common_figures(records, ledger), **GOOD["oom-kill"][1]}
     ground = {**GOOD["oom-kill"][0], "fault_at": t0 + 10, "replica_serving_again_at": t0 + 12}
-    v = judge_drill(DrillFacts("oom-kill", records, fig, ground))
+    v = judge_drill(DrillFacts("oom-kill", felt("oom-kill", records, ground), fig, ground))
     assert v.state == "passed", v.reasons
     rows = {r["criterion"]: r for r in v.rows}
     # the retries are judged for their cost: nothing was generated twice
@@ -258,7 +258,7 @@ def test_the_hypothesis_line_names_the_unit_and_shows_attempts_beside() -> None:
 def test_retry_cost_is_judged_in_every_drill_that_retried(drill: str) -> None:
     t0 = 1_800_000_000.0
     ground, good = GOOD[drill]
-    records = steady(t0, t0 + 35)
+    records = felt(drill, steady(t0, t0 + 35), ground)
     plain = judge_drill(
         DrillFacts(drill, records, {**good, **common_figures(records, ledger_for(records))}, ground)
     )

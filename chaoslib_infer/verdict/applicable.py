@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .confirm import serving_counts
 from .facts import DrillFacts, num
 
 __all__ = ["instances_held", "no_replica_moved", "not_happened"]
@@ -68,36 +69,54 @@ def not_happened(facts: DrillFacts) -> dict[str, Row]:
     return out
 
 
-def instances_held(facts: DrillFacts, fault_records: Sequence[Mapping[str, Any]]) -> Row:
-    """quota-cut's key figure: the replicas that served during the cut over the quota.
+def instances_held(
+    facts: DrillFacts, fault_records: Sequence[Mapping[str, Any]], since: float | None = None
+) -> Row:
+    """quota-cut's key figure: the replicas that served during the cut over the quota, with the
+    load each carried (issue 21 items 3 and 4).
 
     Served: the lab's ground truth (``instances_serving_during_cut``: the servers HAProxy's
-    request log shows forwarded requests while the cap held), else the distinct replicas of the
-    fault window's successful records (``replica``, else the lab's ``facts.replica_of`` for the request id). The
-    quota: the ``instances_held`` figure (Q, as the fault recorded it), else ground ``quota``.
+    request log shows forwarded requests while the cap held), else the distinct engines of the
+    fault window's successful records (``replica``: the response's ``X-Replica-Id``, else the
+    lab's ``facts.replica_of`` for the request id; on a cluster, the pods that answered), else
+    on a cluster whose records name no pod the fewest ready endpoints seen during the cut
+    (``k8s_ready_endpoints_min``). The quota: the ``instances_held`` figure (Q, as the fault
+    recorded it), else ground ``quota``, else the replicas the cluster's cut allows
+    (``k8s_quota_replicas_after``).
+
+    Args:
+        facts: the drill's facts.
+        fault_records: the fault window's attempts.
+        since: the cut's time (unix s): attempts sent before it, in flight across it, were
+            sent to a replica before the cut and are not counted (None: all counted).
 
     Returns:
-        ``(served / quota, "S of the quota's Q replicas served during the cut (plan: P)")``;
-        ``(None, None)`` (unmeasured) without a quota or without either source of what served.
+        ``(served / quota, "S of the quota's Q replicas served during the cut (SOURCE; plan: P);
+        load carried: r0 41, r1 39")``; ``(None, None)`` (unmeasured) without a quota or
+        without any source of what served.
     """
     fig, ground = facts.figures, facts.ground
     quota = num(fig.get("instances_held"))
     if quota is None:
         quota = num(ground.get("quota"))
+    if quota is None:
+        quota = num(fig.get("k8s_quota_replicas_after"))
+    start = since if since is not None else float("-inf")
+    counts = serving_counts(fault_records, start, float("inf"), facts.replica_of)
     served = num(ground.get("instances_serving_during_cut"))
     source = "HAProxy request log"
-    if served is None:
-        names = {
-            r.get("replica") or facts.replica_of.get(str(r.get("request_id")))
-            for r in fault_records
-            if r.get("ok")
-        }
-        names.discard(None)
-        served, source = (float(len(names)), "records") if names else (None, source)
+    if served is None and counts:
+        served, source = float(len(counts)), "records"
+    if served is None and num(fig.get("k8s_ready_endpoints_min")) is not None:
+        served = num(fig.get("k8s_ready_endpoints_min"))
+        source = "fewest ready endpoints: no record names its pod"
     if not quota or served is None:
         return None, None
     planned = num(fig.get("planned_instances"))
     plan = f"; plan: {planned:.0f}" if planned is not None else ""
+    load = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    carried = f"; load carried: {load}" if load else ""
     return served / quota, (
-        f"{served:.0f} of the quota's {quota:.0f} replicas served during the cut ({source}{plan})"
+        f"{served:.0f} of the quota's {quota:.0f} replicas served during the cut "
+        f"({source}{plan}){carried}"
     )

@@ -54,8 +54,10 @@ from chaoslib_infer.measure.retrycost import retried
 from . import client as vclient
 from .applicable import instances_held, not_happened
 from .attribution import assign, crossed_note, ttft_allowance
+from .confirm import confirm_by_traffic
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .facts import STATES, DrillFacts, Verdict, format_value, num
+from .provider_errors import provider_error_rows
 from .spike import spike_values
 from .state import (
     CLIENT_LAG,
@@ -245,6 +247,7 @@ def _values(
     out["interruption_sustained"] = (num(sustained) if sustained is not None else None, None)
     out["oom_kills"] = (num(facts.ground.get("oom_kills")), None)
     out.update(_retry_cost(facts))
+    out.update(provider_error_rows(fig))
     if "fault" in w:
         a, b = w["fault"]
         recs = sel("fault")
@@ -265,13 +268,8 @@ def _values(
         out["max_wait_s"] = (_max_wait(recs, a, b), None)
         share, why = _survivor_share(facts, recs)  # the fault window's, not the whole drill's
         out["max_survivor_share"] = (share, why)
-    if num(fig.get("k8s_quota_replicas_after")) and num(fig.get("planned_instances")) is None:
-        # a cluster: ready endpoints through the cut against the replicas the quota allows
-        planned = num(fig.get("k8s_quota_replicas_after"))
-        held = num(fig.get("k8s_ready_endpoints_min"))
-        out["instances_held"] = ((held / planned) if planned and held is not None else None, None)
-    else:  # the lab: the replicas that served during the cut against the quota
-        out["instances_held"] = instances_held(facts, sel("fault") if "fault" in w else [])
+    # the replicas (pods) that served during the cut against the quota, and the load each carried
+    out["instances_held"] = instances_held(facts, sel("fault") if "fault" in w else [], tl.fault_at)
     if out["scale_out_s"][0] is None:
         wanted, serving = num(fig.get("k8s_hpa_desired_at_s")), num(fig.get("k8s_serving_at_s"))
         if wanted is not None and serving is not None:  # HPA desired -> new pod serving
@@ -411,6 +409,7 @@ _Judged = tuple[
 def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     """``(timeline, windows, selector, window info, judged rows)`` of ``facts``."""
     tl = timeline(facts.drill, facts.ground, facts.figures, facts.lab_events)
+    tl = confirm_by_traffic(tl, facts.drill, facts.ground, facts.records, facts.replica_of)
     w = _windows(facts, tl)
     sel, crossed = _selector(facts, tl, w)
     info = _window_info(w, sel, crossed)
@@ -474,8 +473,12 @@ def judge_drill(
     if facts.closed_loop:
         notes.append(f"load: {facts.closed_loop}")
     notes += [f"load: {line}" for line in facts.load_lost]
-    if tl.confirmed is None:
-        notes.append("fault confirmation: no lab ground truth on this target")
+    if tl.confirmed is None:  # on the lab: ground truth exists, but none for this fault
+        notes.append(
+            "fault confirmation: the lab recorded no ground truth for this fault"
+            if facts.lab_events
+            else "fault confirmation: no lab ground truth on this target"
+        )
     if w.get("fault"):
         a, b = w["fault"]
         notes.append(f"fault window: {b - a:.1f} s from injection to the return to service")

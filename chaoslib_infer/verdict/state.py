@@ -13,6 +13,7 @@ from typing import Any
 from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED
 from chaoslib_infer.measure.metrics import logical_stats, window_stats
 
+from .confirm import MISSED
 from .criteria import Criterion
 from .facts import DrillFacts, format_value, num
 from .timeline import Timeline
@@ -71,6 +72,9 @@ CLIENT_INDEPENDENT = frozenset(
         "extra_generations",
         "wasted_tokens",
         "retry_amplification",
+        "retry_after_honoured",
+        "retried_final",
+        "load_amplification",
         "hung_requests",
         "streams_cut_200",
         "serving_after_vs_baseline",
@@ -281,7 +285,8 @@ def decide_state(
         return "failed", [*before, *(ALSO_INCONCLUSIVE + line for line in client)]
     incon: list[str] = []
     if tl.confirmed is False:
-        incon.append(f"fault not confirmed by ground truth: {tl.why}")
+        missed = tl.why.startswith(MISSED)  # the traffic did not feel it (verdict/confirm.py)
+        incon.append(tl.why if missed else f"fault not confirmed by ground truth: {tl.why}")
     n_base = int(info.get("baseline", {}).get("requests") or 0)
     if n_base < mins["baseline"]:
         incon.append(

@@ -98,15 +98,8 @@ def timeline(
         )
         return Timeline(fault_at, end, ok, why)
     if drill == "network-jitter":
-        n = int(g.get("generations_on_replica_in_window") or 0)
-        ok = g.get("mechanism") is not None and n > 0
-        why = (
-            f"{g.get('delay_ms')} ms +- {g.get('jitter_ms')} ms on {g.get('replica')} "
-            f"({g.get('mechanism')}), {n} generations through it"
-            if ok
-            else "the jittered link carried no request"
-        )
-        return Timeline(fault_at, _f(g.get("cleared_at")), ok, why)
+        applied, why = _delay_applied(g)
+        return Timeline(fault_at, _f(g.get("cleared_at")), applied, why)
     if drill == "traffic-spike":
         # due by the schedule, sent or not: a request the full in-flight cap kept back was due
         # (the service held every slot), not a shortfall of the client
@@ -139,7 +132,9 @@ def timeline(
         return Timeline(fault_at, _latest(g.get("thawed_at"), g.get("held_until")), held, why)
     if drill == "simultaneous-restarts":
         names = [str(n) for n in g.get("replicas") or []]
-        died = _exits(lab_events, names, fault_at) if lab_events else set(names)
+        died = _exits(lab_events, names, fault_at) if lab_events else _died(g, names)
+        if died is None:  # no exit observed either way: the traffic decides (verdict/confirm.py)
+            return Timeline(fault_at, _f(g.get("all_serving_at")), None, "no replica exit recorded")
         ok = bool(names) and died == set(names)
         why = (
             f"replicas {', '.join(sorted(died))} died at once"
@@ -158,7 +153,75 @@ def timeline(
         )
         end = _latest(g.get("lift_started_at"), g.get("restored_at"))
         return Timeline(_f(g.get("cut_done_at")) or fault_at, end, ok, why)
+    if "sabotaged_request_ids" in g:  # an engine fault (evidence/kinds/engine_fault.py)
+        return _engine_fault(g, fig, fault_at)
     return Timeline(fault_at, None, None, "no ground truth for this fault")
+
+
+def _engine_fault(g: Mapping[str, Any], fig: Mapping[str, Any], fault_at: float) -> Timeline:
+    """An engine fault (any drill running ``experiments/tools/engine-fault.yaml``), confirmed by
+    the engine's own ledger: the drill's requests it sabotaged, and the exits of its replicas
+    (``replica_exits``, with exit codes, restarts and the prompts they died on). The end of the
+    fault stays unknown (None: the judge uses the end of the load), as before."""
+    n = int(fig.get("sabotaged_requests") or 0)
+    exits = [e for e in g.get("replica_exits") or [] if isinstance(e, Mapping)]
+    modes = ", ".join(str(m) for m in g.get("modes") or []) or "engine fault"
+    if not n and not exits:
+        why = f"the armed {modes} sabotaged none of the drill's requests (engine ledger)"
+        return Timeline(fault_at, None, False, why)
+    parts = [f"{n} of the drill's requests sabotaged by {modes} (engine ledger)"]
+    if exits:
+        codes: dict[str, int] = {}
+        for e in exits:
+            codes[str(e.get("cause"))] = codes.get(str(e.get("cause")), 0) + 1
+        restarted = sum(1 for e in exits if e.get("restarted_at") is not None)
+        shown = ", ".join(f"{c} x{k}" for c, k in codes.items())
+        parts.append(f"{len(exits)} replica exits ({shown}), {restarted} restarted")
+    if g.get("crash_trigger"):
+        parts.append(str(g["crash_trigger"]))
+    return Timeline(fault_at, None, True, "; ".join(parts))
+
+
+def _died(ground: Mapping[str, Any], names: Sequence[str]) -> set[str] | None:
+    """The replicas whose death the drill's ground truth observed (``restarts[name]["died_at"]``),
+    or None when it holds no restart rows (nothing observed: never "all died")."""
+    rows = ground.get("restarts")
+    if not isinstance(rows, Mapping) or not rows:
+        return None
+    return {
+        n for n in names if isinstance(rows.get(n), Mapping) and rows[n].get("died_at") is not None
+    }
+
+
+def _delay_applied(ground: Mapping[str, Any]) -> tuple[bool | None, str]:
+    """network-jitter's confirmation: the delay actually applied on the replica's connections.
+
+    shim: its stats file (``ground["shim"]["applied_delay"]``: ``n`` chunks held, ``mean_s``);
+    netem: the qdisc's own counters (``ground["netem"]``: ``packets`` sent through it), when
+    captured. Neither: None (the traffic alone decides, ``verdict/confirm.py``)."""
+    rep, mech = ground.get("replica"), ground.get("mechanism")
+    if mech is None:
+        return False, "no jitter was applied (no mechanism recorded)"
+    setting = f"{ground.get('delay_ms')} ms +- {ground.get('jitter_ms')} ms on {rep} ({mech})"
+    shim = ground.get("shim")
+    if mech == "shim" and isinstance(shim, Mapping):
+        applied = shim.get("applied_delay")
+        n = int(applied.get("n") or 0) if isinstance(applied, Mapping) else 0
+        mean = _f(applied.get("mean_s")) if isinstance(applied, Mapping) else None
+        conns = shim.get("connections")
+        if n > 0 and mean is not None and mean > 0:
+            return True, (
+                f"{setting}: the shim delayed {n} chunks by {mean * 1000:.0f} ms on average "
+                f"over {conns} connections"
+            )
+        return False, f"{setting}: the shim applied no delay ({n} chunks over {conns} connections)"
+    netem = ground.get("netem")
+    if mech == "netem" and isinstance(netem, Mapping):
+        pkts = int(netem.get("packets") or 0)
+        if pkts > 0:
+            return True, f"{setting}: {pkts} packets went through the netem qdisc"
+        return False, f"{setting}: no packet went through the netem qdisc"
+    return None, f"{setting}: no statistics of the delay applied"
 
 
 def _spike_planned(fig: Mapping[str, Any]) -> float | None:
@@ -209,6 +272,19 @@ def _k8s(ground: Mapping[str, Any], fig: Mapping[str, Any]) -> Timeline | None:
     if isinstance(before, int) and isinstance(after, int):
         ok = after < before
         return Timeline(start, end, ok, f"replicas cut from {before} to {after} by the quota")
+    if ground.get("k8s_ingress_block_pod"):  # the NetworkPolicy variant of upstream-timeout
+        pod, policy = ground["k8s_ingress_block_pod"], ground.get("k8s_ingress_block_policy")
+        made = ground.get("k8s_ingress_block_created_at") is not None
+        why = (
+            f"NetworkPolicy {policy} isolates pod {pod} (the API's record)"
+            if made
+            else f"the NetworkPolicy isolating pod {pod} was not created"
+        )
+        return Timeline(start, end, made, why)
+    if "k8s_jitter_exit_code" in k8s:
+        code = k8s.get("k8s_jitter_exit_code")
+        pod = ground.get("k8s_jitter_pod")
+        return Timeline(start, end, code == 0, f"netem added in {pod} (tc exit {code})")
     if ground.get("k8s_spike_at") is not None:
         return Timeline(start, end, True, f"spike from the {ground.get('k8s_spike_source')}")
     if int(fig.get("k8s_recovery_pods") or 0) > 0:

@@ -54,6 +54,7 @@ from .plumbing import (
     HAPROXY_SOCK,
     Link,
     is_our_process,
+    netem_counters,
     netem_present,
     replica_links,
     run_tc,
@@ -407,7 +408,8 @@ def remove_network_jitter(
     Returns:
         ``{"kind": "network-jitter", "phase": "cleared", "fault_id", "replica", "mechanism",
         "cleared_at" (unix s), "undone" (what was undone; None when the fault was already gone,
-        e.g. after its TTL)}``.
+        e.g. after its TTL)}``; netem adds ``"netem"``: ``{"bytes", "packets"}`` sent through
+        its qdiscs, read just before their removal (None when tc could not say).
 
     Raises:
         ActivityFailed: no injection recorded in this run, another replica named, or the undo failed.
@@ -421,6 +423,10 @@ def remove_network_jitter(
     name = str(fault["replica"])
     if replica not in ("auto", "", None) and pick_replica(lab, replica) != name:
         raise ActivityFailed(f"the last network-jitter fault is on {name}, not {replica}")
+    counters = None
+    if fault.get("mechanism") == "netem":  # what the qdisc delayed, read before it goes
+        live = [f for f in lab.active_faults() if f.get("id") == fault["fault_id"]]
+        counters = netem_counters(live[0] if live else fault)
     try:
         note = lab.remove_fault(str(fault["fault_id"]))
     except LabError as exc:
@@ -435,5 +441,7 @@ def remove_network_jitter(
         "cleared_at": time.time(),
         "undone": note,
     }
+    if fault.get("mechanism") == "netem":
+        entry["netem"] = counters
     log_fault(configuration, entry)
     return entry

@@ -132,8 +132,9 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     ``generations_on_replica_in_window`` (ledger entries), ``duplicate_requests_in_ledger``
     (request ids with more than one generation in the run's span of the ledger, client records not
     used), ``generations_by_request`` (``{request_id: count}`` for request ids generated in the
-    window more than once over the run), and ``shim`` (its stats file: connections, chunks,
-    resets, applied delay mean/stdev).
+    window more than once over the run), ``shim`` (its stats file: connections, chunks,
+    resets, applied delay mean/stdev) or ``netem`` (``{"bytes", "packets"}`` through its qdiscs,
+    read at removal): the delay applied that confirms the fault (``verdict/timeline.py``).
     """
     win = fault_window(ctx)
     if win is None:
@@ -210,6 +211,15 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
             rid: counts_run[rid] for rid in sorted(window_ids) if counts_run.get(rid, 0) > 1
         },
     }
+    cleared = [
+        f
+        for f in ctx.faults
+        if f.get("kind") == KIND
+        and f.get("phase") == "cleared"
+        and f.get("fault_id") == fault.get("fault_id")
+    ]
+    if fault.get("mechanism") == "netem" and cleared and isinstance(cleared[-1].get("netem"), dict):
+        ground["netem"] = cleared[-1]["netem"]  # the qdisc's counters before its removal
     stats = _shim_stats(fault.get("stats_path")) if fault.get("mechanism") == "shim" else None
     if stats is not None:
         ground["shim"] = {

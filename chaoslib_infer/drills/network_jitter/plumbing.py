@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -161,6 +162,51 @@ def run_tc(args: Sequence[str], timeout_s: float = 5.0) -> subprocess.CompletedP
     return subprocess.run(
         list(args), capture_output=True, text=True, timeout=timeout_s, check=False, env=child_env()
     )
+
+
+#: ``tc -s qdisc show``'s counters line of a qdisc: " Sent 1234 bytes 56 pkt (dropped 0, ..."
+_SENT = re.compile(r"Sent (\d+) bytes (\d+) pkt")
+
+
+def parse_netem_counters(text: str) -> dict[str, int] | None:
+    """``{"bytes", "packets"}`` sent through the netem qdiscs of ``tc -s qdisc show`` output
+    (each ``qdisc netem`` line followed by its ``Sent N bytes M pkt`` line), or None when no
+    netem qdisc is listed."""
+    total: dict[str, int] | None = None
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("qdisc netem"):
+            continue
+        for nxt in lines[i + 1 : i + 3]:
+            m = _SENT.search(nxt)
+            if m:
+                total = total or {"bytes": 0, "packets": 0}
+                total["bytes"] += int(m.group(1))
+                total["packets"] += int(m.group(2))
+                break
+    return total
+
+
+def netem_counters(record: dict[str, Any]) -> dict[str, int] | None:
+    """What went through the fault's netem qdiscs so far (``tc -s qdisc show`` on each link:
+    the delay the kernel applied to the replica's packets), read before they are deleted; None
+    when tc cannot say (the verdict then relies on the traffic alone)."""
+    out: dict[str, int] | None = None
+    try:
+        argvs = tc_argv(record, "show")
+    except LabError:
+        return None
+    for args in argvs:
+        at = args.index("tc") + 1
+        try:
+            done = run_tc([*args[:at], "-s", *args[at:]])
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        got = parse_netem_counters(done.stdout) if done.returncode == 0 else None
+        if got is not None:
+            out = out or {"bytes": 0, "packets": 0}
+            out = {k: out[k] + got[k] for k in out}
+    return out
 
 
 def netem_present(record: dict[str, Any]) -> bool:
