@@ -4,6 +4,7 @@ plans (``vars:``), on the command line (``--load-<name>``) and in the load gener
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import subprocess
 import sys
@@ -39,8 +40,10 @@ NAMES = [s.name for s in LOAD_SETTINGS]
 
 def test_the_table_is_start_loads_signature() -> None:
     params = inspect.signature(load_control.start_load).parameters
+    spec = {f.name: f.default for f in dataclasses.fields(LoadSpec)}
     for s in LOAD_SETTINGS:
-        default = params[s.name].default
+        # a row start_load does not name reaches it as **more: the load spec's default is its
+        default = params[s.name].default if s.name in params else spec[s.name]
         if s.name == "retry_on":  # None: the client's default, spelled out in the table
             assert default is None and tuple(s.default) == LoadSpec(url="http://x:1").retry_on
         else:
@@ -341,3 +344,17 @@ def test_a_choice_setting_takes_one_of_its_values() -> None:
     assert parse(" openai-sdk") == "openai-sdk"
     with pytest.raises(ValueError, match="expected one of raw, openai-sdk, got 'sdk'"):
         parse("sdk")
+
+
+def test_the_sdk_clients_settings_flow_through_the_table(tmp_path: Path) -> None:
+    values = {"client": "openai-sdk", "sdk_max_retries": 0, "sdk_timeout_s": 20.0}
+    args = build_parser().parse_args(["--url", "http://x:1", "--out", "o", *load_argv(values)])
+    assert (args.client, args.sdk_max_retries, args.sdk_timeout_s) == ("openai-sdk", 0, 20.0)
+    exp = yaml.safe_load((ROOT / "experiments" / "oom-kill.yaml").read_text())
+    got = load_control.settings_in_force(exp, {"load_client": "openai-sdk"})
+    assert got is not None and got["client"] == "openai-sdk"
+    # the load spec's own cross-check, before anything starts: the SDK owns the retries
+    conf = {"infer_run_dir": str(tmp_path), "load_client": "openai-sdk", "load_retry_attempts": 3}
+    with pytest.raises(InterruptExecution, match="^background-load: .*retry_attempts") as info:
+        load_control.before_experiment_control({}, conf, max_duration_s=10)
+    assert "\n" not in str(info.value) and not (tmp_path / "load.pid").exists()

@@ -45,6 +45,7 @@ interrupts the experiment with one line (``background-load: ...``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import os
@@ -201,15 +202,10 @@ def start_load(
             name: parse_setting(name, defaults[name] if v is None and name == "retry_on" else v)
             for name, v in given.items()
         }
-        LoadSpec(  # validate here: one clear line instead of a dead load process
-            url="http://127.0.0.1:1",
-            timeout_s=values["timeout_s"],
-            retry_attempts=values["retry_attempts"],
-            retry_backoff_s=values["retry_backoff_s"],
-            attempt_timeout_s=values["attempt_timeout_s"],
-            retry_on=tuple(values["retry_on"]),
-            idempotency_header=values["idempotency_header"],
-        )
+        fields = {f.name for f in dataclasses.fields(LoadSpec) if f.init}
+        checked = {k: v for k, v in values.items() if k in fields and v is not None}
+        checked.update(retry_on=tuple(values["retry_on"]), api=api)
+        LoadSpec(url="http://127.0.0.1:1", **checked)  # one clear line, not a dead process
     except (ValueError, TypeError) as exc:
         raise InterruptExecution(f"background-load: {exc}") from None
     rate_rps, warmup_s, phases = values["rate_rps"], values["warmup_s"], values["profile"]

@@ -116,6 +116,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--retry-on", default=None, metavar="A,B,C", help="error classes to retry (see docs)"
     )
     p.add_argument(
+        "--retry-after-max-s",
+        type=float,
+        default=None,
+        help="honour a Retry-After up to this many seconds (default: ignored)",
+    )
+    p.add_argument(
+        "--client",
+        choices=("raw", "openai-sdk"),
+        default="raw",
+        help="who sends: raw (ours, default) or openai-sdk (the openai package's AsyncOpenAI)",
+    )
+    p.add_argument(
+        "--sdk-max-retries", type=int, default=None, help="openai-sdk: max_retries (SDK: 2)"
+    )
+    p.add_argument(
+        "--sdk-timeout-s", type=float, default=None, help="openai-sdk: timeout (SDK: 600 s)"
+    )
+    p.add_argument(
         "--idempotency-header",
         default=None,
         metavar="NAME",
@@ -250,6 +268,10 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
             trace=args.trace,
             trace_speed=args.trace_speed,
             idempotency_header=args.idempotency_header,
+            retry_after_max_s=args.retry_after_max_s,
+            client=args.client,
+            sdk_max_retries=args.sdk_max_retries,
+            sdk_timeout_s=args.sdk_timeout_s,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -108,6 +108,22 @@ def _limit(value: Any) -> float | None:
     return _non_negative(value) or None
 
 
+def _optional_non_negative(value: Any) -> float | None:
+    return None if _is_none(value) else _non_negative(value)
+
+
+def _optional_int_ge0(value: Any) -> int | None:
+    if _is_none(value):
+        return None
+    try:
+        number = _number(value)
+    except (TypeError, ValueError):
+        number = -1.0
+    if number < 0 or number != int(number):
+        raise ValueError(f"expected an integer >= 0, got {value!r}")
+    return int(number)
+
+
 def _count(value: Any) -> int:
     try:
         number = _number(value)
@@ -257,6 +273,20 @@ LOAD_SETTINGS: tuple[LoadSetting, ...] = (
                 "header carrying the logical request id on every attempt (the same on its "
                 "retries), for a gateway that deduplicates, e.g. Idempotency-Key; none: not "
                 "sent", "NAME", "--idempotency-header"),
+    LoadSetting("retry_after_max_s", _optional_non_negative, None,
+                "honour a Retry-After of a failed attempt's answer up to this many seconds (the "
+                "retry waits the longer of it and its backoff); none: ignored", "S",
+                "--retry-after-max-s"),
+    LoadSetting("client", choice("raw", "openai-sdk"), "raw",
+                "who sends the requests: raw (ours, kernel-stamped chunk times) or openai-sdk (the "
+                "official openai package, its own retries: retry_attempts stays 1)", "NAME",
+                "--client"),
+    LoadSetting("sdk_max_retries", _optional_int_ge0, None,
+                "client openai-sdk: its max_retries; none: the SDK's default (2)", "N",
+                "--sdk-max-retries"),
+    LoadSetting("sdk_timeout_s", _optional_positive, None,
+                "client openai-sdk: its request timeout, seconds; none: the SDK's (600 s)", "S",
+                "--sdk-timeout-s"),
     LoadSetting("seed", _optional_int, None,
                 "seed of the arrival schedule and prompt words; none: the generator's (0)", "N",
                 "--seed"),
