@@ -12,8 +12,9 @@ ground truth:
   node-loss pass only when no stream was in flight on the replica the fault took (a finding about
   the criteria, not loosened here);
 * upstream-timeout's requests held by the frozen replica before HAProxy's checks eject it are
-  ``hung_requests`` until the gateway has a first-byte timeout (HAProxy with the user's config,
-  issue 23 item 2); the client's part of the fix holds them about 3 s at most, not 10 s.
+  ``hung_requests`` (the client's part of the fix holds them about 3 s at most, not 10 s), and,
+  retried, generated twice when the replica thaws; a gateway first-byte timeout (HAProxy with the
+  user's config) trades the hang for the same duplicates (README).
 """
 
 from __future__ import annotations
