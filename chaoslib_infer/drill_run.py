@@ -59,6 +59,19 @@ def load_drill_experiment(path: Path) -> dict[str, Any]:
     return dict(experiment)
 
 
+def _declare_load_vars(experiment: dict[str, Any], config_vars: dict[str, Any]) -> None:
+    """Declare in ``experiment``'s configuration each load setting ``config_vars`` gives that
+    it does not declare itself: chaoslib drops an override of an undeclared key, so an
+    operator's own experiment takes ``vars: {load_retry_attempts: 3}`` too (the background-load
+    control reads it: :func:`chaoslib_infer.controls.load.control_arguments`)."""
+    from chaoslib_infer.load.options import LOAD_SETTINGS
+
+    declared = experiment.setdefault("configuration", {})
+    for setting in LOAD_SETTINGS:
+        if setting.var in config_vars and setting.var not in declared:
+            declared[setting.var] = config_vars[setting.var]
+
+
 def _add_guard(experiment: dict[str, Any], conditions: dict[str, Any]) -> None:
     """Append the stop-conditions control (:mod:`chaoslib_infer.controls.guard`) to an experiment
     that does not declare one already (after its other controls: the load warm-up comes first)."""
@@ -205,6 +218,7 @@ def run_drill(
     )
     config_vars.update(spec.vars)
     config_vars.update(allow_vars or {})  # the operator's allowlists (safety.allowlist)
+    _declare_load_vars(experiment, config_vars)
     settings = {"runtime": experiment.get("runtime") or {"rollbacks": {"strategy": "always"}}}
     ctk_logger = logging.getLogger("chaostoolkit")
     ctk_level, ctk_propagate = ctk_logger.level, ctk_logger.propagate  # put back after the drill

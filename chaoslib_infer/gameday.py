@@ -166,13 +166,21 @@ def preflight_url(url: str, timeout_s: float = 3.0) -> None:
 
 
 def validate_plan(plan: Plan) -> None:
-    """Load every experiment of ``plan`` and its stop conditions (nothing is started).
+    """Load every experiment of ``plan``, its load settings and its stop conditions (nothing is
+    started).
 
     Raises:
-        ConfigError: a malformed experiment (names its file) or stop condition.
+        ConfigError: a malformed experiment (names its file), a bad load setting (names the
+            experiment, the drill and ``load_<name>``) or stop condition.
     """
+    from chaoslib_infer.controls.load import settings_in_force
+
     for spec in plan.drills:
-        load_drill_experiment(spec.experiment)
+        experiment = load_drill_experiment(spec.experiment)
+        try:  # a bad load setting is refused here, before the lab comes up
+            settings_in_force(experiment, spec.vars)
+        except ValueError as exc:
+            raise ConfigError(f"{spec.experiment}: drill {spec.name}: {exc}") from None
         plan_stop_conditions(plan.path, spec.name)
 
 

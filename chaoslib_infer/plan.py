@@ -10,6 +10,11 @@ A plan is YAML::
         vars: {window_s: 8}                        # optional configuration overrides
         criteria: {restart_s: 20}                  # optional threshold overrides ("off": not judged)
     criteria: {availability: 0.9995}               # optional, for every drill that has it
+    vars: {load_retry_attempts: 3}                 # optional, for every drill (its own win)
+
+Load settings (``load_<name>``, :data:`chaoslib_infer.load.options.LOAD_SETTINGS`) in ``vars:``
+are checked here: a bad value, or a ``load_*`` key that is neither a load setting nor declared by
+the drill's experiment (a typo), is refused naming the field.
 
 A plan for a Kubernetes cluster says ``platform: kubernetes`` instead of having a ``lab:``; it may
 name its target file (``target: k8s-target.yaml``, relative to the plan), which ``--target FILE``
@@ -34,7 +39,9 @@ ENGINES = ("sim", "llama-cpp")
 PLATFORMS = ("lab", "kubernetes")
 #: the top-level keys of a plan; ``allow`` is read by ``safety.allowlist.plan_allow`` and
 #: ``stop_conditions`` by ``safety.guard.plan_stop_conditions``
-PLAN_KEYS = "name description platform target lab drills allow stop_conditions criteria".split()
+PLAN_KEYS = (
+    "name description platform target lab drills allow stop_conditions criteria vars".split()
+)
 
 
 @dataclass
@@ -199,6 +206,34 @@ def _gateway_fields(path: Path, options: dict[str, Any]) -> None:
     options["gateway_config"] = str(resolved)
 
 
+def _check_load_vars(path: Path, where: str, given: dict[str, Any], experiment: Path) -> None:
+    """Check the load settings among ``given`` (a plan's or a drill's ``vars:``).
+
+    Raises:
+        ConfigError: a bad value of a load setting, or a ``load_*`` key that is no load setting
+            and that the experiment's ``configuration:`` does not declare (the closest setting
+            suggested).
+    """
+    from chaoslib_infer.load.options import VAR_PREFIX, parse_var
+
+    keys = [k for k in given if isinstance(k, str) and k.startswith(VAR_PREFIX)]
+    if not keys:
+        return
+    try:
+        declared = (yaml.safe_load(experiment.read_text(encoding="utf-8")) or {}).get(
+            "configuration"
+        ) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        declared = {}  # validate_plan names the unreadable experiment
+    for key in keys:
+        try:
+            parse_var(key, given[key])
+        except ValueError as exc:
+            if str(exc).startswith(f"{key}: no such load setting") and key in declared:
+                continue  # the experiment's own key (e.g. load_max_duration_s of a tool)
+            raise _fail(path, f"{where}.{key}", str(exc).partition(": ")[2]) from None
+
+
 def load_plan(path: Path) -> Plan:
     """Read and validate a plan file.
 
@@ -284,6 +319,9 @@ def load_plan(path: Path) -> Plan:
     plan_criteria = raw.get("criteria") or {}
     if not isinstance(plan_criteria, dict):
         raise _fail(path, "criteria", "expected a mapping of criterion: threshold")
+    plan_vars = raw.get("vars") or {}
+    if not isinstance(plan_vars, dict):
+        raise _fail(path, "vars", "expected a mapping of configuration key: value")
     drills: list[DrillSpec] = []
     seen: set[str] = set()
     for i, item in enumerate(drills_raw):
@@ -311,10 +349,12 @@ def load_plan(path: Path) -> Plan:
         dcrit = item.get("criteria") or {}
         if not isinstance(dcrit, dict):
             raise _fail(path, f"{where}.criteria", "expected a mapping of criterion: threshold")
+        _check_load_vars(path, "vars", plan_vars, exp_path)
+        _check_load_vars(path, f"{where}.vars", dvars, exp_path)
         spec = DrillSpec(
             name=dname,
             experiment=exp_path,
-            vars=dict(dvars),
+            vars={**plan_vars, **dvars},
             criteria={**plan_criteria, **dcrit},
         )
         _check_criteria(path, where, spec, plan_criteria, dcrit)

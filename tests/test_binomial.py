@@ -221,7 +221,7 @@ def test_the_p99_probe_counts_the_requests_over_its_threshold(tmp_path: Path) ->
 
 
 def test_the_baseline_holds_one_failure_in_200_and_fails_on_five_with_its_rates() -> None:
-    from test_verdict import GOOD
+    from test_verdict import GOOD, felt
 
     t0 = 1_700_000_000.0
     ground, fig = dict(GOOD["oom-kill"][0]), dict(GOOD["oom-kill"][1])
@@ -231,6 +231,7 @@ def test_the_baseline_holds_one_failure_in_200_and_fails_on_five_with_its_rates(
         records = steady(t0, t0 + 120)
         for r in records[:bad]:
             r.update(ok=False, error_class="http_5xx", first_token_at=None, chunk_times=[])
+        records = felt("oom-kill", records, ground)
         v = judge_drill(DrillFacts("oom-kill", records, fig, ground))
         assert v.state == state, v.reasons
         tests = v.windows["baseline"]["slo_tests"]
@@ -251,13 +252,14 @@ def test_the_baseline_holds_one_failure_in_200_and_fails_on_five_with_its_rates(
 
 
 def test_a_short_baseline_is_judged_and_the_verdict_notes_its_power() -> None:
-    from test_verdict import GOOD
+    from test_verdict import GOOD, felt
 
     t0 = 1_700_000_000.0
     ground, fig = dict(GOOD["oom-kill"][0]), dict(GOOD["oom-kill"][1])
     ground.update(fault_at=t0 + 6.6, replica_serving_again_at=t0 + 8.0)
     records = steady(t0, t0 + 110)  # 64 requests before the fault, 1100 in the drill
     records[3].update(ok=False, error_class="http_5xx", first_token_at=None, chunk_times=[])
+    records = felt("oom-kill", records, ground)
     v = judge_drill(DrillFacts("oom-kill", records, fig, ground))
     assert v.state == "passed", v.reasons  # one failure in 64 is within 99.9 % (k = 2)
     assert (
@@ -308,15 +310,14 @@ def test_the_shipped_lab_experiments_warm_up_for_a_powered_baseline() -> None:
         exp = yaml.safe_load(path.read_text())
         conf = exp.get("configuration") or {}
         control = next(c for c in exp.get("controls") or [] if c["name"] == "background-load")
-        args = control["provider"]["arguments"]
-        if "profile" in args:  # traffic-spike: its profile's first phase is the baseline
+        args = control["provider"].get("arguments") or {}
+        if conf.get("load_profile") or "profile" in args:  # traffic-spike: its first phase
             continue
         warm = conf["load_warmup_s"]
         warm = warm["default"] if isinstance(warm, dict) else warm
-        assert args["warmup_s"] == "${load_warmup_s}", path
-        rate = args["rate_rps"]
-        if isinstance(rate, str):
-            rate = conf[rate.strip("${}")]
+        # the load settings come from the configuration (load_<name>), none written out
+        assert "warmup_s" not in args and "rate_rps" not in args, path
+        rate = conf["load_rate_rps"]
         assert warmup_seconds(warm, float(rate), {}) * float(rate) >= 194, path
         sized.append(path.stem)
     assert len(sized) == 12, sized  # 6 lab + 6 Kubernetes experiments (traffic-spike: a profile)

@@ -72,7 +72,9 @@ def _check_node_loss(drill: dict[str, Any], run_dir: Path, lab_dir: Path) -> str
     assert rows["replacement_serving_s"]["result"] == "pass"
     assert rows["serving_after_vs_baseline"]["result"] == "pass"
     note = drill["verdict"]["notes"][0]
-    assert note.startswith("fault: node n0 dropped, replicas r0 killed; the traffic felt it: r0 served ")
+    assert note.startswith(
+        "fault: node n0 dropped, replicas r0 killed; the traffic felt it: r0 served "
+    )
     assert "moved (share of answers" in note
     fault_at = gt["fault_at"]
     lost = gt["lost_replica_names"]

@@ -225,9 +225,10 @@ def test_build_body_draws_the_mix() -> None:
 def test_load_control_refuses_bad_mix_timeouts_and_unknown_arguments(tmp_path: Path) -> None:
     conf = {"infer_run_dir": str(tmp_path), "infer_base_url": "http://127.0.0.1:9"}
     for kwargs, msg in (
-        ({"prompt_mix": "huge:1"}, "background-load: prompt mix: unknown class 'huge'"),
-        ({"ttft_timeout_s": -1}, "background-load: ttft_timeout_s must be a number"),
-        ({"idle_timeout_s": "soon"}, "background-load: idle_timeout_s must be a number"),
+        # one line naming the setting (docs/definitions.md, "Load settings")
+        ({"prompt_mix": "huge:1"}, "background-load: load_prompt_mix: .*unknown class 'huge'"),
+        ({"ttft_timeout_s": -1}, "background-load: load_ttft_timeout_s: expected a number of"),
+        ({"idle_timeout_s": "soon"}, "background-load: load_idle_timeout_s: expected a number"),
     ):
         with pytest.raises(InterruptExecution, match=msg) as err:
             load_control.start_load(configuration=conf, **kwargs)

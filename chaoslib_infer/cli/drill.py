@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from chaoslib_infer.errors import InferChaosError
 
 from .common import apply_gateway, experiments_dir, fail, gateway_options
+from .load_settings import apply_load_vars, load_options
 from .plan_run import PlanRunOptions, run_plan, target_options
 
 __all__ = ["drill"]
@@ -59,12 +61,14 @@ def _experiments(folder: Path, k8s: bool = False) -> dict[str, Path]:
 )
 @target_options
 @gateway_options()
+@load_options
 def drill_run(
     name: str,
     out_dir: Path | None,
     opts: PlanRunOptions,
     gateway: str | None = None,
     gateway_config: Path | None = None,
+    load_vars: dict[str, Any] | None = None,
 ) -> None:
     """Run the drill NAME (see `chaos-infer drill list`) alone, with evidence, like a game day.
 
@@ -96,4 +100,5 @@ def drill_run(
         platform=base.platform,
     )
     apply_gateway(the_plan, gateway, gateway_config)
+    apply_load_vars(the_plan, load_vars or {})
     run_plan(the_plan, out_dir or Path("drill-out") / name, opts)

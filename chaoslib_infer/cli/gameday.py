@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from chaoslib_infer.errors import InferChaosError
 
 from .common import apply_gateway, fail, gateway_options
+from .load_settings import apply_load_vars, load_options
 from .plan_run import PlanRunOptions, run_plan, target_options
 
 __all__ = ["gameday"]
@@ -26,12 +28,14 @@ __all__ = ["gameday"]
 )
 @target_options
 @gateway_options()
+@load_options
 def gameday(
     plan: Path | None,
     out_dir: Path,
     opts: PlanRunOptions,
     gateway: str | None = None,
     gateway_config: Path | None = None,
+    load_vars: dict[str, Any] | None = None,
 ) -> None:
     """Run a game day: every drill of PLAN (default drills/gameday.yaml), with evidence.
 
@@ -54,4 +58,5 @@ def gameday(
         fail(str(exc))
         return
     apply_gateway(the_plan, gateway, gateway_config)
+    apply_load_vars(the_plan, load_vars or {})
     run_plan(the_plan, out_dir, opts)

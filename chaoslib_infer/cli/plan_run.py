@@ -188,8 +188,26 @@ def _print_dry_run(
             click.echo(f"    {act.get('type')}: {act.get('name')} {args}{extra}")
         for rb in exp.get("rollbacks", []):
             click.echo(f"    rollback: {rb.get('name')}")
+        _print_load_settings(exp, d.vars)
     _print_criteria(the_plan, criteria or [])
     click.echo("dry run: nothing was started or changed")
+
+
+def _print_load_settings(experiment: dict[str, Any], drill_vars: dict[str, Any]) -> None:
+    """The drill's load settings in force, one line (the experiment's, under the plan's
+    ``vars:`` and the ``--load-*`` options: ``controls.load.settings_in_force``)."""
+    from chaoslib_infer.controls.load import settings_in_force
+    from chaoslib_infer.load.options import setting_text
+
+    try:
+        values = settings_in_force(experiment, drill_vars)
+    except ValueError as exc:  # validate_plan refused it already on a real run
+        fail(str(exc))
+        return
+    if values is None:
+        click.echo("    load: not the built-in background load (none, or a locustfile)")
+        return
+    click.echo("    load: " + " ".join(f"{k}={setting_text(k, v)}" for k, v in values.items()))
 
 
 def _print_criteria(the_plan: Any, criteria: list[tuple[str | None, str, float | None]]) -> None:
@@ -389,7 +407,8 @@ _TARGET_OPTIONS = [
     click.option(
         "--dry-run",
         is_flag=True,
-        help="Print the plan (drills, faults, rollbacks, criteria overrides) and touch nothing.",
+        help="Print the plan (drills, faults, rollbacks, load settings, criteria overrides) and "
+        "touch nothing.",
     ),
     click.option(
         "--allow",

@@ -45,6 +45,7 @@ interrupts the experiment with one line (``background-load: ...``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import math
@@ -68,6 +69,8 @@ __all__ = [
     "after_experiment_control",
     "baseline_need",
     "before_experiment_control",
+    "control_arguments",
+    "settings_in_force",
     "start_load",
     "stop_load",
     "warmup_finding",
@@ -117,10 +120,13 @@ def start_load(
     prompt_mix: str | dict[str, float] | list[list[Any]] | None = None,
     ttft_timeout_s: float | None = 10.0,
     idle_timeout_s: float | None = 5.0,
+    retry_on: list[str] | tuple[str, ...] | str | None = None,
+    idempotency_header: str | None = None,
     trace: str | None = None,
     trace_speed: float = 1.0,
     baseline_requests: int = BASELINE_REQUESTS,
     configuration: dict[str, Any] | None = None,
+    **more: Any,
 ) -> dict[str, Any]:
     """Start the background load process and wait for its warm-up.
 
@@ -150,6 +156,11 @@ def start_load(
             None or 0: no limit.
         idle_timeout_s: client limit between output chunks, seconds (``timeout_idle``); None or
             0: no limit.
+        retry_on: the failures a retry follows: error classes, or the groups ``cut_stream`` and
+            ``connect_error`` (:data:`chaoslib_infer.load.options.RETRY_ON_GROUPS`); None: the
+            client's default (``DEFAULT_RETRY_ON``).
+        idempotency_header: a header name sent on every attempt with the logical request id as
+            its value (the same on its retries), for a gateway that deduplicates; None: not sent.
         trace: a recorded trace (Mooncake / AIPerf JSONL, :mod:`chaoslib_infer.load.trace`) as
             the arrival schedule and request sizes instead of ``rate_rps``; None: Poisson.
         trace_speed: time scale of the trace (2.0 replays it twice as fast).
@@ -160,10 +171,18 @@ def start_load(
             for 51); 0: no wait. With a ``profile`` or a ``trace`` (the first phase is the
             baseline, on the load's own clock) it waits for the first success only.
         configuration: Chaos Toolkit configuration (target URL, run directory).
+        more: any further load setting of :data:`chaoslib_infer.load.options.LOAD_SETTINGS`
+            (a setting added to the table reaches the generator through its row's flag).
+
+    Every load setting (the table's rows, all the arguments above but ``max_duration_s``,
+    ``api``, ``trace``, ``trace_speed`` and ``baseline_requests``) is read with
+    :func:`~chaoslib_infer.load.options.parse_setting`, so text works as well as numbers
+    (``chaos run --var load_retry_attempts=3`` gives ``"3"``).
 
     Returns:
         ``{"pid", "records", "url", "rate_rps", "profile", "prompt_mix" (text or None),
-        "ttft_timeout_s", "idle_timeout_s", "warmup"}`` (timeouts None when unlimited;
+        "ttft_timeout_s", "idle_timeout_s", "settings", "warmup"}`` (timeouts None when
+        unlimited; ``settings``: every load setting in force, ``{name: value}``;
         ``warmup``: the finding of :func:`warmup_finding` when nothing succeeded in the warm-up
         by the service's doing, also written to ``warmup.json`` in the run folder; else None).
 
@@ -174,30 +193,35 @@ def start_load(
             run (nothing sent, every attempt failed to connect: :func:`warmup_finding`).
     """
     from chaoslib_infer.load.client import LoadSpec
-    from chaoslib_infer.load.mix import format_mix, parse_prompt_mix
-    from chaoslib_infer.load.schedule import check_profile
+    from chaoslib_infer.load.options import LOAD_SETTINGS, load_argv, parse_setting
 
+    given = {
+        "rate_rps": rate_rps, "warmup_s": warmup_s, "max_concurrency": max_concurrency,
+        "max_tokens": max_tokens, "timeout_s": timeout_s, "seed": seed,
+        "retry_attempts": retry_attempts, "retry_backoff_s": retry_backoff_s,
+        "attempt_timeout_s": attempt_timeout_s, "profile": profile, "prompt_mix": prompt_mix,
+        "ttft_timeout_s": ttft_timeout_s, "idle_timeout_s": idle_timeout_s,
+        "retry_on": retry_on, "idempotency_header": idempotency_header, **more,
+    }  # fmt: skip
+    defaults = {s.name: s.default for s in LOAD_SETTINGS}
     try:
-        phases = check_profile(profile) if profile is not None else None
-        mix = parse_prompt_mix(prompt_mix) if prompt_mix not in (None, "") else None
-        ttft = _timeout("ttft_timeout_s", ttft_timeout_s)
-        idle = _timeout("idle_timeout_s", idle_timeout_s)
-        first_rate = float(phases[0][1]) if phases else float(rate_rps)
+        values = {
+            name: parse_setting(name, defaults[name] if v is None and name == "retry_on" else v)
+            for name, v in given.items()
+        }
+        phases_given = values["profile"]
+        first_rate = float(phases_given[0][1]) if phases_given else float(values["rate_rps"])
         # auto: the baseline a powered test needs; the warm-up also waits for that many to end
-        need = baseline_need(configuration) if str(warmup_s).strip().lower() == "auto" else 0
-        warmup_s = warmup_seconds(warmup_s, first_rate, configuration)
-        LoadSpec(  # validate here: one clear line instead of a dead load process
-            url="http://127.0.0.1:1",
-            timeout_s=timeout_s,
-            retry_attempts=retry_attempts,
-            retry_backoff_s=retry_backoff_s,
-            attempt_timeout_s=attempt_timeout_s,
-            prompt_mix=mix,
-            ttft_timeout_s=ttft,
-            idle_timeout_s=idle,
-        )
+        need = baseline_need(configuration) if values["warmup_s"] == "auto" else 0
+        values["warmup_s"] = warmup_seconds(values["warmup_s"], first_rate, configuration)
+        fields = {f.name for f in dataclasses.fields(LoadSpec) if f.init}
+        checked = {k: v for k, v in values.items() if k in fields and v is not None}
+        checked.update(retry_on=tuple(values["retry_on"]), api=api)
+        LoadSpec(url="http://127.0.0.1:1", **checked)  # one clear line, not a dead process
     except (ValueError, TypeError) as exc:
         raise InterruptExecution(f"background-load: {exc}") from None
+    rate_rps, warmup_s, phases = values["rate_rps"], values["warmup_s"], values["profile"]
+    ttft, idle = values["ttft_timeout_s"], values["idle_timeout_s"]
     url = settings.target_url(configuration)
     try:  # `chaos run` reaches here without our CLI: enforce the blast radius here too
         from chaoslib_infer.safety.allowlist import check_target
@@ -219,28 +243,13 @@ def start_load(
         str(max_duration_s),
         "--out",
         str(records),
-        "--max-tokens",
-        str(max_tokens),
-        "--timeout-s",
-        str(timeout_s),
         "--api",
         api,
         "--no-locust-stats",  # the drill's evidence writes them, after the scrub
+        *load_argv(values),  # every load setting, by its row of the table
     ]
-    if max_concurrency is not None:
-        cmd += ["--max-concurrency", str(max_concurrency)]
-    if seed is not None:
-        cmd += ["--seed", str(seed)]
-    cmd += ["--retry-attempts", str(retry_attempts), "--retry-backoff-s", str(retry_backoff_s)]
-    if attempt_timeout_s is not None:
-        cmd += ["--attempt-timeout-s", str(attempt_timeout_s)]
-    if phases is not None:
-        cmd += ["--profile", ",".join(f"{d!r}:{r!r}" for d, r in phases)]
-    if mix is not None:
-        cmd += ["--prompt-mix", format_mix(mix)]
     if trace:
         cmd += ["--trace", str(trace), "--trace-speed", repr(float(trace_speed))]
-    cmd += ["--ttft-timeout-s", repr(ttft or 0.0), "--idle-timeout-s", repr(idle or 0.0)]
     (run_dir / WARMUP_FILE).unlink(missing_ok=True)  # an earlier `chaos run` in this folder
     log = (run_dir / "load.log").open("ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -288,10 +297,11 @@ def start_load(
         "records": str(records),
         "url": url,
         "rate_rps": rate_rps,
-        "profile": [list(p) for p in phases] if phases is not None else None,
-        "prompt_mix": format_mix(mix) if mix is not None else None,
+        "profile": phases,
+        "prompt_mix": values["prompt_mix"],
         "ttft_timeout_s": ttft,
         "idle_timeout_s": idle,
+        "settings": values,
         "warmup": finding,
         "warmup_s": warmup_s,
     }
@@ -409,23 +419,6 @@ def warmup_finding(records: Path, waited_s: float) -> tuple[bool, str]:
     return False, line
 
 
-def _timeout(name: str, value: Any) -> float | None:
-    """A client timeout argument in seconds: None, 0 or "" -> None (no limit), else > 0.
-
-    Raises:
-        ValueError: not a number >= 0 (one line naming the argument).
-    """
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-        return None
-    try:
-        seconds = float("nan") if isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
-        seconds = float("nan")
-    if not (seconds >= 0 and math.isfinite(seconds)):
-        raise ValueError(f"{name} must be a number of seconds >= 0 (0: no limit), got {value!r}")
-    return seconds or None
-
-
 def stop_load(configuration: dict[str, Any] | None = None, grace_s: float = 20.0) -> int | None:
     """Stop the background load of this run (SIGTERM, then SIGKILL after ``grace_s`` seconds).
 
@@ -462,12 +455,83 @@ def _set_aside_old_fault_log(configuration: dict[str, Any] | None) -> None:
             log.rename(log.with_name(f"faults.{int(log.stat().st_mtime)}.jsonl"))
 
 
+def control_arguments(
+    arguments: dict[str, Any], configuration: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The arguments :func:`start_load` gets: every load setting the configuration gives as
+    ``load_<name>`` (:func:`chaoslib_infer.load.options.load_vars`: an experiment's
+    ``configuration:`` with a plan's ``vars:``, ``--load-<name>`` or ``chaos run --var`` over
+    it), under the control's own ``arguments``. The shipped experiments give no load setting as
+    an argument (each is a ``load_<name>`` key of their configuration), so every override
+    reaches them; an argument an experiment writes out wins (write ``"${load_<name>}"`` to
+    let the configuration decide). Unknown arguments are kept (:func:`before_experiment_control`
+    refuses them).
+
+    Raises:
+        ValueError: a configured load setting with a bad value (one line naming ``load_<name>``).
+    """
+    from chaoslib_infer.load.options import load_vars
+
+    return {**load_vars(configuration or {}), **arguments}
+
+
+def settings_in_force(
+    experiment: dict[str, Any], extra_vars: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The load settings a drill would run with, nothing started: the table's defaults, under the
+    configuration's ``load_<name>`` keys with ``extra_vars`` (a plan's ``vars:``, the command
+    line) over them, under the background-load control's arguments (``${...}`` resolved):
+    :func:`control_arguments`.
+
+    Args:
+        experiment: the experiment as loaded (a mapping). extra_vars: configuration overrides.
+
+    Returns:
+        ``{name: value}`` for every row of :data:`chaoslib_infer.load.options.LOAD_SETTINGS`, or
+        None when the experiment has no background-load control or a locustfile drives it.
+
+    Raises:
+        ValueError: a setting with a bad value (one line naming it).
+    """
+    from chaoslib import substitute
+    from chaoslib.configuration import load_configuration
+
+    from chaoslib_infer.load.options import LOAD_SETTINGS, parse_setting
+
+    control = next(
+        (
+            c
+            for c in experiment.get("controls") or []
+            if (c.get("provider") or {}).get("module") == __name__
+        ),
+        None,
+    )
+    if control is None:
+        return None
+    declared = dict(experiment.get("configuration") or {})
+    extra = dict(extra_vars or {})
+    declared.update({k: v for k, v in extra.items() if k not in declared})
+    try:
+        config = load_configuration(declared, dict(extra))
+    except Exception as exc:  # chaoslib: an env key without default, not set here
+        raise ValueError(f"configuration: {exc}") from None
+    arguments = substitute(dict((control.get("provider") or {}).get("arguments") or {}), config, {})
+    if arguments.get("engine") == "locust":
+        return None
+    merged = control_arguments(arguments, config)
+    return {
+        s.name: parse_setting(s.name, merged[s.name]) if s.name in merged else s.default
+        for s in LOAD_SETTINGS
+    }
+
+
 def before_experiment_control(
     context: dict[str, Any],
     configuration: dict[str, Any] | None = None,
     **arguments: Any,
 ) -> None:
-    """Chaos Toolkit hook: start the load before the experiment (arguments of :func:`start_load`).
+    """Chaos Toolkit hook: start the load before the experiment (arguments of :func:`start_load`,
+    over the configuration's ``load_<name>`` keys: :func:`control_arguments`).
 
     ``engine: locust`` (with ``locustfile``, ``users``, ``spawn_rate``, ``processes``...) runs
     Locust headless instead (:mod:`chaoslib_infer.locust.control`); its closed-loop users are not
@@ -475,9 +539,11 @@ def before_experiment_control(
 
     Raises:
         InterruptExecution: an argument :func:`start_load` does not take (a typo would otherwise
-            silently run the default), or whatever :func:`start_load` raises; the line is also
-            written to ``<run dir>/load_error.txt``.
+            silently run the default), a configured load setting with a bad value, or whatever
+            :func:`start_load` raises; the line is also written to ``<run dir>/load_error.txt``.
     """
+    from chaoslib_infer.load.options import LOAD_SETTINGS
+
     _set_aside_old_fault_log(configuration)
     if arguments.get("engine") == "locust":  # a locustfile drives the drill's load
         from chaoslib_infer.locust.control import before_experiment_control as locust_before
@@ -485,13 +551,20 @@ def before_experiment_control(
         locust_before(context, configuration, **arguments)
         return
     arguments.pop("engine", None)  # "builtin" (the default)
+    params = inspect.signature(start_load).parameters
     # observe_after_s is read by after_experiment_control
-    allowed = (set(inspect.signature(start_load).parameters) - {"configuration"}) | {
-        "observe_after_s"
-    }
-    unknown = sorted(set(arguments) - allowed)
-    kwargs = {k: v for k, v in arguments.items() if k in allowed and k != "observe_after_s"}
+    allowed = (
+        ({n for n, p in params.items() if p.kind is not p.VAR_KEYWORD} - {"configuration"})
+        | {"observe_after_s"}
+        | {s.name for s in LOAD_SETTINGS}
+    )
     with settings.load_error_saved(configuration):
+        try:
+            arguments = control_arguments(arguments, configuration)
+        except ValueError as exc:
+            raise InterruptExecution(f"background-load: {exc}") from None
+        unknown = sorted(set(arguments) - allowed)
+        kwargs = {k: v for k, v in arguments.items() if k in allowed and k != "observe_after_s"}
         if unknown:
             raise InterruptExecution(
                 f"background-load: unknown argument(s) {', '.join(unknown)}; "

@@ -2,7 +2,8 @@
 
 Retry policy (owned by the client, ``client.run_load``): ``--retry-attempts N`` (total attempts per
 logical request, default 1), ``--retry-backoff-s S`` (0.2), ``--attempt-timeout-s S`` (default
-``--timeout-s``), ``--retry-on a,b,c`` (error classes, default ``client.DEFAULT_RETRY_ON``).
+``--timeout-s``), ``--retry-on a,b,c`` (error classes, default ``client.DEFAULT_RETRY_ON``),
+``--idempotency-header NAME`` (the logical request id in that header too, same on every retry).
 Prompt lengths: ``--prompt-words N`` (16) or a mix ``--prompt-mix short:70,mid:25,long:5``
 (:mod:`chaoslib_infer.load.mix`). Client timeouts: ``--ttft-timeout-s`` (first token, 10),
 ``--idle-timeout-s`` (between chunks, 5), 0 for no limit; ``--timeout-s`` (total, 30).
@@ -113,6 +114,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--retry-on", default=None, metavar="A,B,C", help="error classes to retry (see docs)"
+    )
+    p.add_argument(
+        "--retry-after-max-s",
+        type=float,
+        default=None,
+        help="honour a Retry-After up to this many seconds (default: ignored)",
+    )
+    p.add_argument(
+        "--client",
+        choices=("raw", "openai-sdk"),
+        default="raw",
+        help="who sends: raw (ours, default) or openai-sdk (the openai package's AsyncOpenAI)",
+    )
+    p.add_argument(
+        "--sdk-max-retries", type=int, default=None, help="openai-sdk: max_retries (SDK: 2)"
+    )
+    p.add_argument(
+        "--sdk-timeout-s", type=float, default=None, help="openai-sdk: timeout (SDK: 600 s)"
+    )
+    p.add_argument(
+        "--idempotency-header",
+        default=None,
+        metavar="NAME",
+        help="send the logical request id in this header too, the same on every retry",
     )
     p.add_argument(
         "--profile", default=None, metavar="D:R,...", help='rate phases, e.g. "10:8,15:24,15:8"'
@@ -242,6 +267,11 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
             profile=profile,
             trace=args.trace,
             trace_speed=args.trace_speed,
+            idempotency_header=args.idempotency_header,
+            retry_after_max_s=args.retry_after_max_s,
+            client=args.client,
+            sdk_max_retries=args.sdk_max_retries,
+            sdk_timeout_s=args.sdk_timeout_s,
         )
     except ValueError as exc:
         parser.error(str(exc))

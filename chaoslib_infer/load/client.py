@@ -180,6 +180,8 @@ async def send_attempt(
     if spec.headers:
         headers.update(spec.headers)
         headers["X-Request-Id"] = request_id
+    if spec.idempotency_header:  # the same key on every attempt of the logical request
+        headers[spec.idempotency_header] = request_id
     parser = StreamParser()
     status: int | None = None
     replica: str | None = None

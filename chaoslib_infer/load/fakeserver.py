@@ -22,7 +22,8 @@ Options (defaults in brackets):
   get ``mode``; later ones (retries) get a normal stream (``mode=ok``). For retry tests.
 
 Every response carries ``X-Replica-Id`` (the server's ``replica``) and echoes ``X-Request-Id``.
-``FakeServer.arrivals`` lists ``(request_id, time.perf_counter())`` of every request received.
+``FakeServer.arrivals`` lists ``(request_id, time.perf_counter())`` of every request received,
+``FakeServer.request_headers`` the headers of each (names lower-cased).
 Run standalone: ``python -m chaoslib_infer.load.fakeserver [--port P]`` (prints the port).
 """
 
@@ -109,6 +110,7 @@ class FakeServer:
         self.replica = replica
         self.requests = 0
         self.request_ids: list[str] = []
+        self.request_headers: list[dict[str, str]] = []
         self.prompts: list[str] = []
         self.arrivals: list[tuple[str, float]] = []
         self._seen: dict[str, int] = {}
@@ -140,6 +142,7 @@ class FakeServer:
         self.requests += 1
         rid = request.headers.get("X-Request-Id", "none")
         self.request_ids.append(rid)
+        self.request_headers.append({k.lower(): v for k, v in request.headers.items()})
         self.arrivals.append((rid, time.perf_counter()))
         self._seen[rid] = self._seen.get(rid, 0) + 1
         o = _opts(request.match_info.get("prefix", ""))

@@ -92,6 +92,8 @@ async def send_attempt_raw(
     loop = asyncio.get_running_loop()
     pc = time.perf_counter
     key, prefix = session.head(url)
+    idem_name = getattr(spec, "idempotency_header", None)  # LoadSpec's; same key every attempt
+    idem = f"\r\n{idem_name}: {request_id}".encode("latin-1") if idem_name else b""
     status: int | None = None
     replica: str | None = None
     err_class: str | None = None
@@ -143,6 +145,7 @@ async def send_attempt_raw(
                             (
                                 prefix,
                                 request_id.encode("latin-1"),
+                                idem,
                                 b"\r\nContent-Length: %d\r\n\r\n" % len(body),
                                 body,
                             )

@@ -114,6 +114,9 @@ class LoadSpec:
             given it defines the schedule (its timestamps), ``duration_s``, ``rate_rps`` and each
             request's prompt and ``max_tokens`` (``build_body``, in schedule order).
         trace_speed: time scale of the trace (2 = twice as fast).
+        idempotency_header: a header name (e.g. ``Idempotency-Key``) sent on every attempt with
+            the logical request id as its value, the same on the request's retries, for a
+            gateway or server that deduplicates; None (default): not sent.
         transport: ``"raw"`` (default; ``rawhttp``: asyncio Protocol + httptools, less client
             CPU per request, chunk times taken as the bytes arrive) or ``"aiohttp"``; same
             records and error classes.
@@ -160,6 +163,7 @@ class LoadSpec:
     sdk_timeout_s: float | None = None
     trace: str | None = None
     trace_speed: float = 1.0
+    idempotency_header: str | None = None
     _trace: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
     _trace_next: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -173,6 +177,11 @@ class LoadSpec:
             raise ValueError(f"arrival must be 'poisson' or 'constant', got {self.arrival!r}")
         if self.transport not in ("aiohttp", "raw"):
             raise ValueError(f"transport must be 'aiohttp' or 'raw', got {self.transport!r}")
+        key = self.idempotency_header
+        if key is not None and (
+            not isinstance(key, str) or not key or any(c in key for c in " :\r\n\0")
+        ):
+            raise ValueError(f"idempotency_header must be a header name, got {key!r}")
         if self.client not in ("raw", "openai-sdk"):
             raise ValueError(f"client must be 'raw' or 'openai-sdk', got {self.client!r}")
 
