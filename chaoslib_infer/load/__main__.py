@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+from chaoslib_infer.measure import chunkpath
 from chaoslib_infer.safety.redact import env_key
 
 _T = TypeVar("_T")
@@ -243,6 +244,10 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
             trace=args.trace,
             trace_speed=args.trace_speed,
         )
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:  # the environment's choices, before any traffic: one line, not a traceback
+        chunkpath.path()
     except ValueError as exc:
         parser.error(str(exc))
     if not args.progress_s > 0:

@@ -245,7 +245,8 @@ def finish_attempt(
         One record (``docs/definitions.md``, "Metrics" and "Denominators"): unix-second times,
         ``ok``/``error_class``/``error``, ``output_tokens`` from usage else the chunk count,
         ``final`` True and ``time_source`` ``"loop"`` (the retry policy and the raw transport
-        change them where they apply).
+        change them where they apply), ``chunk_path``: the parser's (``"compiled"`` |
+        ``"python"``, ``measure.chunkpath``).
     """
     if timed_out:
         if kind == "done":
@@ -286,4 +287,5 @@ def finish_attempt(
         "replica": replica,
         "text_len": parser.text_len,
         "time_source": "loop",  # the raw transport says "kernel" where the kernel stamped it
+        "chunk_path": parser.chunk_path,  # "compiled" | "python" (``measure.chunkpath``)
     }

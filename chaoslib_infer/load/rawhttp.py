@@ -50,8 +50,6 @@ import asyncio
 import time
 from typing import Any
 
-from chaoslib_infer.measure.sse import StreamParser
-
 from .attempts import (
     AFTER_DONE_GRACE_S,
     AttemptSpec,
@@ -103,7 +101,7 @@ async def send_attempt_raw(
     first_token: float | None = None
     done_at: float | None = None
     chunk_times: list[float] = []
-    sp = StreamParser()
+    sp = session.parser_cls()
     kernel = False
     sent_source = "connect"
     loop_times: tuple[float | None, float | None, float | None, list[float], float] | None = None

@@ -65,10 +65,12 @@ RECORD_FIELDS: tuple[str, ...] = (
 
 #: Fields a record may carry after :data:`RECORD_FIELDS` (contracts.md section 3): the clock
 #: (``time_source`` "kernel" | "loop", absent = "loop"; the kernel records' loop-time stamps), the
+#: chunk path that parsed the stream (``chunk_path`` "compiled" | "python", ``measure.chunkpath``), the
 #: cut-off marks and the not-sent marks (``not_sent``, ``in_flight``: the number in flight when a
 #: due request found the in-flight cap full).
 OPTIONAL_FIELDS: tuple[str, ...] = (
     "time_source",
+    "chunk_path",
     "sent_source",
     "sent_at_loop",
     "first_byte_at_loop",
