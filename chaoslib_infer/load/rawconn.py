@@ -31,7 +31,7 @@ from .attempts import (
     chunk_deadline,
 )
 
-__all__ = ["RawConnection", "RawSession", "first_read_size"]
+__all__ = ["RawConnection", "RawSession"]
 
 _UNSAFE_URL = re.compile(r"[\x00-\x20\x7f]")  # controls and spaces: never in a request line
 
@@ -42,38 +42,6 @@ _perf, _wall = time.perf_counter, time.time
 _READ_SIZE = (
     64 * 1024
 )  # one recvmsg a wake-up, under glibc's mmap threshold (256 KB: an mmap a read)
-_PEEK = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0x40)
-_EVENT_ENDS = (b"\n\n", b"\n\r\n")  # an SSE event's blank line (LF or CRLF line ends)
-
-
-def first_read_size(peeked: bytes, headers_done: bool) -> int:
-    """How many of the ``peeked`` bytes the next read takes while the attempt has no output chunk
-    yet (issue 24 item 3): through the end of the response head when the head is not read yet,
-    else through the end of the first SSE event (its blank line); all of them when that end is
-    not among them yet.
-
-    A TCP read's kernel stamp is that of the newest segment it took bytes from, so a read that
-    ends where the head or the first event ends is stamped with that segment's arrival, not with
-    a later segment's that the kernel merged behind it while the client was busy.
-
-    Args:
-        peeked: the bytes waiting on the socket (``MSG_PEEK``), the start of what the next read
-            returns.
-        headers_done: the response head was parsed already.
-
-    Returns:
-        A size for ``recvmsg`` (bytes, 1 .. ``len(peeked)``; ``len(peeked)`` when no end is found).
-    """
-    n = len(peeked)
-    if not headers_done:
-        end = peeked.find(b"\r\n\r\n")
-        return end + 4 if end >= 0 else n
-    best = n
-    for sep in _EVENT_ENDS:
-        i = peeked.find(sep)
-        if 0 <= i and i + len(sep) < best:
-            best = i + len(sep)
-    return best
 
 
 class RawSession:
@@ -242,17 +210,7 @@ class RawSession:
 
 
 class RawConnection(asyncio.Protocol):
-    """One HTTP/1.1 connection; holds the state of the attempt it carries (one at a time).
-
-    On a kernel-stamped connection the reads before an attempt's first output chunk take the
-    response head, then one SSE event, at a time (:func:`first_read_size`; a ``MSG_PEEK`` first),
-    so ``first_byte_at`` and ``first_token_at`` carry their own segments' stamps; later reads
-    take what is there (up to 64 KiB). ``first_read_alone`` False (class or instance) switches
-    that off (the cost is measured in tests/test_chunk_path.py).
-    """
-
-    #: read the head and the first output chunk alone (issue 24 item 3)
-    first_read_alone = True
+    """One HTTP/1.1 connection; holds the state of the attempt it carries (one at a time)."""
 
     def __init__(self, session: RawSession, key: _Key) -> None:
         self.session = session
@@ -350,17 +308,8 @@ class RawConnection(asyncio.Protocol):
 
     def _readable(self) -> None:
         sock = self.sock
-        if sock is None:
-            return
-        size = _READ_SIZE
-        if self.first_token is None and self.first_read_alone and self.sp is not None:
-            try:
-                peeked = sock.recv(_READ_SIZE, _PEEK)
-            except OSError:
-                peeked = b""  # nothing yet (a stamp wake-up), or an error: the read tells
-            if peeked:
-                size = first_read_size(peeked, self.headers_done)
-        self._read(sock, size)
+        if sock is not None:
+            self._read(sock, _READ_SIZE)
 
     def _read(self, sock: socket.socket, size: int) -> bool:
         """One ``recvmsg`` of up to ``size`` bytes, stamped and fed to the parser; False when
