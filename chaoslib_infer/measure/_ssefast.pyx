@@ -19,7 +19,10 @@ chooses it when it imports.
 
 import json
 
-from orjson import loads as _orjson_loads
+try:  # as measure.sse: orjson when there, else the standard library
+    from orjson import loads as _orjson_loads
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _orjson_loads = json.loads
 
 from chaoslib_infer.measure.sse import (
     _ERROR_FINISH,
