@@ -340,6 +340,12 @@ def headline(figures: dict[str, Any]) -> str:
             continue
         text = f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
         parts.append(text + (notes.get(key, "") if retried else ""))
+    if figures.get("replica_exits"):  # a crash told whole: exits, their codes, restarts
+        codes = ", ".join(f"{c} x{n}" for c, n in (figures.get("exit_codes") or {}).items())
+        parts.append(
+            f"replica_exits={figures['replica_exits']} ({codes}), "
+            f"replica_restarts={figures.get('replica_restarts')}"
+        )
     return ", ".join(parts)
 
 

@@ -291,6 +291,21 @@ def test_six_profiles_conform_and_certify_side_by_side(tmp_path: Path,
     html = (out / "report.html").read_text()
     for name in by:
         assert f'<th class="t">{name} — PASS' in html
+    # one engine behind every mimic, 3 requests each: the ranking must not order them on noise
+    # (issue 21 item 6): P99s carry bootstrap intervals that overlap, so they tie
+    for t in by.values():
+        p99 = next(
+            r for r in t["scorecard"]["tiers"][0]["rows"] if r["metric"] == "P99 E2E latency"
+        )
+        assert p99["ci"]["n"] == 3 and p99["ci"]["lo"] <= p99["value"] <= p99["ci"]["hi"]
+    tied = [t for t in summary["targets"] if t["tie"]]
+    assert len(tied) >= 2 and all(t["rank"] == tied[0]["rank"] for t in tied[:2]), [
+        (t["name"], t["rank"], t["ranking_note"]) for t in summary["targets"]
+    ]
+    notes = " ".join(n for t in summary["targets"] for n in t["ranking_note"])
+    assert "tie on P99 E2E latency" in notes and "requests per target" in notes, notes
+    md = (out / "report.md").read_text()
+    assert f"| {tied[0]['rank']} (tie) |" in md and "95 % confidence interval" in md
     no_key_anywhere(out, KEY)
     assert all(KEY not in line for line in lines)
 

@@ -51,6 +51,7 @@ def state(p: StreamParser) -> dict[str, Any]:
         "done": p.done,
         "finish_reason": p.finish_reason,
         "usage_tokens": p.usage_tokens,
+        "usage_prompt_tokens": p.usage_prompt_tokens,
         "output_chunks": p.output_chunks,
         "text_len": p.text_len,
         "error": p.error,
@@ -289,7 +290,12 @@ chunk = st.fixed_dictionaries(
             json_values,
         ),
         "usage": st.one_of(
-            st.fixed_dictionaries({"completion_tokens": st.integers(-2, 99) | json_values}),
+            st.fixed_dictionaries(
+                {
+                    "completion_tokens": st.integers(-2, 99) | json_values,
+                    "prompt_tokens": st.integers(-2, 99) | json_values,
+                }
+            ),
             json_values,
         ),
         "error": json_values,

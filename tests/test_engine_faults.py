@@ -464,6 +464,77 @@ def test_crash_on_long_prompt_kills_the_replica(tmp_path: Path, via: str, how: s
         eng.stop()
 
 
+def _long_body(words: int = 100) -> bytes:
+    """A chat body of ``words`` x "word " (5 characters each: ``ceil(5 * words / 4)`` tokens)."""
+    return json.dumps(
+        {"model": "sim", "max_tokens": 8, "stream": True,
+         "messages": [{"role": "user", "content": "word " * words}]}
+    ).encode()  # fmt: skip
+
+
+def test_crash_fault_survives_a_restart_until_cleared(tmp_path: Path) -> None:
+    """crash_on_long_prompt is a deterministic bug: the restarted replica re-arms it from its
+    fault-state file (ledger ``fault_restore``) and dies on the next long prompt too; the
+    rollback, while the replica is down, removes it from the file, so the next start is clean.
+    Records carry the prompt's size: the engine's count from usage, else our estimate, which
+    for the crashed request equals the count the engine wrote in its fault line."""
+    lab_dir, run_dir = tmp_path / "lab", tmp_path / "run"
+    lab_dir.mkdir()
+    state = ("--fault-state-dir", str(lab_dir / "engine-faults"))
+    conf = {"infer_lab_dir": str(lab_dir), "infer_run_dir": str(run_dir)}
+    eng = Engine(lab_dir / "ledger.jsonl", "r0", *state)
+    engines = [eng]
+    try:
+        _fake_lab(lab_dir, eng)
+        lab = Lab.attach(lab_dir)
+        ef.set_engine_fault("crash_on_long_prompt", params={"n": 64}, configuration=conf)
+        kept = json.loads((lab_dir / "engine-faults" / "r0.json").read_text())
+        assert [(f["mode"], f["params"]["n"]) for f in kept] == [("crash_on_long_prompt", 64)]
+        short = attempts(spec_for(eng.url), 1)[0]
+        assert short["ok"] and short["prompt_tokens_source"] == "usage", short
+        gen_end = next(e for e in read_jsonl(eng.ledger)
+                       if e.get("request_id") == short["request_id"]
+                       and e.get("event") == "generation_end")  # fmt: skip
+        assert short["prompt_tokens"] == gen_end["prompt_tokens"]  # the engine's own count
+        for life in range(2):  # the first process, then the restarted one: both die on it
+            crashed = attempts(spec_for(eng.url), 1, body=_long_body())[0]
+            assert crashed["error_class"] in ("reset", "connect"), crashed
+            assert eng.proc.wait(timeout=5) == CRASH_EXIT_CODE
+            line = eng.fault_lines({crashed["request_id"]})
+            assert [(e["mode"], e["prompt_tokens"]) for e in line] == [
+                ("crash_on_long_prompt", 125)
+            ]
+            assert (crashed["prompt_tokens"], crashed["prompt_tokens_source"]) == (125, "estimate")
+            record = json.loads((lab_dir / "faults.json").read_text())[0]
+            assert ef.fault_active(lab, record) is True  # down, but a restart re-arms it
+            if life == 0:
+                eng.stop()
+                eng = Engine(lab_dir / "ledger.jsonl", "r0", *state)  # supervisord's restart
+                engines.append(eng)
+                _fake_lab(lab_dir, eng)
+                armed = eng.admin("GET").json()["faults"]
+                assert [(f["mode"], f["n"], f["id"]) for f in armed] == [
+                    ("crash_on_long_prompt", 64, kept[0]["fault_id"])
+                ]
+                restores = [e for e in read_jsonl(eng.ledger) if e.get("event") == "fault_restore"]
+                assert [(e["modes"], e["pid"]) for e in restores] == [
+                    (["crash_on_long_prompt"], eng.proc.pid)
+                ]
+        # the rollback while the replica is down: removed from the file, not re-armed
+        note = ef.clear_engine_faults(configuration=conf)["cleared"][0]
+        assert "removed from its fault-state file" in note, note
+        assert not (lab_dir / "engine-faults" / "r0.json").exists()
+        assert ef.fault_active(lab, record) is False
+        eng.stop()
+        eng = Engine(lab_dir / "ledger.jsonl", "r0", *state)
+        engines.append(eng)
+        assert eng.admin("GET").json()["faults"] == []
+        assert attempts(spec_for(eng.url), 1, body=_long_body())[0]["ok"]
+    finally:
+        for e in engines:
+            e.stop()
+
+
 # ---------------------------------------------------------------------------- health disagreement
 
 
@@ -812,8 +883,8 @@ def test_engine_faults_in_the_lab(tmp_path: Path) -> None:
         ).encode()  # fmt: skip
         crashed = attempts(spec_for(lab.url), 1, body=long_body)[0]
         assert crashed["error_class"] in ("http_5xx", "reset"), crashed
-        with RecordWriter(run_dir / "records.jsonl", append=True) as w:
-            w.write(crashed)
+        # no usage from a crash: the record carries our estimate of the prompt, marked so
+        assert (crashed["prompt_tokens"], crashed["prompt_tokens_source"]) == (125, "estimate")
         line = [
             e
             for e in read_jsonl(lab_dir / "ledger.jsonl")
@@ -830,12 +901,22 @@ def test_engine_faults_in_the_lab(tmp_path: Path) -> None:
         lab.wait_healthy(30)
         exits = [e for e in lab.events() if e.get("event") == "exit"]
         assert [(e["replica"], e["cause"]) for e in exits] == [(victim, f"exit:{CRASH_EXIT_CODE}")]
-        # the restarted replica holds no fault any more; the other one still does
-        assert [f["replica"] for f in lab.status()["active_faults"]] == sorted(
-            {"r0", "r1"} - {victim}
-        )
+        # a deterministic bug: the restarted replica re-armed it from its fault-state file
+        assert sorted(f["replica"] for f in lab.status()["active_faults"]) == ["r0", "r1"]
+        restored = [
+            e for e in read_jsonl(lab_dir / "ledger.jsonl") if e.get("event") == "fault_restore"
+        ]
+        assert [(e["replica"], e["modes"]) for e in restored] == [
+            (victim, ["crash_on_long_prompt"])
+        ]
+        short = attempts(spec_for(lab.url), 6)  # short prompts: both replicas serve them
+        assert all(r["ok"] and r["prompt_tokens_source"] == "usage" for r in short), short
+        with RecordWriter(run_dir / "records.jsonl", append=True) as w:
+            for r in [crashed, *short]:
+                w.write(r)
         ef.clear_engine_faults(configuration=conf)
         assert lab.status()["active_faults"] == []
+        assert not list((lab_dir / "engine-faults").glob("*.json"))  # nothing to re-arm
 
         records = read_records(run_dir / "records.jsonl")
         ctx = DrillContext(
@@ -844,8 +925,26 @@ def test_engine_faults_in_the_lab(tmp_path: Path) -> None:
             read_jsonl(run_dir / "faults.jsonl"),
             lab.events(),
             read_jsonl(lab_dir / "ledger.jsonl"),
+            lab.served,
         )
         fig, ground = ev.compute(ctx)
+        # the crash told whole: exit code, restart, restart time, the prompt it died on
+        assert (fig["replica_exits"], fig["replica_restarts"]) == (1, 1)
+        assert fig["exit_codes"] == {f"exit:{CRASH_EXIT_CODE}": 1}
+        died = next(e for e in ground["replica_exits"] if e["replica"] == victim)
+        ready = next(
+            e["t"] for e in lab.events() if e.get("event") == "ready" and e["t"] > died["t"]
+        )
+        served = lab.served(victim, died["t"])
+        assert served is not None and served >= ready  # it served one of the short requests
+        assert fig["restart_s"] == pytest.approx(served - died["t"])
+        assert [(p["request_id"], p["prompt_tokens"]) for p in died["died_on"]] == [
+            (crashed["request_id"], 125)
+        ]
+        assert fig["crash_prompt_tokens"] == [125]
+        assert ground["crash_trigger"] == (
+            "armed on prompts over 64 tokens; died on prompts of 125 tokens (engine count)"
+        )
         hang_ids = {e["request_id"] for e in ctx.ledger if e.get("mode") == "hang"}
         hung = [r for r in records if r["request_id"] in hang_ids]
         # timed out at the client, or (still hanging at the clear) dropped with the release 503

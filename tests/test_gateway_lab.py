@@ -13,12 +13,18 @@ the client alone re-runs no generation (it passes behind HAProxy: tests/test_ver
 - ``idle-timeout.conf`` (``proxy_read_timeout 2s``) under the engine's stall mode (3 s pauses
   on one replica, ``experiments/tools/engine-fault.yaml``): FAILED with ``streams_cut_200``.
 
-About 3 minutes here.
+- HAProxy with the user's config (issue 23 item 2): upstream-timeout through
+  ``examples/gateways/haproxy/weak.cfg`` (no ``timeout server``, slow checks): FAILED on hung
+  requests and ``gateway_timeout_s``; the gateway figures checked against HAProxy's own request
+  log and the fault's ground truth.
+
+About 5 minutes here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -28,15 +34,14 @@ import yaml
 from labutil import run_gameday
 
 from chaoslib_infer.lab.gateways.nginx import find_nginx
+from chaoslib_infer.lab.haproxy import find_haproxy
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "gateways" / "nginx"
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(
-        find_nginx() is None, reason="nginx not installed (apt-get install nginx-light)"
-    ),
-]
+pytestmark = [pytest.mark.lab]
+needs_nginx = pytest.mark.skipif(
+    find_nginx() is None, reason="nginx not installed (apt-get install nginx-light)"
+)
 
 
 def _gameday(
@@ -90,6 +95,7 @@ def _gameday(
     return proc, result
 
 
+@needs_nginx
 def test_router_retries_fail_on_retry_amplification(tmp_path: Path) -> None:
     # 600 ms instead of the example's 1 s: the jittered replica's slow answers then pass the
     # gateway's timeout often enough in 20 s for the test to see a router retry every run
@@ -105,6 +111,7 @@ def test_router_retries_fail_on_retry_amplification(tmp_path: Path) -> None:
     assert rows["retry_amplification"]["result"] == "fail"
 
 
+@needs_nginx
 def test_good_config_passes_with_gateway_figures(tmp_path: Path) -> None:
     proc, drill = _gameday(tmp_path, "good")
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -119,6 +126,7 @@ def test_good_config_passes_with_gateway_figures(tmp_path: Path) -> None:
         assert rows[name]["result"] == "pass", rows[name]
 
 
+@needs_nginx
 def test_idle_timeout_below_a_pause_cuts_streams_after_a_200(tmp_path: Path) -> None:
     # the engine's stall mode pauses r1's streams for 3 s after 2 tokens (a long think or a
     # queue); idle-timeout.conf's proxy_read_timeout (2 s) cuts them after nginx answered 200
@@ -138,3 +146,87 @@ def test_idle_timeout_below_a_pause_cuts_streams_after_a_200(tmp_path: Path) -> 
     assert drill["status"] == "failed", drill["reasons"]
     assert any(r.endswith("(streams_cut_200)") for r in drill["reasons"]), drill["reasons"]
     assert drill["figures"]["streams_cut_200"] >= 1
+
+
+_HAPROXY_LINE = re.compile(  # the lab's LOG_FORMAT, read again here (not through the parser)
+    r"^(?P<t>[\d.]+) (?P<srv>\S+) (?P<st>-?\d+) (?P<tw>-?\d+) (?P<tc>-?\d+) -?\d+ (?P<ta>\d+) "
+    r"\d+ (?P<tsc>\S+) (?P<rc>\S+) \{(?P<rid>[^}]*)\} \"[^\"]*\" "
+    r"(?P<th>\d+) (?P<ti>\d+) (?P<trq>\d+)$"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_haproxy() is None, reason="haproxy not installed")
+def test_haproxy_with_your_config_upstream_timeout_gateway_figures(tmp_path: Path) -> None:
+    """weak.cfg has no ``timeout server``: HAProxy holds the requests sent to the frozen replica
+    until the client gives up (and past it: without ``option abortonclose`` it notices the
+    client only when the thawed replica answers). The figures against HAProxy's own log."""
+    cfg = tmp_path / "weak.cfg"
+    text = (ROOT / "examples" / "gateways" / "haproxy" / "weak.cfg").read_text()
+    secret = "    http-request set-header X-Api-Key lab-secret-0123456789\n"  # scrubbed
+    assert "    balance roundrobin\n" in text
+    cfg.write_text(text.replace("    balance roundrobin\n", "    balance roundrobin\n" + secret))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        yaml.safe_dump(
+            {
+                "name": "haproxy-weak",
+                "lab": {
+                    "replicas": 3,
+                    "engine": "sim",
+                    "engine_args": {"max_num_seqs": 4},
+                    "gateway": "haproxy",
+                    "gateway_config": cfg.name,
+                },
+                "drills": [
+                    {
+                        "name": "upstream-timeout",
+                        "experiment": str(ROOT / "experiments" / "upstream-timeout.yaml"),
+                    }
+                ],
+            }
+        )
+    )
+    out = tmp_path / "gd"
+    proc, summary = run_gameday(plan, out, timeout_s=400)
+    drill = summary["drills"][0]
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1 and drill["status"] == "failed", (drill.get("reasons"), tail)
+    fig = drill["figures"]
+    assert fig["gateway"] == "haproxy" and fig["hung_requests"] >= 1
+    assert any(r.endswith("(gateway_timeout_s)") for r in drill["reasons"]), drill["reasons"]
+    gw = drill["ground_truth"]["gateway"]
+    assert gw["config_path"] == str(cfg) and "[REDACTED]" in gw["config"]
+    assert "lab-secret-0123456789" not in json.dumps(summary)
+    assert gw["version"].startswith("HAProxy version")
+    lab_cfg = (out / "lab" / "haproxy.cfg").read_text()  # the lab's lines, injected
+    assert f"stats socket {(out / 'lab').resolve()}/haproxy.sock" in lab_cfg
+    assert "capture request header X-Request-Id len 64" in lab_cfg
+
+    records = [json.loads(ln) for ln in (out / "upstream-timeout" / "records.jsonl").open()]
+    rids = {r["request_id"] for r in records if r.get("sent_at")}
+    fault = json.loads((out / "upstream-timeout" / "faults.jsonl").read_text().splitlines()[0])
+    t0, t1 = fault["fault_at"], fault["fault_at"] + fault["hold_s"]
+    held, to_frozen = [], 0
+    for ln in (out / "lab" / "haproxy-requests.log").read_text().splitlines():
+        m = _HAPROXY_LINE.match(ln)
+        if not m or m["rid"] not in rids:
+            continue
+        assert m["rc"] == "0"  # weak.cfg retries nothing
+        if int(m["st"]) >= 500 or m["tsc"][0] in "Cs":
+            held.append(int(m["ta"]) / 1000)
+        fwd = float(m["t"]) + sum(int(m[k]) for k in ("th", "ti", "trq", "tw", "tc")) / 1000
+        to_frozen += m["srv"] == fault["replica"] and t0 <= fwd <= t1
+    assert fig["gateway_timeout_s"] == pytest.approx(max(held), abs=1e-3)
+    assert fig["gateway_timeout_s"] > 5.0
+    # HAProxy held each hung request at least as long as its client waited
+    waits = [
+        r["end_at"] - r["sent_at"]
+        for r in records
+        if str(r.get("error_class")).startswith("timeout")
+    ]
+    assert fig["gateway_timeout_s"] >= max(waits) - 0.05
+    # sent to the frozen replica while frozen (a stream already on it when it froze is not)
+    assert fig["routed_to_down"] == to_frozen >= 1
+    assert fig["retry_amplification"] == 1.0 and fig["gateway_retries"] == 0
+    assert fig["streams_cut_200"] == 0 and fig["stream_buffering_s"] is not None

@@ -19,7 +19,15 @@ Modes and what a client sees (the load client's error class):
 ``truncated``            ``k`` tokens, clean end without finish_reason / ``[DONE]`` -> ``truncated``
 ``slowdown``             ITL x (1 + ``factor`` x requests served since set): latency SLOs
 ``crash_on_long_prompt`` a prompt over ``n`` tokens kills the replica -> ``reset`` (direct) or
-                         ``http_5xx`` (through HAProxy); supervisord restarts it
+                         ``http_5xx`` (through HAProxy); supervisord restarts it, and the
+                         restarted engine re-arms it (a deterministic bug: kept in
+                         ``<state_dir>/engine-faults/<replica>.json`` until cleared)
+``http_error``           an HTTP error a provider really answers (``how``: ``rate_limit`` 429
+                         and ``unavailable`` 503 with ``Retry-After: retry_after``,
+                         ``server_error`` 500, ``closed_endpoint`` 400 retryable (Ark's
+                         ``InvalidEndpoint.ClosedEndpoint``), ``bad_request`` 400 final), in
+                         the error shape of ``profile``, ``burst`` requests in a row per hit
+                         -> ``http_429`` / ``http_5xx`` / ``http_4xx`` (``lab.engine.errors``)
 ======================== ===================================================================
 
 Each armed fault is recorded with ``lab.add_fault`` *before* the admin call: the lab's rollback
@@ -41,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -49,8 +58,10 @@ from chaoslib.exceptions import ActivityFailed
 from chaoslib_infer.lab import engine_admin
 from chaoslib_infer.lab.activity import attach_lab, log_fault
 from chaoslib_infer.lab.engine import FAULT_MODES
+from chaoslib_infer.lab.engine.faults import read_persisted, write_persisted
 from chaoslib_infer.lab.engine_admin import ReplicaNotRunning
 from chaoslib_infer.lab.fleet import DEFAULT_FAULT_TTL_S, FAULTS_FILE, Lab, LabError
+from chaoslib_infer.lab.statedir import ENGINE_FAULTS_DIR
 
 __all__ = ["clear_engine_faults", "set_engine_fault"]
 
@@ -59,6 +70,8 @@ MODULE = "chaoslib_infer.activities.engine_faults"
 ADMIN_PATH = engine_admin.ADMIN_PATH
 #: seconds the lab's dead-man waits past a fault's own ``ttl_s`` before it disarms it itself
 TTL_MARGIN_S = 5.0
+#: Fault parameters copied into the journal's fault log (what the mode was armed with).
+FAULT_PARAMS_LOGGED = ("k", "t", "n", "factor", "how", "retry_after", "burst", "profile")
 
 
 def _admin(
@@ -193,11 +206,46 @@ def _number(name: str, value: Any, allow_none: bool) -> float | None:
     return out
 
 
+def _fault_file(lab: Lab, replica: str) -> Path:
+    """The replica's fault-state file (crash faults its engine re-arms when it restarts)."""
+    return lab.state_dir / ENGINE_FAULTS_DIR / f"{replica}.json"
+
+
+def _persisted_modes(lab: Lab, record: dict[str, Any]) -> list[str]:
+    """Modes of the record (all, without a ``mode``) kept in its replica's fault-state file."""
+    if not record.get("replica"):
+        return []
+    mode = str(record.get("mode") or "")
+    specs = read_persisted(_fault_file(lab, str(record["replica"])))
+    return [f.mode for f in specs if not mode or f.mode == mode]
+
+
+def _drop_persisted(lab: Lab, record: dict[str, Any]) -> list[str]:
+    """Remove the record's mode (every mode, without one) from its replica's fault-state file,
+    so a restart does not re-arm it; returns the modes removed.
+
+    Raises:
+        LabError: the file could not be rewritten (the fault would come back with a restart).
+    """
+    dropped = _persisted_modes(lab, record)
+    if not dropped:
+        return []
+    path = _fault_file(lab, str(record["replica"]))
+    keep = [f for f in read_persisted(path) if f.mode not in dropped]
+    try:
+        write_persisted(path, keep)
+    except OSError as exc:
+        raise LabError(f"engine-fault state {path}: not rewritten: {exc}") from exc
+    return dropped
+
+
 def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     """Disarm an engine fault (``DELETE /admin/faults?mode=...`` on its replica). Idempotent.
 
-    A replica that is not running holds no fault (a restarted engine starts clean): that counts as
-    undone.
+    A running engine disarms it and rewrites its fault-state file itself. A replica that is not
+    running (a crash fault just killed it) holds the fault only in its fault-state file
+    (``<state_dir>/engine-faults/<replica>.json``, :data:`~chaoslib_infer.lab.engine.faults.PERSISTENT_MODES`):
+    the fault is removed from there, so the restarted replica does not re-arm it.
 
     Returns:
         What was undone, or ``None`` when nothing was armed any more.
@@ -210,6 +258,12 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
     try:
         answer = _admin(lab, record, "DELETE", query)
     except ReplicaNotRunning:
+        dropped = _drop_persisted(lab, record)
+        if dropped:
+            return (
+                f"engine-fault on {record.get('replica')}: replica not running; "
+                f"{', '.join(dropped)} removed from its fault-state file (not re-armed at restart)"
+            )
         return f"engine-fault {mode} on {record.get('replica')}: replica not running, nothing armed"
     cleared = [f.get("mode") for f in answer.get("cleared", [])]
     if not cleared:
@@ -220,13 +274,14 @@ def undo_fault(lab: Lab, record: dict[str, Any]) -> str | None:
 def fault_active(lab: Lab, record: dict[str, Any]) -> bool:
     """True while the replica's engine still has the record's mode armed (``GET /admin/faults``).
 
-    A replica that is not running has nothing armed. Raises on any other failure to ask, so the
-    lab reports the fault as active rather than hiding it.
+    A replica that is not running has armed what its fault-state file keeps (its restart re-arms
+    it). Raises on any other failure to ask, so the lab reports the fault as active rather than
+    hiding it.
     """
     try:
         answer = _admin(lab, record, "GET")
     except ReplicaNotRunning:
-        return False
+        return bool(_persisted_modes(lab, record))
     modes = {f.get("mode") for f in answer.get("faults", [])}
     return record.get("mode") in modes if record.get("mode") else bool(modes)
 
@@ -316,7 +371,7 @@ def set_engine_fault(
                 "mode": mode_n,
                 "probability": prob,
                 "ttl_s": body.get("ttl_s"),
-                "params": {k: v for k, v in fault.items() if k in ("k", "t", "n", "factor", "how")},
+                "params": {k: v for k, v in fault.items() if k in FAULT_PARAMS_LOGGED},
                 "fault_id": fault_id,
             },
         )

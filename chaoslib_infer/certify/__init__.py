@@ -107,7 +107,8 @@ def run_certification(
     from chaoslib_infer.platforms.endpoint import probe_target
     from chaoslib_infer.safety.redact import known_secrets, run_secrets, scrub_tree
 
-    from .report import rank_key, render_report, score_target
+    from .ranking import rank_targets
+    from .report import render_report, score_target
     from .run import run_phases
 
     out.mkdir(parents=True, exist_ok=True)
@@ -164,9 +165,7 @@ def run_certification(
             result["verdict"], result["reasons"] = _verdict(result)
             summary["wall_s"] = round(time.monotonic() - t_start, 1)
             _write_summary(out, summary)
-        ranked = sorted(summary["targets"], key=rank_key)
-        for i, r in enumerate(ranked, 1):
-            r["rank"] = i
+        ranked = rank_targets(summary["targets"])  # ties where the intervals overlap
         summary["targets"] = ranked
         summary["ranking"] = [r["name"] for r in ranked]
         summary["complete"] = True

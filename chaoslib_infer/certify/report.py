@@ -17,16 +17,17 @@ P99, recovery time and disaster tolerance are the scorecard's own rows (worst ph
 recovery of the burst and jitter phases, share of fault phases whose hypothesis held). Model
 quality (tier 3) is out of scope.
 
-**Ranking** (:func:`rank_key`): usable targets first (the conformance probe's critical checks),
-then stability (tier 1 verdict, failed tier-1 rows, steady error rate, disaster tolerance, worst
-P99, worst recovery), then performance and cost (tier 2 verdict, peak QPS, P50, cost).
+**Ranking** (:func:`chaoslib_infer.certify.ranking.rank_targets`): usable targets first (the
+conformance probe's critical checks), then stability (tier 1 verdict, failed tier-1 rows, steady
+error rate, disaster tolerance, worst P99), then performance and cost (tier 2 verdict, peak QPS,
+P50, cost); a figure measured over records decides only where its bootstrap confidence intervals
+do not overlap (:mod:`chaoslib_infer.certify.significance`), else the targets tie on it.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,11 @@ from chaoslib_infer.evidence.scorecard import MODEL_QUALITY_NOTE, build_scorecar
 from chaoslib_infer.load.records import read_records
 
 from .plan import CertPlan
+from .ranking import attach_intervals
 
 __all__ = [
     "console_table",
-    "rank_key",
+    "rank_text",
     "render_report",
     "score_target",
 ]
@@ -184,6 +186,7 @@ def score_target(result: dict[str, Any], tdir: Path, plan: CertPlan) -> dict[str
         tier["drills"] = []
     card["tiers"][2]["note"] = MODEL_QUALITY_NOTE
     card["pricing"] = result["target"].get("price")
+    attach_intervals(card, phases, tdir)
     return card
 
 
@@ -195,40 +198,24 @@ def _rowval(card: dict[str, Any], tier: int, metric: str) -> float | None:
     return None
 
 
-def rank_key(result: dict[str, Any]) -> tuple[Any, ...]:
-    """Sort key: lower is better (module docstring, "Ranking")."""
-    card = result["scorecard"]
-    inf = math.inf
-
-    def v(x: float | None, worse: float = inf) -> float:
-        return worse if x is None else x
-
-    stab = card["tiers"][0]
-    failed_rows = sum(1 for r in stab["rows"] if r["passed"] is False)
-    return (
-        0 if (result.get("probe") or {}).get("usable") else 1,
-        0 if stab["verdict"] == "PASS" else 1,
-        failed_rows,
-        v(_rowval(card, 0, "error rate (steady state)")),
-        -v(_rowval(card, 0, "disaster tolerance"), -1.0),
-        v(_rowval(card, 0, "P99 E2E latency")),
-        v(_rowval(card, 0, "recovery time")),
-        0 if card["tiers"][1]["verdict"] != "FAIL" else 1,
-        -v(_rowval(card, 1, "peak QPS"), 0.0),
-        v(_rowval(card, 1, "P50 E2E latency")),
-        v(_rowval(card, 1, "cost per request")),
-    )
-
-
 def cell(row: dict[str, Any]) -> str:
-    """A scorecard row's value as shown: a ratio in percent, anything else with its unit;
-    "—" when the figure was not measured (never 0)."""
+    """A scorecard row's value as shown: a ratio in percent, anything else with its unit, then
+    its 95 % confidence interval in brackets where it has one; "—" when the figure was not
+    measured (never 0)."""
     v = row["value"]
     if v is None:
         return "—"
+    ci = row.get("ci")
     if row["unit"] == "ratio":
-        return f"{v * 100:.4g} %"
-    return f"{fmt(v)} {row['unit']}".strip()
+        span = f" [{ci['lo'] * 100:.3g}, {ci['hi'] * 100:.3g}]" if ci else ""
+        return f"{v * 100:.4g} %{span}"
+    span = f" [{fmt(ci['lo'])}, {fmt(ci['hi'])}]" if ci else ""
+    return f"{fmt(v)} {row['unit']}".strip() + span
+
+
+def rank_text(target: dict[str, Any]) -> str:
+    """A target's rank as shown: ``"1"``, or ``"1 (tie)"`` when it shares it."""
+    return f"{target['rank']} (tie)" if target.get("tie") else str(target["rank"])
 
 
 def _b64(path: Path) -> str | None:
@@ -392,6 +379,7 @@ def render_report(out: Path, summary: dict[str, Any]) -> tuple[Path, Path]:
         "fmt": fmt,
         "model_quality": MODEL_QUALITY_NOTE,
         "json": json,
+        "rank_text": rank_text,
     }
     html = out / "report.html"
     md = out / "report.md"
@@ -406,7 +394,8 @@ def console_table(summary: dict[str, Any]) -> str:
     names = [t["name"] for t in summary["targets"]]
     width = max([18, *(len(n) + 2 for n in names)])
     head = f"{'':32}" + "".join(f"{n:>{width}}" for n in names)
-    lines = [head, f"{'rank':32}" + "".join(f"{t['rank']:>{width}}" for t in summary["targets"])]
+    ranks = "".join(f"{rank_text(t):>{width}}" for t in summary["targets"])
+    lines = [head, f"{'rank':32}" + ranks]
     for tier in table["tiers"]:
         lines.append(f"tier {tier['tier']}: {tier['name']}"[:32].ljust(32)
                      + "".join(f"{v:>{width}}" for v in tier["verdicts"]))  # fmt: skip
@@ -422,4 +411,6 @@ def console_table(summary: dict[str, Any]) -> str:
     lines.append(
         f"{'verdict':32}" + "".join(f"{t['verdict']:>{width}}" for t in summary["targets"])
     )
+    for t in summary["targets"]:
+        lines += [f"ranking: {t['name']} {note}" for note in t.get("ranking_note") or []]
     return "\n".join(lines)

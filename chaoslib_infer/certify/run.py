@@ -208,7 +208,8 @@ async def _ramp(target: EndpointTarget, plan: CertPlan, d: Path, iu: bool, log: 
         ph["markers"].append((t0, f"c={c}", "#666666"))
     flag_steps(steps)
     ph["steps"] = [
-        {"concurrency": s["concurrency"], "requests": s["stats"]["requests"],
+        {"concurrency": s["concurrency"], "start_at": s["start_at"], "end_at": s["end_at"],
+         "requests": s["stats"]["requests"],
          "ok_rps": s["stats"]["ok_rps"], "error_rate": s["stats"]["error_rate"],
          "p50_e2e_s": s["stats"]["p50_e2e_s"], "p99_e2e_s": s["stats"]["p99_e2e_s"],
          "flags": s["flags"]}

@@ -53,7 +53,8 @@ def k8s_target_file(value: str | None) -> Path | None:
 
 GATEWAY_CHOICE = click.Choice(["haproxy", "nginx", "litellm"])
 GATEWAY_HELP = (
-    "The lab's gateway on its URL: haproxy (the lab's settings), nginx (Debian's) or litellm "
+    "The lab's gateway on its URL: haproxy (the lab's settings, or your haproxy.cfg), nginx "
+    "(Debian's) or litellm "
     "(LiteLLM's proxy: scripts/quickstart litellm), each with --gateway-config or the "
     "project's default; docs/gateways.md."
 )
@@ -61,7 +62,9 @@ GATEWAY_CONFIG_HELP = (
     "The gateway's config, a Jinja2 template over the lab's replicas. nginx: a full "
     "nginx.conf, server blocks or a location snippet ({{ upstream }}, {{ servers }}, "
     "{{ listen }}, {{ lab_http }}); litellm: a proxy config.yaml ({{ replicas }}, "
-    "{{ model_list }}, {{ service }}; without model_list it gets the lab's); docs/gateways.md."
+    "{{ model_list }}, {{ service }}; without model_list it gets the lab's); haproxy: a "
+    "haproxy.cfg with a frontend on {{ listen }} and backend engines ({{ server_lines }}, "
+    "{{ servers }}; the lab injects its runtime socket and request log); docs/gateways.md."
 )
 
 
@@ -127,3 +130,6 @@ def apply_gateway(the_plan: Any, gateway: str | None, gateway_config: Path | Non
             the_plan.lab.options.pop("gateway_config", None)
     if gateway_config is not None:
         the_plan.lab.options["gateway_config"] = str(gateway_config.resolve())
+        if the_plan.lab.options.get("gateway", "haproxy") == "haproxy":
+            # your haproxy.cfg decides HAProxy's retries, not the plan's lab setting
+            the_plan.lab.options.pop("gateway_retry", None)

@@ -30,6 +30,7 @@ __all__ = [
     "overrides_for",
     "parse_override",
     "retry_cost",
+    "provider_errors",
     "threshold_value",
 ]
 
@@ -134,6 +135,38 @@ def retry_cost(key: bool = False) -> list[Criterion]:
             "drill",
         ),
     ]
+
+
+def provider_errors() -> list[Criterion]:
+    """How the client and the gateway treated a provider's error answers (the ``http_error``
+    engine fault, ``measure/retryafter.py``: engine ledger), judged in every drill in which the
+    engine answered one (``n/a`` otherwise), over the whole drill.
+
+    Returns:
+        ``retry_after_honoured`` (retries that waited the answer's ``Retry-After`` / retries
+        after one, >= 1.0), ``retried_final`` (final answers, a 400 for a bad request, sent
+        again, <= 0), ``load_amplification`` (engine arrivals per logical request, <= 1.1x: a
+        retry budget of 10 % of requests, Google SRE book, "Handling Overload") and
+        ``gave_up_retryable`` (requests left on a retryable answer; reported, not judged).
+    """
+    return [
+        Criterion(
+            "retry_after_honoured", "retries that waited the answer's Retry-After", ">=", 1.0,
+            "ratio", "drill",
+        ),
+        Criterion(
+            "retried_final", "final error answers (a bad request) sent again", "<=", 0.0,
+            "count", "drill",
+        ),
+        Criterion(
+            "load_amplification", "engine arrivals per logical request (retry storm)", "<=",
+            1.1, "x", "drill",
+        ),
+        Criterion(
+            "gave_up_retryable", "requests left on a retryable error answer", "<=", None,
+            "count", "drill",
+        ),
+    ]  # fmt: skip
 
 
 def parse_override(text: str) -> tuple[str | None, str, float | None]:

@@ -40,6 +40,7 @@ from chaoslib_infer.measure.figkit import (
     unix_time,
 )
 from chaoslib_infer.measure.metrics import logical_stats, window_stats
+from chaoslib_infer.measure.retryafter import provider_error_figures
 from chaoslib_infer.measure.retrycost import retry_cost
 
 __all__ = [
@@ -78,6 +79,10 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
     ``retried_requests``, ``succeeded_after_retry`` (client), ``duplicate_generations``,
     ``extra_generations``, ``wasted_tokens``, ``wasted_completion_tokens``,
     ``retry_amplification``, ``generations_per_attempt`` (engine ledger; None without one).
+    When the engine answered provider errors (the ``http_error`` fault) to this drill's
+    requests, also ``provider_error_answers`` and the figures of
+    :func:`chaoslib_infer.measure.retryafter.provider_error_figures` (``retry_after_honoured_share``,
+    ``retried_final``, ``gave_up_retryable``, ``load_amplification``, ...).
     """
     whole = window_stats(records)
     out: dict[str, Any] = {
@@ -105,6 +110,11 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
     cost = retry_cost(records, ledger)
     cost.pop("duplicate_generations_without_end", None)
     out.update(cost)
+    errs = provider_error_figures(ledger, {str(r.get("request_id")) for r in records})
+    if errs["error_answers"]:  # the http_error engine fault answered this drill's requests
+        out["provider_error_answers"] = errs.pop("error_answers")
+        out["retry_after_honoured_share"] = errs.pop("retry_after_honoured_share")
+        out.update(errs)
     return out
 
 

@@ -114,7 +114,7 @@ def engine_command(
 
 
 #: sim engine flags the lab sets itself (an ``engine_args`` key for one is refused)
-LAB_SET_ARGS = ("host", "port", "replica_id", "ledger", "admin_token_file")
+LAB_SET_ARGS = ("host", "port", "replica_id", "ledger", "admin_token_file", "fault_state_dir")
 
 
 def check_sim_args(engine_args: dict[str, object], argv: list[str]) -> None:

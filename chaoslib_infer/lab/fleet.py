@@ -12,6 +12,7 @@ Layout of ``state_dir`` (nothing is written outside it, apart from the lab's cgr
     faults.json              active faults: the rollback ledger (every kind, see add_fault)
     admin-token              per-lab random token of the sim engines' fault control plane
                              (mode 0600; the state directory itself is made 0700)
+    engine-faults/<r>.json   crash faults armed on sim replica r: re-armed when it restarts
     placement.json           replica -> node (labs with nodes; see chaoslib_infer.lab.nodes)
     logs/                    replica, HAProxy stderr and recorder logs
 

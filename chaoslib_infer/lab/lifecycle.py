@@ -41,6 +41,7 @@ from chaoslib_infer.lab.recorder import EVENTS_FILE, SUPERVISORD_LOG
 from chaoslib_infer.lab.standby import QUEUE_SAMPLES, scaling_options, supervisor_program
 from chaoslib_infer.lab.statedir import (
     ADMIN_TOKEN_FILE,
+    ENGINE_FAULTS_DIR,
     FAULTS_FILE,
     GATEWAY_FILES,
     HAPROXY_SOCK,
@@ -111,7 +112,10 @@ def up(
     100ms``); the default gateway relies on its health checks alone (``inter 500ms fall 2``),
     so a restarted replica that is still loading answers 503s to clients until it is DOWN.
 
-    ``gateway`` is the process on the lab's URL: ``haproxy`` (the above) or ``nginx`` with
+    ``gateway`` is the process on the lab's URL: ``haproxy`` (the above; with ``gateway_config``
+    the user's haproxy.cfg, a Jinja2 template over the lab's replicas, into which the lab
+    injects its runtime socket and request log: :mod:`chaoslib_infer.lab.gateways.haproxy_user`;
+    ``gateway_retry`` is then refused) or ``nginx`` with
     ``gateway_config`` (the user's nginx.conf, server blocks or location snippet, a Jinja2
     template over the lab's replicas; None: the project's default), HAProxy then running off
     the client path as the lab's intent plane: see :mod:`chaoslib_infer.lab.gateways`.
@@ -147,6 +151,11 @@ def up(
     haproxy_bin = hap.find_haproxy()
     if haproxy_bin is None:
         raise LabError("haproxy not found: apt-get install haproxy")
+    if gateway == "haproxy" and gateway_config is not None and gateway_retry:
+        raise LabError(
+            "gateway_retry is the lab's own HAProxy setting; with gateway_config your "
+            "haproxy.cfg decides the retries (retry-on, retries, option redispatch)"
+        )
     try:
         lab_gateways.precheck(gateway, gateway_config, [f"r{i}" for i in range(replicas)])
     except lab_gateways.GatewayError as exc:
@@ -192,7 +201,7 @@ def up(
             (state_dir / name).unlink()
     write_secret(state_dir / ADMIN_TOKEN_FILE, secrets.token_hex(32))
     (state_dir / "logs").mkdir(exist_ok=True)
-    for log in (state_dir / "logs").glob("*"):
+    for log in (*(state_dir / "logs").glob("*"), *(state_dir / ENGINE_FAULTS_DIR).glob("*")):
         with contextlib.suppress(OSError):
             log.unlink()
 
@@ -239,7 +248,7 @@ def up(
             topology.plan_nodes(meta, n_nodes, spare)
         start(lab, haproxy_bin)
         wait_ready(lab, ready_timeout_s)
-        if gateway != "haproxy":  # the first-token gap without the gateway (figures)
+        if lab_gateways.figured(meta):  # the first-token gap without the gateway (figures)
             first = meta["replicas"][0]
             from chaoslib_infer.lab.gateways.figures import calibrate
 
@@ -253,6 +262,24 @@ def up(
             raise LabError(f"lab failed to start: {exc}") from exc
         raise
     return lab
+
+
+def _haproxy_cfg(meta: dict[str, Any], sd: Path, health_path: str) -> str:
+    """haproxy.cfg: the user's template (``gateway: haproxy`` with ``gateway_config``,
+    :mod:`chaoslib_infer.lab.gateways.haproxy_user`) or the lab's own (:func:`render.haproxy_cfg`).
+
+    Raises:
+        LabError: the user's config does not render or the lab refuses it (one line).
+    """
+    path = (meta.get("gateway_info") or {}).get("config_path")
+    if lab_gateways.gateway_of(meta) != "haproxy" or not path:
+        return render.haproxy_cfg(meta, sd, health_path)
+    from chaoslib_infer.lab.gateways import haproxy_user
+
+    try:
+        return haproxy_user.lab_config(meta, sd, health_path, Path(path).read_text(), path)
+    except (haproxy_user.HAProxyConfigError, OSError) as exc:
+        raise LabError(str(exc)) from None
 
 
 def start(lab: Lab, haproxy_bin: str) -> None:
@@ -271,7 +298,7 @@ def start(lab: Lab, haproxy_bin: str) -> None:
     write_json(sd / LAB_FILE, meta)
 
     cfg = sd / "haproxy.cfg"
-    cfg.write_text(render.haproxy_cfg(meta, sd, lab.health_path()))
+    cfg.write_text(_haproxy_cfg(meta, sd, lab.health_path()))
     on_nodes = bool(meta.get("nodes"))
     if on_nodes:  # namespaces first; replicas on nodes listen on the node address
         topology.setup_nodes(lab)
@@ -319,10 +346,14 @@ def start(lab: Lab, haproxy_bin: str) -> None:
             (sd / lab_nginx.ACCESS_LOG).touch()
             (sd / REQUEST_LOG).symlink_to(lab_nginx.ACCESS_LOG)
         # litellm: HAProxy's own log is the request log (one line per upstream try, its lanes)
+    elif lab_gateways.figured(meta):  # HAProxy with the user's config: its evidence block
+        path = meta["gateway_info"]["config_path"]
+        lab_gateways.record(sd, "haproxy", path, Path(path).read_text())
     engine_args = dict(meta["engine_args"])
     if meta["engine"] == "sim":  # the fault control plane answers the lab's token only
         engine_args["admin_token_file"] = str(sd / ADMIN_TOKEN_FILE)
-        if meta.get("gateway", "haproxy") != "haproxy":  # stream buffering (gateways)
+        engine_args["fault_state_dir"] = str(sd / ENGINE_FAULTS_DIR)  # crashes survive restarts
+        if lab_gateways.figured(meta):  # stream buffering (gateways)
             engine_args.setdefault("ttft_log", str(sd / "ttft.jsonl"))
     for rep in meta["replicas"]:
         cmd = engine_command(

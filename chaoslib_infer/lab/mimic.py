@@ -172,6 +172,11 @@ class MimicMiddleware:
             if message["type"] == "http.response.start":
                 ctype = dict(message.get("headers", [])).get(b"content-type", b"")
                 state["status"] = message["status"]
+                hdrs = message.get("headers", [])
+                if any(k == b"x-chaos-shaped" for k, _ in hdrs):  # a provider's own error
+                    message = {**message, "headers": [h for h in hdrs if h[0] != b"x-chaos-shaped"]}
+                    await send(message)
+                    return
                 if message["status"] >= 400 and ctype.startswith(b"application/json"):
                     state["kind"] = "error"
                     state["headers"] = message.get("headers", [])

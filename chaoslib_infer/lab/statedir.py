@@ -19,6 +19,7 @@ from chaoslib_infer.errors import InferChaosError
 __all__ = [
     "ADMIN_TOKEN_FILE",
     "DEFAULT_FAULT_TTL_S",
+    "ENGINE_FAULTS_DIR",
     "FAULTS_FILE",
     "GATEWAY_FILES",
     "HAPROXY_SOCK",
@@ -49,6 +50,8 @@ SUPERVISOR_SOCK = "supervisor.sock"
 HAPROXY_SOCK = "haproxy.sock"
 #: the sim engines' admin token (``--admin-token-file``; see ``Lab.admin_token``)
 ADMIN_TOKEN_FILE = "admin-token"
+#: the sim engines' fault-state files (``--fault-state-dir``): crash faults that survive a restart
+ENGINE_FAULTS_DIR = "engine-faults"
 #: replicas + standby replicas of one lab, at most
 MAX_REPLICAS = 32
 #: dead-man TTL of a fault record without ``ttl_s`` (seconds; see chaoslib_infer.lab.deadman)

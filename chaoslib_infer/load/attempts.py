@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from chaoslib_infer.measure.sse import StreamParser
 from chaoslib_infer.safety.redact import clip
 
+from .prompt_size import prompt_fields
 from .records import perf_to_unix
 
 __all__ = [
@@ -227,6 +229,7 @@ def finish_attempt(
     first_byte: float | None,
     first_token: float | None,
     chunk_times: list[float],
+    body: bytes | str | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The attempt's record, shared by every transport (aiohttp, ``rawhttp``, the Locust user).
 
@@ -238,6 +241,8 @@ def finish_attempt(
             ``done``); with ``timed_out`` it names the timeout class.
         after_done: the transport failed or timed out after ``[DONE]``: the reply is judged by the
             parser alone.
+        body: the request body sent, for the prompt's size when the reply carries no usage
+            (:mod:`chaoslib_infer.load.prompt_size`).
         The other arguments go to the record as they are (``intended_at``: unix seconds, None:
         the send time).
 
@@ -245,8 +250,9 @@ def finish_attempt(
         One record (``docs/definitions.md``, "Metrics" and "Denominators"): unix-second times,
         ``ok``/``error_class``/``error``, ``output_tokens`` from usage else the chunk count,
         ``final`` True and ``time_source`` ``"loop"`` (the retry policy and the raw transport
-        change them where they apply), ``chunk_path``: the parser's (``"compiled"`` |
-        ``"python"``, ``measure.chunkpath``).
+        change them where they apply), ``prompt_tokens`` and ``prompt_tokens_source``
+        (``"usage"``: the engine's count; ``"estimate"``: ours from ``body``; None: neither),
+        ``chunk_path``: the parser's (``"compiled"`` | ``"python"``, ``measure.chunkpath``).
     """
     if timed_out:
         if kind == "done":
@@ -287,5 +293,6 @@ def finish_attempt(
         "replica": replica,
         "text_len": parser.text_len,
         "time_source": "loop",  # the raw transport says "kernel" where the kernel stamped it
+        **prompt_fields(parser.usage_prompt_tokens, body),
         "chunk_path": parser.chunk_path,  # "compiled" | "python" (``measure.chunkpath``)
     }

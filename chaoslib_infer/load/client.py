@@ -2,7 +2,7 @@
 
 Two transports, same records and error classes (``LoadSpec.transport``): ``"raw"`` (default;
 ``rawhttp``: asyncio Protocol + httptools, keep-alive pool, SSE parsed in ``data_received``) and
-``"aiohttp"``.
+``"aiohttp"``; or the OpenAI SDK as the client (``LoadSpec.client``, ``sdkclient``).
 
 Arrivals follow an absolute, precomputed schedule (``schedule.poisson_schedule`` by default): request
 *i* is due at ``start + offset[i]`` whatever happened to earlier requests (open loop). A cap
@@ -22,19 +22,14 @@ again with the same ``request_id`` and ``attempt + 1`` after an exponential back
 ``retry_attempts`` attempts in all. Each attempt is its own record; ``final`` is true on the attempt
 that ended the logical request (success, a class not in ``retry_on``, or the last attempt allowed).
 
-Arrival rates can follow a profile (``LoadSpec.profile``): consecutive ``(duration_s, rate_rps)``
-phases, the schedule being the concatenation of one Poisson schedule per phase
-(``schedule.profile_schedule``); the run summary lists the phases with their unix start/end times.
-
-What a run sends and counts (``LoadSpec``, ``LoadCounters``, the request bodies and backoffs) lives
-in :mod:`chaoslib_infer.load.spec`, re-exported here.
+Rate profiles: ``LoadSpec.profile``; what a run sends and counts: :mod:`.spec` (re-exported).
 
 Error classes (contracts.md section 3):
 
-* ``connect``: TCP connection refused / unreachable / DNS failure.
-* ``timeout_connect``: TCP connect not done within ``connect_timeout_s``.
-* ``timeout_ttft``: no output-bearing chunk within ``ttft_timeout_s`` of ``sent_at``.
-* ``timeout_idle``: after the first token, no new output-bearing chunk for ``idle_timeout_s``.
+* ``connect``: TCP connection refused / unreachable / DNS failure; ``timeout_connect``: TCP
+  connect not done within ``connect_timeout_s``.
+* ``timeout_ttft``: no output-bearing chunk within ``ttft_timeout_s`` of ``sent_at``;
+  ``timeout_idle``: after the first token, none for ``idle_timeout_s``.
 * ``timeout_total``: the attempt exceeded ``timeout_s`` end to end.
 * ``http_429``, ``http_4xx`` (also any other non-2xx, non-5xx status), ``http_5xx``.
 * ``reset``: the connection was closed or reset after it was established (before or during the
@@ -81,6 +76,7 @@ from .inflight import not_sent_record
 from .inflight import write_inflight as write_inflight
 from .kerneltime import session_summary
 from .records import RecordWriter, perf_to_unix
+from .sdkclient import describe_client, write_prior_attempts
 from .spec import DEFAULT_RETRY_ON as DEFAULT_RETRY_ON
 from .spec import RETRY_JITTER as RETRY_JITTER
 from .spec import LoadCounters as LoadCounters
@@ -121,6 +117,10 @@ def make_session(spec: LoadSpec) -> aiohttp.ClientSession | RawSession:
     redirects, no proxies from the environment, connect timeout ``spec.connect_timeout_s``; all
     other timeouts are enforced by ``send_attempt``. Must be created inside a running loop.
     With ``spec.transport == "raw"``: a ``rawhttp.RawSession`` with the same behaviour."""
+    if spec.client == "openai-sdk":
+        from .sdkclient import SdkSession
+
+        return SdkSession(spec)  # type: ignore[return-value]
     if spec.transport == "raw":
         from .rawhttp import RawSession
 
@@ -166,6 +166,8 @@ async def send_attempt(
         The record dict of contracts.md section 3; times in unix seconds. ``final`` is True (a lone
         attempt ends its logical request); the retry policy of ``run_load`` sets it.
     """
+    if hasattr(session, "send_attempt"):  # the OpenAI SDK: its retries as prior_attempts
+        return dict(await session.send_attempt(spec, body, request_id, attempt, intended_at))
     if not isinstance(session, aiohttp.ClientSession):
         from .rawhttp import send_attempt_raw
 
@@ -241,25 +243,11 @@ async def send_attempt(
             raise  # cancelled by the caller, not by our deadline: no record
         timed_out = True
     return finish_attempt(
-        spec,
-        parser,
-        request_id=request_id,
-        attempt=attempt,
-        intended_at=intended_at,
-        sent=sent,
-        end=pc(),
-        status=status,
-        replica=replica,
-        err_class=err_class,
-        err=err,
-        timed_out=timed_out,
-        kind=kind,
-        after_done=after_done,
-        done_at=done_at,
-        first_byte=first_byte,
-        first_token=first_token,
-        chunk_times=chunk_times,
-    )
+        spec, parser, request_id=request_id, attempt=attempt, intended_at=intended_at,
+        sent=sent, end=pc(), status=status, replica=replica, err_class=err_class, err=err,
+        timed_out=timed_out, kind=kind, after_done=after_done, done_at=done_at,
+        first_byte=first_byte, first_token=first_token, chunk_times=chunk_times, body=body,
+    )  # fmt: skip
 
 
 async def run_load(
@@ -331,6 +319,7 @@ async def run_load(
         ValueError: ``CHAOS_INFER_CHUNK_PATH`` is bad, or ``compiled`` and not built.
     """
     chunk_path = chunkpath.path()  # a bad CHAOS_INFER_CHUNK_PATH stops the run before traffic
+    chunk_path = "python" if spec.client == "openai-sdk" else chunk_path  # sdkclient: pure
     offsets = spec.offsets()
     url = endpoint_url(spec)
     rng = random.Random(spec.seed)
@@ -377,6 +366,8 @@ async def run_load(
                     on_wire.pop((request_id, n), None)
                     return
                 on_wire.pop((request_id, n), None)
+                if "prior_attempts" in rec and not write_prior_attempts(rec, write, counters):
+                    return
                 retry = not rec["ok"] and n < spec.retry_attempts and rec["error_class"] in retry_on
                 rec["final"] = not retry
                 if not write(rec):
@@ -399,7 +390,7 @@ async def run_load(
                     counters.retried_requests += 1
                 if jitter_rng is None:  # per request: jitter independent of completion order
                     jitter_rng = random.Random(f"{spec.seed}:retry:{i}")
-                retry_at = pc() + retry_backoff_delay(spec, n, jitter_rng)
+                retry_at = pc() + retry_backoff_delay(spec, n, jitter_rng, rec.get("retry_after_s"))
                 delay = retry_at - pc()
                 while delay > 0:
                     await asyncio.sleep(delay)
@@ -536,6 +527,7 @@ async def run_load(
         cap_source="given" if spec.max_concurrency is not None else "plan",
         cap_fill=round(counters.max_in_flight / cap, 4),
         stopped=stopped,
+        client=describe_client(spec, session),
         retry={
             "attempts": spec.retry_attempts,
             "backoff_s": spec.retry_backoff_s,

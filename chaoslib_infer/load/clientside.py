@@ -41,6 +41,7 @@ CLIENT_FIGURES: dict[str, str] = {
     "load_cap_fill": "cap_fill",
     "client_cpu_share": "client_cpu_share",
     "client_runq_wait_share": "client_runq_wait_share",
+    "load_client": "client",  # who sent it: ours (transport) or the OpenAI SDK (version, policy)
 }
 
 _SCHEDSTAT = Path("/proc/thread-self/schedstat")

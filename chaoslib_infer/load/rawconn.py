@@ -241,6 +241,7 @@ class RawConnection(asyncio.Protocol):
         self.status: int | None = None
         self.replica: str | None = None
         self.lab_server: str | None = None
+        self.retry_after: bytes | None = None  # the answer's Retry-After header, as sent
         self.encoding: bytes | None = None
         self.framed = False
         self.headers_done = False
@@ -436,6 +437,8 @@ class RawConnection(asyncio.Protocol):
             self.replica = value.decode("latin-1")
         elif n == b"x-lab-server":
             self.lab_server = value.decode("latin-1")
+        elif n == b"retry-after":
+            self.retry_after = value
         elif n in (b"content-length", b"transfer-encoding"):
             self.framed = True
         elif n == b"content-encoding":

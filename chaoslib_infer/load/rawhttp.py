@@ -104,6 +104,7 @@ async def send_attempt_raw(
     sp = session.parser_cls()
     kernel = False
     sent_source = "connect"
+    retry_after: bytes | None = None
     loop_times: tuple[float | None, float | None, float | None, list[float], float] | None = None
 
     sent = pc()  # the attempt starts: deadlines run from here, and a new connection's send time
@@ -173,6 +174,7 @@ async def send_attempt_raw(
             if conn is not None:
                 kind = conn.kind
                 status, replica = conn.status, conn.replica or conn.lab_server
+                retry_after = conn.retry_after
                 first_byte, first_token = conn.first_byte, conn.first_token
                 chunk_times, done_at = conn.chunk_times, conn.done_at
                 if conn.stamped:
@@ -211,8 +213,11 @@ async def send_attempt_raw(
         done_at=done_at,
         first_byte=first_byte,
         first_token=first_token,
+        body=body,
         chunk_times=chunk_times,
     )
+    if retry_after is not None:  # seconds; an HTTP-date form: None
+        rec["retry_after_s"] = _seconds(retry_after)
     if kernel and loop_times is not None:
         session.kernel_attempts += 1
         fb_l, ft_l, done_l, ct_l, _ = loop_times
@@ -234,3 +239,11 @@ async def send_attempt_raw(
 def _why(exc: BaseException) -> str:
     text = str(exc)
     return f" ({type(exc).__name__}: {text})" if text else ""
+
+
+def _seconds(value: bytes) -> float | None:
+    """A ``Retry-After`` header's delay in seconds (RFC 9110 delay-seconds), None otherwise."""
+    try:
+        return float(value.strip())
+    except ValueError:
+        return None

@@ -65,9 +65,12 @@ RECORD_FIELDS: tuple[str, ...] = (
 
 #: Fields a record may carry after :data:`RECORD_FIELDS` (contracts.md section 3): the clock
 #: (``time_source`` "kernel" | "loop", absent = "loop"; the kernel records' loop-time stamps), the
-#: chunk path that parsed the stream (``chunk_path`` "compiled" | "python", ``measure.chunkpath``), the
-#: cut-off marks and the not-sent marks (``not_sent``, ``in_flight``: the number in flight when a
-#: due request found the in-flight cap full).
+#: cut-off marks, the not-sent marks (``not_sent``, ``in_flight``: the number in flight when a
+#: due request found the in-flight cap full), the OpenAI SDK client's marks (``client``:
+#: "openai-sdk"; ``retry_after_s``: the ``Retry-After`` the answer carried, ``sdkclient``), the
+#: prompt's size (``prompt_tokens``, and ``prompt_tokens_source`` "usage" | "estimate":
+#: :mod:`chaoslib_infer.load.prompt_size`), and the chunk path that parsed the stream
+#: (``chunk_path`` "compiled" | "python", ``measure.chunkpath``).
 OPTIONAL_FIELDS: tuple[str, ...] = (
     "time_source",
     "chunk_path",
@@ -81,6 +84,10 @@ OPTIONAL_FIELDS: tuple[str, ...] = (
     "in_flight_s",
     "not_sent",
     "in_flight",
+    "client",
+    "retry_after_s",
+    "prompt_tokens",
+    "prompt_tokens_source",
 )
 
 

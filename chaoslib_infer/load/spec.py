@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_RETRY_ON",
     "RETRY_JITTER",
+    "SDK_MAX_WAIT_S",
     "LoadCounters",
     "LoadSpec",
     "build_body",
@@ -55,6 +56,9 @@ DEFAULT_RETRY_ON: tuple[str, ...] = (
 )
 #: Relative jitter of a retry backoff: the delay is multiplied by a factor in [1 - J, 1 + J].
 RETRY_JITTER = 0.2
+#: The longest wait the OpenAI SDK makes before a retry (a ``Retry-After`` it honours, openai 3.60
+#: ``MAX_RETRY_AFTER_DELAY``), seconds: the bound of ``LoadSpec.max_logical_s`` with the SDK.
+SDK_MAX_WAIT_S = 120.0
 
 
 @dataclass
@@ -100,6 +104,10 @@ class LoadSpec:
             ``timeout_s``.
         retry_on: error classes that trigger a retry (default ``DEFAULT_RETRY_ON``); each must be
             in ``ERROR_CLASSES``.
+        retry_after_max_s: honour a ``Retry-After`` the failed attempt's answer carried (the
+            record's ``retry_after_s``) up to this many seconds: the retry waits the longer of
+            its backoff and ``min(Retry-After, retry_after_max_s)``. None (default): our client
+            ignores ``Retry-After`` and waits its backoff alone.
         profile: consecutive ``(duration_s, rate_rps)`` phases; when given it defines the
             schedule (``schedule.profile_schedule``), ``duration_s`` and ``rate_rps``.
         trace: path of a recorded trace (``trace.read_trace``: Mooncake / AIPerf JSONL); when
@@ -109,6 +117,14 @@ class LoadSpec:
         transport: ``"raw"`` (default; ``rawhttp``: asyncio Protocol + httptools, less client
             CPU per request, chunk times taken as the bytes arrive) or ``"aiohttp"``; same
             records and error classes.
+        client: who sends the requests: ``"raw"`` (default: our client, over ``transport``,
+            the one whose chunk times are kernel-stamped) or ``"openai-sdk"`` (the official
+            ``openai`` package's ``AsyncOpenAI``, streaming chat completions under its own retry
+            and timeout policy, every SDK retry its own record: ``sdkclient``). With the SDK
+            the SDK owns the retries: ``retry_attempts`` must stay 1 and ``api`` ``chat``.
+        sdk_max_retries: the SDK's ``max_retries`` (None: its default, 2).
+        sdk_timeout_s: the SDK's read/write timeout, seconds, connect ``connect_timeout_s``
+            (None: its default, 600 s, connect 5 s).
 
     Raises:
         ValueError: from ``__post_init__`` on an invalid value (one-line message).
@@ -136,8 +152,12 @@ class LoadSpec:
     retry_backoff_s: float = 0.2
     attempt_timeout_s: float | None = None
     retry_on: tuple[str, ...] = DEFAULT_RETRY_ON
+    retry_after_max_s: float | None = None
     profile: list[tuple[float, float]] | None = None
     transport: Literal["aiohttp", "raw"] = "raw"
+    client: Literal["raw", "openai-sdk"] = "raw"
+    sdk_max_retries: int | None = None
+    sdk_timeout_s: float | None = None
     trace: str | None = None
     trace_speed: float = 1.0
     _trace: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
@@ -153,6 +173,8 @@ class LoadSpec:
             raise ValueError(f"arrival must be 'poisson' or 'constant', got {self.arrival!r}")
         if self.transport not in ("aiohttp", "raw"):
             raise ValueError(f"transport must be 'aiohttp' or 'raw', got {self.transport!r}")
+        if self.client not in ("raw", "openai-sdk"):
+            raise ValueError(f"client must be 'raw' or 'openai-sdk', got {self.client!r}")
 
         def pos(
             name: str, v: float | None, allow_none: bool = False, allow_zero: bool = False
@@ -182,6 +204,7 @@ class LoadSpec:
         pos("timeout_s", self.timeout_s)
         pos("attempt_timeout_s", self.attempt_timeout_s, allow_none=True)
         pos("retry_backoff_s", self.retry_backoff_s, allow_zero=True)
+        pos("retry_after_max_s", self.retry_after_max_s, allow_none=True, allow_zero=True)
         ra = self.retry_attempts
         if not isinstance(ra, int) or isinstance(ra, bool) or ra < 1:
             raise ValueError(f"retry_attempts must be an integer >= 1, got {ra!r}")
@@ -206,6 +229,38 @@ class LoadSpec:
             raise ValueError(f"prompt_words must be an integer >= 0, got {self.prompt_words!r}")
         if self.prompt_mix is not None:
             self.prompt_mix = parse_prompt_mix(self.prompt_mix)
+        self._check_sdk()
+
+    def _check_sdk(self) -> None:
+        """Validate the OpenAI SDK client's options (``client``, ``sdk_*``).
+
+        Raises:
+            ValueError: one line naming the option.
+        """
+        mr = self.sdk_max_retries
+        if mr is not None and (not isinstance(mr, int) or isinstance(mr, bool) or mr < 0):
+            raise ValueError(f"sdk_max_retries must be an integer >= 0, got {mr!r}")
+        t = self.sdk_timeout_s
+        if t is not None and (
+            not isinstance(t, int | float) or isinstance(t, bool) or not 0 < t < math.inf
+        ):
+            raise ValueError(f"sdk_timeout_s must be a finite number > 0, got {t!r}")
+        if self.client != "openai-sdk":
+            if mr is not None or t is not None:
+                raise ValueError("sdk_max_retries / sdk_timeout_s need client: openai-sdk")
+            return
+        if self.retry_attempts != 1:
+            raise ValueError(
+                "client openai-sdk retries by itself: set sdk_max_retries, not retry_attempts"
+            )
+        if self.api != "chat":
+            raise ValueError("client openai-sdk sends chat completions only (api: chat)")
+        try:  # imported here, not in the run: the import (~1 s) would be schedule lag
+            import openai  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "client openai-sdk needs the openai package: pip install openai"
+            ) from None
 
     @property
     def trace_requests(self) -> list[TraceRequest]:
@@ -222,8 +277,15 @@ class LoadSpec:
     def max_logical_s(self) -> float:
         """Upper bound in seconds of one logical request: every attempt at its timeout plus every
         backoff at its maximum jitter (the drain bound of ``run_load``)."""
+        if self.client == "openai-sdk":  # the SDK's: each try at its timeout, each backoff
+            tries = (2 if self.sdk_max_retries is None else self.sdk_max_retries) + 1
+            timeout = 600.0 if self.sdk_timeout_s is None else self.sdk_timeout_s
+            return tries * (timeout + self.connect_timeout_s) + (tries - 1) * SDK_MAX_WAIT_S
         backoffs = sum(
-            self.retry_backoff_s * 2 ** (n - 1) * (1 + RETRY_JITTER)
+            max(
+                self.retry_backoff_s * 2 ** (n - 1) * (1 + RETRY_JITTER),
+                self.retry_after_max_s or 0,
+            )
             for n in range(1, self.retry_attempts)
         )
         return self.retry_attempts * (self.attempt_timeout + AFTER_DONE_GRACE_S) + backoffs
@@ -342,13 +404,22 @@ def build_body(spec: LoadSpec, rng: random.Random, nonce: str | None = None) -> 
     return body
 
 
-def retry_backoff_delay(spec: LoadSpec, retry: int, rng: random.Random) -> float:
+def retry_backoff_delay(
+    spec: LoadSpec, retry: int, rng: random.Random, retry_after_s: float | None = None
+) -> float:
     """Seconds to wait before retry number ``retry`` (1 = the second attempt).
 
     ``spec.retry_backoff_s * 2**(retry - 1)`` times a factor drawn uniformly from
-    ``[1 - RETRY_JITTER, 1 + RETRY_JITTER]`` (i.e. +-20%) with ``rng``.
+    ``[1 - RETRY_JITTER, 1 + RETRY_JITTER]`` (i.e. +-20%) with ``rng``; with
+    ``spec.retry_after_max_s`` set and a ``retry_after_s`` (the failed answer's ``Retry-After``,
+    seconds), at least ``min(retry_after_s, spec.retry_after_max_s)``.
     """
-    return spec.retry_backoff_s * 2 ** (retry - 1) * rng.uniform(1 - RETRY_JITTER, 1 + RETRY_JITTER)
+    delay = (
+        spec.retry_backoff_s * 2 ** (retry - 1) * rng.uniform(1 - RETRY_JITTER, 1 + RETRY_JITTER)
+    )
+    if spec.retry_after_max_s is not None and retry_after_s is not None and retry_after_s > 0:
+        delay = max(delay, min(retry_after_s, spec.retry_after_max_s))
+    return delay
 
 
 def logical_request_id(run_id: str, index: int) -> str:

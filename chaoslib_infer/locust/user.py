@@ -406,6 +406,7 @@ class StreamingUser(FastHttpUser):
             sent=sent, end=pc(), status=status, replica=replica, err_class=err_class, err=err,
             timed_out=timed_out, kind=clock.kind, after_done=after_done, done_at=clock.done_at,
             first_byte=first_byte, first_token=clock.first_token, chunk_times=clock.chunk_times,
+            body=payload,
         )  # fmt: skip
         self._report(resp, rec, nbytes, name, start_unix, url)
         return rec, ((status, resp_headers, b"".join(parts)) if keep_body else None)

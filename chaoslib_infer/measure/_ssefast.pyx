@@ -7,8 +7,8 @@ decoder holds nothing (no partial line, no pending ``data:`` lines, no partial U
 no ``event:`` name), the block is strict UTF-8 without U+FFFD, has no ``\\r``, ends with ``\\n``
 and holds only ``data: `` lines and blank lines. Such a block is split and its events interpreted
 here, in C, with the state changes the pure path makes (``bytes_in``, ``head``, ``events``,
-``done``, ``finish_reason``, ``usage_tokens``, ``output_chunks``, ``text_len``, ``error``,
-``garbled``). Any other block goes to the pure ``StreamParser.feed``, whole: nothing was changed
+``done``, ``finish_reason``, ``usage_tokens``, ``usage_prompt_tokens``, ``output_chunks``,
+``text_len``, ``error``, ``garbled``). Any other block goes to the pure ``StreamParser.feed``, whole: nothing was changed
 before that choice, so both paths give the same state on the same bytes (tests/test_chunk_path.py:
 a differential test over recorded streams and a hypothesis fuzz test over split points, malformed
 chunks and multi-byte characters cut across reads).
@@ -83,6 +83,9 @@ cdef int _event(object sp, str data) except -1:
         ct = (<dict>usage).get("completion_tokens")
         if isinstance(ct, int) and not isinstance(ct, bool) and ct >= 0:
             sp.usage_tokens = ct
+        pt = (<dict>usage).get("prompt_tokens")
+        if isinstance(pt, int) and not isinstance(pt, bool) and pt >= 0:
+            sp.usage_prompt_tokens = pt
     choices = d.get("choices")
     if not isinstance(choices, list):
         return 0

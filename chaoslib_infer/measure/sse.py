@@ -235,6 +235,8 @@ class StreamParser:
         done: ``data: [DONE]`` was seen.
         finish_reason: the last non-null ``finish_reason`` seen.
         usage_tokens: ``usage.completion_tokens`` when the server sent it, else None.
+        usage_prompt_tokens: ``usage.prompt_tokens`` when the server sent it (the prompt as the
+            engine counted it), else None.
         output_chunks: number of output-bearing chunks.
         text_len: characters of generated output (content, reasoning, text, tool-call arguments).
         error: message of an in-stream error object, or None.
@@ -247,6 +249,7 @@ class StreamParser:
         "done",
         "finish_reason",
         "usage_tokens",
+        "usage_prompt_tokens",
         "output_chunks",
         "text_len",
         "error",
@@ -263,6 +266,7 @@ class StreamParser:
         self.done = False
         self.finish_reason: str | None = None
         self.usage_tokens: int | None = None
+        self.usage_prompt_tokens: int | None = None
         self.output_chunks = 0
         self.text_len = 0
         self.error: str | None = None
@@ -335,6 +339,9 @@ class StreamParser:
             ct = usage.get("completion_tokens")
             if isinstance(ct, int) and not isinstance(ct, bool) and ct >= 0:
                 self.usage_tokens = ct
+            pt = usage.get("prompt_tokens")
+            if isinstance(pt, int) and not isinstance(pt, bool) and pt >= 0:
+                self.usage_prompt_tokens = pt
         choices = obj.get("choices")
         if not isinstance(choices, list):
             return 0

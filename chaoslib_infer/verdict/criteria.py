@@ -38,6 +38,7 @@ from chaoslib_infer.drills.criterion import (
     Criterion,
     overrides_for,
     parse_override,
+    provider_errors,
     retry_cost,
     threshold_value,
 )
@@ -117,6 +118,8 @@ COMMON: list[Criterion] = [
     Criterion("streams_cut_200", "streams answered 200, then cut", "<=", 0.0, "count", "drill"),
     # what retries cost (network-jitter's budgets), n/a in a drill where nobody retried
     *retry_cost(),
+    # how provider error answers were treated, n/a in a drill where the engine answered none
+    *provider_errors(),
 ]
 
 #: Criteria judged only on a lab whose gateway is not HAProxy (the figures of

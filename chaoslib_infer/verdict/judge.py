@@ -56,6 +56,7 @@ from .applicable import instances_held, not_happened
 from .attribution import assign, crossed_note, ttft_allowance
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .facts import STATES, DrillFacts, Verdict, format_value, num
+from .provider_errors import provider_error_rows
 from .spike import spike_values
 from .state import (
     CLIENT_LAG,
@@ -245,6 +246,7 @@ def _values(
     out["interruption_sustained"] = (num(sustained) if sustained is not None else None, None)
     out["oom_kills"] = (num(facts.ground.get("oom_kills")), None)
     out.update(_retry_cost(facts))
+    out.update(provider_error_rows(fig))
     if "fault" in w:
         a, b = w["fault"]
         recs = sel("fault")
@@ -474,8 +476,12 @@ def judge_drill(
     if facts.closed_loop:
         notes.append(f"load: {facts.closed_loop}")
     notes += [f"load: {line}" for line in facts.load_lost]
-    if tl.confirmed is None:
-        notes.append("fault confirmation: no lab ground truth on this target")
+    if tl.confirmed is None:  # on the lab: ground truth exists, but none for this fault
+        notes.append(
+            "fault confirmation: the lab recorded no ground truth for this fault"
+            if facts.lab_events
+            else "fault confirmation: no lab ground truth on this target"
+        )
     if w.get("fault"):
         a, b = w["fault"]
         notes.append(f"fault window: {b - a:.1f} s from injection to the return to service")

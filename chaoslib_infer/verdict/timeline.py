@@ -158,7 +158,33 @@ def timeline(
         )
         end = _latest(g.get("lift_started_at"), g.get("restored_at"))
         return Timeline(_f(g.get("cut_done_at")) or fault_at, end, ok, why)
+    if "sabotaged_request_ids" in g:  # an engine fault (evidence/kinds/engine_fault.py)
+        return _engine_fault(g, fig, fault_at)
     return Timeline(fault_at, None, None, "no ground truth for this fault")
+
+
+def _engine_fault(g: Mapping[str, Any], fig: Mapping[str, Any], fault_at: float) -> Timeline:
+    """An engine fault (any drill running ``experiments/tools/engine-fault.yaml``), confirmed by
+    the engine's own ledger: the drill's requests it sabotaged, and the exits of its replicas
+    (``replica_exits``, with exit codes, restarts and the prompts they died on). The end of the
+    fault stays unknown (None: the judge uses the end of the load), as before."""
+    n = int(fig.get("sabotaged_requests") or 0)
+    exits = [e for e in g.get("replica_exits") or [] if isinstance(e, Mapping)]
+    modes = ", ".join(str(m) for m in g.get("modes") or []) or "engine fault"
+    if not n and not exits:
+        why = f"the armed {modes} sabotaged none of the drill's requests (engine ledger)"
+        return Timeline(fault_at, None, False, why)
+    parts = [f"{n} of the drill's requests sabotaged by {modes} (engine ledger)"]
+    if exits:
+        codes: dict[str, int] = {}
+        for e in exits:
+            codes[str(e.get("cause"))] = codes.get(str(e.get("cause")), 0) + 1
+        restarted = sum(1 for e in exits if e.get("restarted_at") is not None)
+        shown = ", ".join(f"{c} x{k}" for c, k in codes.items())
+        parts.append(f"{len(exits)} replica exits ({shown}), {restarted} restarted")
+    if g.get("crash_trigger"):
+        parts.append(str(g["crash_trigger"]))
+    return Timeline(fault_at, None, True, "; ".join(parts))
 
 
 def _spike_planned(fig: Mapping[str, Any]) -> float | None:

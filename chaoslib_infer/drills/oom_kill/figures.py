@@ -11,6 +11,7 @@ from typing import Any
 
 from chaoslib_infer.drills.interruption import interruption_figures
 from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.crashes import crash_report
 from chaoslib_infer.measure.figkit import MILESTONE, RECOVERY, DrillContext, Marker, mark, num
 
 __all__ = ["LEDGER_LABELS", "compute", "markers"]
@@ -37,9 +38,14 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
 
     Figures: ``interruption_s``, ``failed_requests``, ``restart_s`` (client view: death to the first
     successful response from the restarted replica), ``restart_s_ground_truth``, ``warmup_ttft_s``
-    (mean TTFT of its first 3 requests), ``steady_ttft_p50_s`` (before the fault).
+    (mean TTFT of its first 3 requests), ``steady_ttft_p50_s`` (before the fault), and the
+    crashes told whole (:func:`chaoslib_infer.measure.crashes.crash_report` over the replica's
+    exits since the fault): ``replica_exits``, ``replica_restarts``, ``exit_codes``,
+    ``restarts_unserved``, ``crash_prompt_tokens`` and their source.
     Ground truth: ``fault_at``, ``replica``, ``oom_kills`` (counter delta), ``replica_died_at``,
-    ``death_cause``, ``replica_ready_at``, ``replica_serving_again_at``.
+    ``death_cause``, ``replica_ready_at``, ``replica_serving_again_at``, ``replica_exits`` (each
+    exit: cause, status, restart and serving-again times, the requests it died on),
+    ``crash_trigger`` (one line: the memory hog, and the prompts in flight on the killed process).
     """
     fault = ctx.last_fault("oom-kill")
     if fault is None:
@@ -88,4 +94,17 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     figures["warmup_ratio"] = num(warm.get("ratio_to_steady"))
     figures["warmup"] = warm
     figures["steady_ttft_p50_s"] = steady
+    # every exit of the replica since the fault: restarts, exit codes, the requests it died on
+    crash_fig, exits = crash_report(
+        ctx.lab_events, ctx.ledger, ctx.records, [replica], fault_at - 1.0, ctx.served_after
+    )
+    figures.update({k: v for k, v in crash_fig.items() if k != "restart_s"})  # restart_s: above
+    ground["replica_exits"] = exits
+    sizes = crash_fig["crash_prompt_tokens"]
+    ground["crash_trigger"] = (
+        f"memory hog in {replica}'s cgroup; in flight on the killed process: prompts of "
+        f"{', '.join(map(str, sizes))} tokens ({crash_fig['crash_prompt_tokens_source']} count)"
+        if sizes
+        else f"memory hog in {replica}'s cgroup; no request in flight on the killed process"
+    )
     return figures, ground

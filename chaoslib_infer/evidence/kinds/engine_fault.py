@@ -2,7 +2,9 @@
 long the health endpoint disagreed with the completions.
 
 Ground truth: the engine's own ledger (one ``"event": "fault"`` line per sabotaged request, written
-by the sim engine when it sabotages it) and the lab's exit events (``crash_on_long_prompt``).
+by the sim engine when it sabotages it, with the prompt's size) and the lab's exit, start and ready
+events (``crash_on_long_prompt``: exits, exit codes, restarts, restart time, and the prompt sizes
+the replica died on, :mod:`chaoslib_infer.measure.crashes`).
 Client view: the load records' error classes, and the health samples/checks that
 :func:`chaoslib_infer.activities.health.health_disagreement_check` wrote to the run folder.
 Definitions: ``docs/definitions.md`` (failure classes, health disagreement) and
@@ -13,9 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from chaoslib_infer.measure.crashes import CRASH_MODES, crash_report
 from chaoslib_infer.measure.figkit import (
     FAULT,
     MILESTONE,
+    RECOVERY,
     REMOVED,
     DrillContext,
     Marker,
@@ -39,6 +43,8 @@ EXPECTED_CLASSES: dict[str, frozenset[str]] = {
     "truncated": frozenset({"truncated"}),
     "slowdown": frozenset(),
     "crash_on_long_prompt": frozenset({"reset", "connect", "timeout_connect", "http_5xx"}),
+    # a provider's error answer: caught when the request's attempt got it (a retry may succeed)
+    "http_error": frozenset({"http_429", "http_4xx", "http_5xx"}),
 }
 
 
@@ -49,7 +55,26 @@ def markers(ground: dict[str, Any], figures: dict[str, Any]) -> list[Marker]:
     out += mark(ground.get("cleared_at"), "engine fault cleared", REMOVED)
     for e in ground.get("replica_exits") or []:
         out += mark(e.get("t"), f"{e.get('replica')} exited ({e.get('cause')})", MILESTONE)
+        out += mark(e.get("serving_again_at"), f"{e.get('replica')} serving again", RECOVERY)
     return out
+
+
+def _trigger(sets: list[dict[str, Any]], figures: dict[str, Any]) -> str | None:
+    """One line on what killed the replicas: the armed threshold and the prompts they died on."""
+    if not figures.get("replica_exits"):
+        return None
+    armed = sorted(
+        {int(f["params"]["n"]) for f in sets if isinstance((f.get("params") or {}).get("n"), int)}
+    )
+    sizes = figures.get("crash_prompt_tokens") or []
+    died = (
+        f"died on prompts of {', '.join(map(str, sizes))} tokens "
+        f"({figures.get('crash_prompt_tokens_source')} count)"
+        if sizes
+        else "no request was in flight on the dying process (the trigger is not a request)"
+    )
+    limit = f"armed on prompts over {', '.join(map(str, armed))} tokens; " if armed else ""
+    return limit + died
 
 
 def _health_disagreement_s(ctx: DrillContext) -> float | None:
@@ -86,9 +111,16 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     :data:`EXPECTED_CLASSES`), ``missed_requests`` (sabotaged by a mode with an expected class but
     not caught), ``sabotaged_by_mode``/``caught_by_mode`` (counts), ``health_disagreement_s``
     (seconds, recomputed from the health checks' samples; None when no check ran).
+    Crashes (:func:`chaoslib_infer.measure.crashes.crash_report`, exits of those replicas after
+    the fault was armed; only when a crash mode was armed or a replica exited): ``replica_exits``, ``replica_restarts``, ``exit_codes``, ``restart_s``
+    (worst death to serving again; None: unmeasured), ``restarts_unserved``,
+    ``crash_prompt_tokens`` and their source (the trigger).
     Ground truth: ``fault_at`` (first fault armed, unix s), ``cleared_at``, ``replicas``, ``modes``,
-    ``sabotaged_request_ids`` (count per replica), ``replica_exits`` (lab exit events of those
-    replicas after the fault: ``{"replica", "t", "cause"}``).
+    ``sabotaged_request_ids`` (count per replica), ``replica_exits`` (each exit of those replicas
+    after the fault: ``{"replica", "t", "pid", "cause", "status", "restarted_at", "ready_at",
+    "serving_again_at", "restart_s", "died_on"}``), ``crash_trigger`` (one line: the armed
+    threshold and the prompt sizes the replicas died on; None without an exit; absent where no
+    crash figures are).
     """
     sets = [
         f for f in ctx.faults if f.get("kind") == "engine-fault" and f.get("phase") != "cleared"
@@ -144,13 +176,14 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
         "replicas": replicas,
         "modes": sorted({str(f.get("mode")) for f in sets}),
         "sabotaged_request_ids": by_replica,
-        "replica_exits": [
-            {"replica": e.get("replica"), "t": e.get("t"), "cause": e.get("cause")}
-            for e in ctx.lab_events
-            if e.get("event") == "exit"
-            and e.get("replica") in replicas
-            and fault_at is not None
-            and float(e.get("t") or 0.0) >= fault_at
-        ],
+        "replica_exits": [],
     }
+    if fault_at is not None:
+        crash_fig, exits = crash_report(
+            ctx.lab_events, ctx.ledger, ctx.records, replicas, fault_at, ctx.served_after
+        )
+        ground["replica_exits"] = exits
+        if exits or CRASH_MODES & set(ground["modes"]):  # no crash rows for a hang that killed none
+            figures.update(crash_fig)
+            ground["crash_trigger"] = _trigger(sets, crash_fig)
     return figures, ground

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from chaoslib_infer.lab.engine.config import EngineConfig
+from chaoslib_infer.lab.engine.errors import answer as provider_error_answer
 from chaoslib_infer.lab.engine.faults import (
     ADMIN_TOKEN_HEADER,
     FAULT_HEADER,
@@ -107,8 +108,14 @@ def build_app(config: EngineConfig) -> Starlette:
                 fault = engine.choose_fault(header, job.prompt_tokens)
         except RequestError as exc:
             return error_response(exc.status, exc.message)
+        if fault is not None and fault.mode == "http_error":  # answered now, never generated
+            response, facts = provider_error_answer(fault, config.profile)
+            engine.record_fault(
+                fault, job.request_id, answer=facts, prompt_tokens=job.prompt_tokens
+            )
+            return response
         if fault is not None:
-            engine.record_fault(fault, job.request_id)
+            engine.record_fault(fault, job.request_id, prompt_tokens=job.prompt_tokens)
             if fault.mode == "crash_on_long_prompt":
                 engine.crash(fault, job.prompt_tokens)
             if fault.mode == "hang":  # engine loop dead: accepted, never answered
@@ -169,6 +176,11 @@ def build_app(config: EngineConfig) -> Starlette:
             spec.served_at_set = engine.generations_started
             engine.faults.set(spec)
             engine.record_admin("set", [spec])
+            try:
+                engine.persist_faults()
+            except OSError as exc:  # armed, but would not survive a restart: say so, disarm
+                engine.faults.clear(spec.mode)
+                return error_response(500, f"fault-state file not written: {exc}")
         elif request.method == "DELETE":
             mode = request.query_params.get("mode")
             if mode is not None:
@@ -178,6 +190,10 @@ def build_app(config: EngineConfig) -> Starlette:
             cleared = engine.faults.clear(mode)
             released = engine.release_hung() if mode in (None, "hang") else 0
             engine.record_admin("clear", cleared)
+            try:
+                engine.persist_faults()
+            except OSError as exc:  # disarmed here, but a restart would re-arm it
+                return error_response(500, f"fault-state file not rewritten: {exc}")
             return JSONResponse(
                 {
                     "replica": config.replica_id,

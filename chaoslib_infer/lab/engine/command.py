@@ -122,6 +122,11 @@ def _build_parser(cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser
         "and kernel times of request in / first token out (rx_at, tx_at, ttft_kernel_s: "
         "chaoslib_infer.lab.kernel_stamps)",
     )  # fmt: skip
+    p.add_argument(
+        "--fault-state-dir", type=Path, default=None, metavar="DIR",
+        help="keep armed crash faults (crash_on_long_prompt) in DIR/<replica-id>.json and re-arm "
+        "them at start, like a deterministic bug that survives a restart (the lab sets it)",
+    )  # fmt: skip
     return p
 
 
@@ -152,6 +157,7 @@ def _config(
             admin_token=admin_token,
             profile=a.profile,
             ttft_log=a.ttft_log,
+            fault_state_dir=a.fault_state_dir,
         )
     except ValueError as exc:
         p.error(str(exc))

@@ -38,6 +38,9 @@ class EngineConfig:
     #: provider profile mimicked (``chaoslib_infer.lab.mimic``); None: the plain engine
     profile: str | None = None
     ttft_log: Path | None = None
+    #: folder of the replicas' fault-state files (``<replica_id>.json``): faults of
+    #: ``PERSISTENT_MODES`` armed here are re-armed when the replica restarts; None: not kept
+    fault_state_dir: Path | None = None
 
     def __post_init__(self) -> None:
         """Validate values.

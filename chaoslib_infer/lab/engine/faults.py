@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import math
 import os
 import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.lab.engine.config import EngineConfig
@@ -38,6 +40,7 @@ FAULT_MODES: tuple[str, ...] = (
     "truncated",
     "slowdown",
     "crash_on_long_prompt",
+    "http_error",
 )
 #: Request header carrying the lab's admin token (see ``EngineConfig.admin_token``).
 ADMIN_TOKEN_HEADER = "x-chaos-admin-token"
@@ -45,9 +48,17 @@ ADMIN_TOKEN_HEADER = "x-chaos-admin-token"
 FAULT_HEADER = "x-chaos-fault"
 #: Exit status of a replica that ``crash_on_long_prompt`` (``how=exit``) killed.
 CRASH_EXIT_CODE = 70
+#: Modes that outlive the process, like a deterministic bug in the engine's code: armed through
+#: the admin endpoint they are kept in the replica's fault-state file (``--fault-state-dir``) and
+#: re-armed by the restarted replica until cleared or expired. The other modes are run-time
+#: states (a hung loop, a slow step) that a restart ends.
+PERSISTENT_MODES: frozenset[str] = frozenset({"crash_on_long_prompt"})
 
 #: Per mode: accepted parameters and their defaults (k: tokens sent first; t: stall seconds;
-#: n: prompt-token threshold; factor: ITL growth per request served; how: variant).
+#: n: prompt-token threshold; factor: ITL growth per request served; how: variant; retry_after:
+#: whole seconds of the ``Retry-After`` header, 0 for none; burst: consecutive requests answered
+#: once the probability roll hits; profile: the provider whose error shape answers, "" for the
+#: engine's own: ``errors.PROVIDER_ERRORS``).
 FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "hang": {},
     "reset_after_k": {"k": 3},
@@ -58,11 +69,15 @@ FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "truncated": {"k": 3},
     "slowdown": {"factor": 0.05},
     "crash_on_long_prompt": {"n": 1024, "how": "exit"},
+    "http_error": {"how": "rate_limit", "retry_after": 2, "burst": 1, "profile": ""},
 }
 _FAULT_HOW: dict[str, tuple[str, ...]] = {
     "garbled": ("fffd", "bytes", "both"),
     "crash_on_long_prompt": ("exit", "kill"),
+    "http_error": ("rate_limit", "unavailable", "server_error", "closed_endpoint", "bad_request"),
 }
+#: Provider profiles an ``http_error`` answer may take the shape of ("": the engine's own).
+_PROFILES = ("", "vllm", "sglang", "tgi", "trtllm", "ark", "openai")
 _FAULT_KEYS = frozenset({"mode", "probability", "ttl_s", "params", "seed"})
 
 
@@ -91,6 +106,8 @@ class FaultSpec:
     served_at_set: int = 0
     fault_id: str = field(default_factory=lambda: os.urandom(4).hex())
     _expires: float | None = field(default=None, repr=False)
+    #: requests of the current burst still to answer (``http_error``'s ``burst``)
+    burst_left: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         """Arm the expiry clock (monotonic)."""
@@ -135,13 +152,15 @@ def _fault_value(mode: str, key: str, value: Any, text: bool) -> Any:
         RequestError: 400 on a bad value.
     """
     bad = RequestError(400, f"fault {mode}: bad value for {key!r}: {value!r}")
-    if key in ("k", "n"):
+    if key in ("k", "n", "retry_after", "burst"):
         if text:
             try:
                 value = int(str(value), 10)
             except ValueError:
                 raise bad from None
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad
+        if key == "burst" and value < 1:
             raise bad
         return value
     if key in ("t", "factor", "probability", "ttl_s"):
@@ -160,6 +179,12 @@ def _fault_value(mode: str, key: str, value: Any, text: bool) -> Any:
         if key == "ttl_s" and value == 0:
             raise bad
         return value
+    if key == "profile":
+        if not isinstance(value, str) or value.strip().lower() not in _PROFILES:
+            raise RequestError(
+                400, f"fault {mode}: profile must be one of {', '.join(_PROFILES[1:])}"
+            )
+        return value.strip().lower()
     if key == "how":
         choices = _FAULT_HOW.get(mode, ())
         if not isinstance(value, str) or value.lower() not in choices:
@@ -217,6 +242,69 @@ def parse_fault(fields: Mapping[str, Any], source: str = "admin", text: bool = F
             known = ", ".join(sorted(set(allowed) | {"probability"}))
             raise RequestError(400, f"fault {mode}: unknown parameter {key!r} (accepted: {known})")
     return FaultSpec(mode=mode, params=params, probability=probability, ttl_s=ttl_s, source=source)
+
+
+def persisted_json(spec: FaultSpec) -> dict[str, Any]:
+    """How a fault of :data:`PERSISTENT_MODES` is kept in the fault-state file: ``{"mode",
+    "params", "probability", "set_at", "expires_at" (unix s, None: never), "fault_id"}``."""
+    remaining = spec.remaining_s()
+    return {
+        "mode": spec.mode,
+        "params": dict(spec.params),
+        "probability": spec.probability,
+        "set_at": spec.set_at,
+        "expires_at": None if remaining is None else time.time() + remaining,
+        "fault_id": spec.fault_id,
+    }
+
+
+def read_persisted(path: Path, now: float | None = None) -> list[FaultSpec]:
+    """The faults a replica's fault-state file keeps that have not expired (``now``: unix s).
+
+    A missing, unreadable or malformed file (or entry) keeps nothing: the engine starts clean
+    rather than refusing to start.
+    """
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    now = time.time() if now is None else now
+    out: list[FaultSpec] = []
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict) or e.get("mode") not in PERSISTENT_MODES:
+            continue
+        expires = e.get("expires_at")
+        if isinstance(expires, int | float) and expires <= now:
+            continue
+        fields = {"mode": e["mode"], "params": e.get("params") or {}}
+        fields["probability"] = e.get("probability", 1.0)
+        if isinstance(expires, int | float):
+            fields["ttl_s"] = expires - now
+        try:
+            spec = parse_fault(fields)
+        except RequestError:
+            continue
+        spec.set_at = float(e.get("set_at") or spec.set_at)
+        spec.fault_id = str(e.get("fault_id") or spec.fault_id)
+        out.append(spec)
+    return out
+
+
+def write_persisted(path: Path, specs: list[FaultSpec]) -> None:
+    """Keep the faults of ``specs`` in :data:`PERSISTENT_MODES` in ``path`` (atomic write;
+    the file is removed when none is left).
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    keep = [persisted_json(f) for f in specs if f.mode in PERSISTENT_MODES]
+    if not keep:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(keep) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def parse_fault_header(value: str) -> FaultSpec:
@@ -288,9 +376,20 @@ class FaultBoard:
         return spec.probability >= 1.0 or self.rng.random() < spec.probability
 
     def pick(self, prompt_tokens: int) -> FaultSpec | None:
-        """The first armed fault that applies to the request and wins its probability roll."""
+        """The first armed fault that applies to the request and wins its probability roll.
+
+        A fault with a ``burst`` of *b* > 1 (``http_error``) answers the *b* - 1 requests after
+        a winning roll without rolling again (a provider's rate limiter or a closed endpoint
+        stays so for a while: the answers come in bursts, not spread alone).
+        """
         for spec in self.active():
-            if spec.applies(prompt_tokens) and self.roll(spec):
+            if not spec.applies(prompt_tokens):
+                continue
+            if spec.burst_left > 0:
+                spec.burst_left -= 1
+                return spec
+            if self.roll(spec):
+                spec.burst_left = int(spec.params.get("burst", 1)) - 1
                 return spec
         return None
 

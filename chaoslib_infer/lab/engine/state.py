@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.lab import kernel_stamps
@@ -17,6 +18,8 @@ from chaoslib_infer.lab.engine.faults import (
     FaultBoard,
     FaultSpec,
     parse_fault_header,
+    read_persisted,
+    write_persisted,
 )
 from chaoslib_infer.lab.engine.metrics import Metrics
 from chaoslib_infer.lab.engine.scheduler import Scheduler
@@ -78,6 +81,24 @@ class Engine:
         self._ttft_fd: int | None = None
         if config.ttft_log is not None:
             self._ttft_fd = os.open(config.ttft_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fault_file: Path | None = None
+        if config.fault_state_dir is not None:
+            self.fault_file = config.fault_state_dir / f"{config.replica_id}.json"
+            restored = read_persisted(self.fault_file)
+            for spec in restored:
+                self.faults.set(spec)
+            if restored:  # ledger ``{"event": "fault_restore", ...}``: re-armed at start
+                self.record_admin("restore", restored)
+
+    def persist_faults(self) -> None:
+        """Rewrite the fault-state file from the armed faults (``PERSISTENT_MODES`` only); a
+        no-op without ``--fault-state-dir``.
+
+        Raises:
+            OSError: the file could not be written.
+        """
+        if self.fault_file is not None:
+            write_persisted(self.fault_file, self.faults.active())
 
     def ready(self) -> bool:
         """True once the simulated weight load is over."""
@@ -131,27 +152,39 @@ class Engine:
         if self._ledger_fd is not None:
             os.write(self._ledger_fd, (json.dumps(entry) + "\n").encode())
 
-    def record_fault(self, spec: FaultSpec, request_id: str) -> None:
+    def record_fault(
+        self,
+        spec: FaultSpec,
+        request_id: str,
+        answer: dict[str, Any] | None = None,
+        prompt_tokens: int | None = None,
+    ) -> None:
         """Append the ledger line of a request sabotaged by ``spec`` (ground truth).
 
         Line: ``{"t", "event": "fault", "mode", "replica", "request_id", "pid", "source",
-        "params"}``.
+        "params"}``, plus ``"answer"`` (``http_error``: ``{"status", "code", "retryable",
+        "retry_after_s", "profile"}``, ``errors.answer``) and ``"prompt_tokens"`` (the request's
+        prompt as this engine counted it: the trigger of a ``crash_on_long_prompt``) when given.
         """
-        self._ledger_line(
-            {
-                "t": time.time(),
-                "event": "fault",
-                "mode": spec.mode,
-                "replica": self.config.replica_id,
-                "request_id": request_id,
-                "pid": os.getpid(),
-                "source": spec.source,
-                "params": spec.params,
-            }
-        )
+        line: dict[str, Any] = {
+            "t": time.time(),
+            "event": "fault",
+            "mode": spec.mode,
+            "replica": self.config.replica_id,
+            "request_id": request_id,
+            "pid": os.getpid(),
+            "source": spec.source,
+            "params": spec.params,
+        }
+        if answer is not None:
+            line["answer"] = answer
+        if prompt_tokens is not None:
+            line["prompt_tokens"] = int(prompt_tokens)
+        self._ledger_line(line)
 
     def record_admin(self, action: str, specs: list[FaultSpec]) -> None:
-        """Ledger line ``{"t", "event": "fault_set"|"fault_clear", "replica", "modes", "pid"}``."""
+        """Ledger line ``{"t", "event": "fault_set"|"fault_clear"|"fault_restore", "replica",
+        "modes", "faults", "pid"}`` (``restore``: re-armed from the fault-state file at start)."""
         self._ledger_line(
             {
                 "t": time.time(),

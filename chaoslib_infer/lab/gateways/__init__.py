@@ -3,7 +3,9 @@
 ``Lab.up(gateway=...)`` (plan ``lab: {gateway: nginx, gateway_config: my-nginx.conf}``,
 ``chaos-infer lab up --gateway nginx --gateway-config FILE``):
 
-- ``haproxy`` (default): HAProxy with the project's settings, as before;
+- ``haproxy`` (default): HAProxy with the project's settings, or with the user's haproxy.cfg
+  (a Jinja2 template over the lab's replicas; the lab injects its runtime socket and request
+  log: see :mod:`chaoslib_infer.lab.gateways.haproxy_user`);
 - ``nginx``: Debian's nginx with the user's config (a full nginx.conf, server blocks or a
   location snippet, rendered as a Jinja2 template with the lab's replicas: see
   :mod:`chaoslib_infer.lab.gateways.nginx`) or the project's default; HAProxy keeps running off
@@ -30,6 +32,7 @@ from chaoslib_infer.lab.gateways.dispatch import GATEWAYS as GATEWAYS
 from chaoslib_infer.lab.gateways.dispatch import GatewayError as GatewayError
 from chaoslib_infer.lab.gateways.dispatch import check_choice as check_choice
 from chaoslib_infer.lab.gateways.dispatch import describe as describe
+from chaoslib_infer.lab.gateways.dispatch import figured as figured
 from chaoslib_infer.lab.gateways.dispatch import gateway_of as gateway_of
 from chaoslib_infer.lab.gateways.dispatch import precheck as precheck
 from chaoslib_infer.lab.gateways.dispatch import record as record

@@ -22,6 +22,7 @@ __all__ = [
     "GatewayError",
     "check_choice",
     "describe",
+    "figured",
     "gateway_of",
     "precheck",
     "record",
@@ -52,19 +53,19 @@ def check_choice(gateway: str, gateway_config: str | Path | None) -> str | None:
         The config text (None: the gateway's default).
 
     Raises:
-        GatewayError: an unknown gateway, a config given to ``haproxy``, a config file that
-            cannot be read, or a missing nginx / litellm binary.
+        GatewayError: an unknown gateway, a config file that cannot be read, or a missing
+            haproxy / nginx / litellm binary.
     """
     if gateway not in GATEWAYS:
         raise GatewayError(f"gateway must be one of {', '.join(GATEWAYS)}, got {gateway!r}")
     if gateway == "haproxy":
-        if gateway_config is not None:
-            raise GatewayError(
-                "gateway_config is for gateways nginx and litellm; the haproxy gateway has the "
-                "lab's settings (gateway_retry)"
-            )
-        return None
-    if gateway == "litellm":
+        if gateway_config is None:
+            return None
+        from chaoslib_infer.lab.haproxy import find_haproxy
+
+        if find_haproxy() is None:
+            raise GatewayError("haproxy not found: apt-get install haproxy")
+    elif gateway == "litellm":
         import chaoslib_infer.lab.gateways.litellm as litellm
 
         if litellm.find_litellm() is None:
@@ -89,6 +90,15 @@ def check_choice(gateway: str, gateway_config: str | Path | None) -> str | None:
 def gateway_of(meta: dict[str, Any]) -> str:
     """The gateway of a lab's ``lab.json`` mapping (``haproxy`` for older labs)."""
     return str(meta.get("gateway") or "haproxy")
+
+
+def figured(meta: dict[str, Any]) -> bool:
+    """Whether a lab (its ``lab.json`` mapping) gets the gateway figures
+    (:mod:`chaoslib_infer.lab.gateways.figures`): nginx, LiteLLM, and HAProxy with the user's
+    config; HAProxy with the lab's own settings keeps its rows as before."""
+    return gateway_of(meta) != "haproxy" or bool(
+        (meta.get("gateway_info") or {}).get("config_path")
+    )
 
 
 def redact_config(text: str) -> str:
@@ -162,7 +172,13 @@ def record(
     """Write ``gateway.json`` (the evidence's gateway block) and return it: ``{"gateway",
     "config_path", "config" (scrubbed text, None for the default), "version"}``."""
     info: dict[str, Any] = {"gateway": gateway, "config_path": config_path, "config": None}
-    if gateway == "nginx":
+    if gateway == "haproxy":
+        from chaoslib_infer.lab.haproxy import find_haproxy
+
+        binary = find_haproxy()
+        info["version"] = _version(binary) if binary else None
+        info["config"] = redact_config(text) if text is not None else "(the lab's default)"
+    elif gateway == "nginx":
         import chaoslib_infer.lab.gateways.nginx as nginx
 
         binary = nginx.find_nginx()
@@ -298,6 +314,10 @@ def precheck(gateway: str, gateway_config: str | Path | None, servers: list[str]
         GatewayError: the config does not render or the gateway rejects it (one line).
     """
     text = check_choice(gateway, gateway_config)
+    if gateway == "haproxy":
+        if text is not None:
+            _precheck_haproxy(text, str(gateway_config), servers)
+        return
     if gateway == "litellm":
         import chaoslib_infer.lab.gateways.litellm as litellm
 
@@ -325,4 +345,28 @@ def precheck(gateway: str, gateway_config: str | Path | None, servers: list[str]
             conf.write_text(nginx.render_config(sd, "check", 8800, placeholder, text, source))
             nginx.check_config(binary, sd, conf, source)
         except nginx.NginxError as exc:
+            raise GatewayError(str(exc)) from None
+
+
+def _precheck_haproxy(text: str, source: str, servers: list[str]) -> None:
+    """The user's haproxy.cfg rendered for placeholder ``servers`` and checked by ``haproxy -c``
+    in a scratch directory.
+
+    Raises:
+        GatewayError: it does not render, the lab refuses it or HAProxy does (one line).
+    """
+    import tempfile
+
+    import chaoslib_infer.lab.gateways.haproxy_user as hap_user
+    from chaoslib_infer.lab.haproxy import find_haproxy
+
+    rows = [{"name": n, "host": "127.0.0.1", "port": 40000 + i} for i, n in enumerate(servers)]
+    with tempfile.TemporaryDirectory(prefix="chaos-infer-haproxy-") as tmp:
+        sd = Path(tmp)
+        variables = hap_user.template_variables("check", 8800, rows, "/health", sd)
+        try:
+            rendered = hap_user.render_config(text, variables, sd / "haproxy.sock", servers, source)
+            (sd / "haproxy.cfg").write_text(rendered)
+            hap_user.check_config(find_haproxy() or "haproxy", sd / "haproxy.cfg", source)
+        except hap_user.HAProxyConfigError as exc:
             raise GatewayError(str(exc)) from None

@@ -1,11 +1,14 @@
 """Figures for what gateways get wrong, measured from the records, the engine ledger and the
 gateway's request log (``docs/gateways.md``, "Figures"). Computed for a lab whose gateway is not
-HAProxy (``{}`` otherwise: those labs keep their figures as before).
+HAProxy, and for HAProxy with the user's config (``gateway.json`` ``config_path``; ``{}`` for
+HAProxy with the lab's own settings: those labs keep their figures as before).
 
 - ``gateway_timeout_s``: the gateway's *effective* timeout: the longest time it held a client
   request before it answered 5xx or the client gave up on it (nginx ``$request_time`` of the
-  5xx and 499 lines; LiteLLM, which logs no requests: the client's 5xx, 408, stream-error and
-  timed-out attempts, send to end; seconds). None when it never did either.
+  5xx and 499 lines; HAProxy ``%Ta`` of its 5xx lines and of those the client or its own
+  ``timeout server`` ended (termination state ``C...``/``s...``); LiteLLM, which logs no
+  requests: the client's 5xx, 408, stream-error and timed-out attempts, send to end; seconds).
+  None when it never did either.
 - ``gateway_gave_up``: how many requests it answered 5xx (or lost to the client) that way.
 - ``retry_amplification``: upstream generations per client attempt, the largest over the drill's
   logical requests (engine ledger generations of a request id / the client's attempts sent with
@@ -20,9 +23,11 @@ HAProxy (``{}`` otherwise: those labs keep their figures as before).
   its ``exit`` and its next ``ready`` event in the lab's ground truth).
 - ``streams_cut_200``: attempts that got status 200 and then lost their stream (reset,
   truncated, stream error, empty).
-- ``ejection_s`` (upstream-timeout): replaces HAProxy's health view, which is not the gateway's:
-  the last time the gateway sent a request to the frozen replica, from the freeze (seconds; the
-  hold when it never stopped). A frozen replica counts as down for ``routed_to_down``.
+- ``ejection_s`` (upstream-timeout; nginx and LiteLLM only: with the user's HAProxy config the
+  drill's own, from HAProxy's ``show stat`` health view, is the gateway's and stays): replaces
+  HAProxy's health view, which is not the gateway's: the last time the gateway sent a request to the
+  frozen replica, from the freeze (seconds; the hold when it never stopped). A frozen replica counts
+  as down for ``routed_to_down``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,14 @@ import chaoslib_infer.lab.gateways.nginx as lab_nginx
 from chaoslib_infer.lab.gateways.dispatch import GATEWAY_FILE, describe
 from chaoslib_infer.measure.figkit import json_objects
 
-__all__ = ["CUT_CLASSES", "TTFT_LOG", "calibrate", "gateway_figures", "stream_gaps"]
+__all__ = [
+    "CUT_CLASSES",
+    "TTFT_LOG",
+    "calibrate",
+    "gateway_figures",
+    "haproxy_tries",
+    "stream_gaps",
+]
 
 TTFT_LOG = "ttft.jsonl"
 #: error classes of a 200 stream the gateway (or the replica behind it) cut
@@ -114,6 +126,36 @@ def _nginx_tries(
     return held, tries, retries
 
 
+def haproxy_tries(
+    sd: Path, rids: set[str], lo: float, hi: float
+) -> tuple[list[float], list[Try], int]:
+    """HAProxy with the user's config (its request log, :data:`chaoslib_infer.lab.haproxy.
+    LOG_FORMAT`): held times (``%Ta``, s) of the requests it answered 5xx, that the client gave
+    up on (termination state ``C...``) or that it gave up on itself after a 200 (``s...``: its
+    ``timeout server`` mid-stream); its tries (the server that answered, at the time the request
+    reached it: HAProxy logs the last server of a request, a retry's earlier one is not named);
+    its retries (``%rc``, :func:`chaoslib_infer.lab.requestlog.gateway_retries`)."""
+    from chaoslib_infer.lab.requestlog import gateway_retries, parse_request_log
+    from chaoslib_infer.lab.statedir import REQUEST_LOG
+
+    entries = [
+        e
+        for e in parse_request_log(sd / REQUEST_LOG)
+        if e.request_id in rids and lo <= e.request_t <= hi
+    ]
+    held = [
+        e.ta_ms / 1000.0
+        for e in entries
+        if e.status >= 500 or e.term_state[:1] in ("C", "s") or e.status == -1
+    ]
+    tries: list[Try] = [
+        (e.forwarded_t or e.request_t, str(e.request_id), e.server)
+        for e in entries
+        if e.server != "<NOSRV>"
+    ]
+    return held, tries, gateway_retries(entries, rids)
+
+
 def _litellm_tries(
     sd: Path, sent: list[dict[str, Any]], rids: set[str], lo: float, hi: float
 ) -> tuple[list[float], list[Try], int]:
@@ -169,8 +211,8 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
         return {}
     sd = Path(lab_dir)
     info = describe(sd)
-    if info.get("gateway", "haproxy") == "haproxy":
-        return {}
+    if info.get("gateway", "haproxy") == "haproxy" and not info.get("config_path"):
+        return {}  # the lab's own HAProxy settings: its rows as before
     records = _jsonl(Path(drill_dir) / "records.jsonl")
     sent = [r for r in records if isinstance(r.get("sent_at"), int | float)]
     if not sent:
@@ -179,6 +221,7 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
     hi = max(float(r.get("end_at") or r["sent_at"]) for r in sent) + 30.0
     rids = {str(r["request_id"]) for r in sent if r.get("request_id")}
     down = _down_windows(_jsonl(sd / "events.jsonl"))
+    frozen_ejection = True
     frozen: list[tuple[str, float, float]] = []
     for f in _jsonl(Path(drill_dir) / "faults.jsonl"):
         if f.get("kind") == "upstream-timeout" and isinstance(f.get("fault_at"), int | float):
@@ -188,6 +231,9 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
         down.setdefault(rep, []).append((a, b))
     if info.get("gateway") == "litellm":
         held, tries, retries = _litellm_tries(sd, sent, rids, lo, hi)
+    elif info.get("gateway", "haproxy") == "haproxy":
+        held, tries, retries = haproxy_tries(sd, rids, lo, hi)
+        frozen_ejection = False  # HAProxy's own view (show stat) is the gateway's: kept
     else:
         held, tries, retries = _nginx_tries(sd, rids, lo, hi)
     last_to_frozen: dict[tuple[str, float], float] = {}
@@ -223,7 +269,8 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
         if r.get("status") == 200 and not r.get("ok") and r.get("error_class") in CUT_CLASSES
     )
     out: dict[str, Any] = {}
-    if frozen:  # the gateway's own ejection: it sent nothing more to the frozen replica after
+    # the gateway's own ejection: it sent nothing more to the frozen replica after
+    if frozen and frozen_ejection:
         rep, a, _ = frozen[0]
         out["ejection_s"] = round(last_to_frozen.get((rep, a), a) - a, 3)
         log = "litellm's lanes (HAProxy log)" if info.get("gateway") == "litellm" else None
