@@ -31,9 +31,13 @@ the request's last byte arrived on its socket to the moment the first token's by
 its own accept/parse queueing is inside the truth, not counted as client error; our client's
 times are kernel stamps too (``time_source: "kernel"`` records). The error splits in two legs,
 send -> engine arrival and engine first token out -> our first-token stamp, and the client's own
-lag (``p99_client_lag_s``: kernel stamp to handling) is printed beside it. The last line is
+lag (``p99_client_lag_s``: kernel stamp to handling) is printed beside it. The line before the
+last is ``cost_vs_floor=<float>``: our CPU per request over h2load's (its req/core-s over ours;
+``nan`` without the floor). The last line is
 ``ratio_vs_best_peer=<float>``: req/core-s of ours over the best peer's (``nan`` when no peer
-ran); on a machine where the clients fill their core it equals the req/s ratio.
+ran); on a machine where the clients fill their core it equals the req/s ratio. The ``ours`` row
+notes the chunk path our client ran (``chunk_path`` of its summary: ``compiled`` or ``python``;
+``CHAOS_INFER_CHUNK_PATH=python`` in the environment runs the pure-Python one).
 
 Peers are installed into throw-away virtual environments under ``--peer-dir`` (default
 ``/tmp/chaos-infer-peers/<tool>``, kept across runs; never inside the repository), with
@@ -760,12 +764,14 @@ def ensure_tokenizer(peer_dir: Path, venvs: list[Path]) -> Path | None:
 
 def ours_main(argv: list[str]) -> None:
     """``client_ceiling.py _ours MODE URL DURATION_S CONCURRENCY MAX_TOKENS RATE OUT [TRANSPORT]``:
-    run our client (``run_load``, records streamed to ``OUT``, ``LoadSpec.transport`` TRANSPORT,
-    default the spec's default) and print its summary as JSON.
+    run our client (``LoadSpec.transport`` TRANSPORT, default the spec's default; records
+    streamed to ``OUT``) and print its summary as JSON.
 
-    MODE ``closed``: constant arrivals far above any rate this client can reach, capped at
-    CONCURRENCY in flight (a closed loop through the real open-loop path). MODE ``open``: Poisson
-    arrivals at RATE req/s.
+    MODE ``closed``: CONCURRENCY attempts in flight, each followed at once by the next, for
+    DURATION_S (:func:`_closed_loop`: ``send_attempt`` on one session, a fresh body and request
+    id each, every record written, as ``run_load`` does; since issue 20 ``run_load`` records a
+    request due at a full cap as ``not_sent`` instead of waiting, so a closed loop can no longer
+    be made of its schedule). MODE ``open``: ``run_load``, Poisson arrivals at RATE req/s.
     """
     from chaoslib_infer.load.client import LoadSpec, run_load_blocking
 
@@ -774,17 +780,79 @@ def ours_main(argv: list[str]) -> None:
     transport = {"transport": argv[7]} if len(argv) > 7 else {}
     spec = LoadSpec(
         **transport,  # type: ignore[arg-type]
-        url=url, api="completions", model=MODEL, rate_rps=20_000.0 if closed else float(rate),
+        url=url, api="completions", model=MODEL, rate_rps=1.0 if closed else float(rate),
         duration_s=float(dur), max_concurrency=int(conc), max_tokens=int(toks), prompt_words=12,
-        arrival="constant" if closed else "poisson", timeout_s=30.0,
-        extra_body={"ignore_eos": True},
+        arrival="poisson", timeout_s=30.0, extra_body={"ignore_eos": True},
     )  # fmt: skip
-    summary = run_load_blocking(spec, out)
+    summary = _closed_loop(spec, out) if closed else run_load_blocking(spec, out)
     print(
         json.dumps(
-            {k: summary[k] for k in ("ok", "failed", "ok_rps", "elapsed_s", "errors_by_class")}
+            {
+                k: summary.get(k)
+                for k in (
+                    "ok",
+                    "failed",
+                    "ok_rps",
+                    "elapsed_s",
+                    "errors_by_class",
+                    "chunk_path",
+                    "time_source",
+                )
+            }  # fmt: skip
         )
     )
+
+
+def _closed_loop(spec: Any, out: str) -> dict[str, Any]:
+    """``spec.max_concurrency`` workers on one session, each sending its next attempt as soon as
+    the last one ended, for ``spec.duration_s``; every record written to ``out`` (JSONL).
+
+    Returns:
+        ``{"ok", "failed", "ok_rps", "elapsed_s", "errors_by_class", "chunk_path",
+        "time_source"}`` (``run_load``'s names; ``chunk_path`` and ``time_source`` of the
+        records, ``"mixed"`` when they differ).
+    """
+    import asyncio
+    import random
+
+    from chaoslib_infer.load.client import build_body, make_session, send_attempt
+    from chaoslib_infer.load.records import RecordWriter
+
+    counts: dict[str, int] = {}
+    seen: dict[str, set[str]] = {"chunk_path": set(), "time_source": set()}
+
+    async def go(writer: RecordWriter) -> float:
+        async with make_session(spec) as session:
+            start = time.perf_counter()
+            end = start + spec.duration_s
+
+            async def worker(k: int) -> None:
+                rng, i = random.Random(k), 0
+                while time.perf_counter() < end:
+                    body = json.dumps(build_body(spec, rng)).encode()
+                    rec = await send_attempt(session, spec, body, f"c{k}-{i}", 1, None)
+                    writer.write(rec)
+                    cls = rec["error_class"] or "ok"
+                    counts[cls] = counts.get(cls, 0) + 1
+                    for key, vals in seen.items():
+                        vals.add(str(rec.get(key)))
+                    i += 1
+
+            await asyncio.gather(*(worker(k) for k in range(spec.max_concurrency)))
+            return time.perf_counter() - start
+
+    try:
+        import uvloop
+
+        factory: Any = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        factory = None
+    with RecordWriter(out) as writer, asyncio.Runner(loop_factory=factory) as runner:
+        elapsed = runner.run(go(writer))
+    ok = counts.pop("ok", 0)
+    one = {k: (v.pop() if len(v) == 1 else "mixed") for k, v in seen.items()}
+    return {"ok": ok, "failed": sum(counts.values()), "ok_rps": round(ok / elapsed, 3),
+            "elapsed_s": round(elapsed, 3), "errors_by_class": counts, **one}  # fmt: skip
 
 
 def ttft_error(records_path: Path, ttft_log: Path) -> dict[str, Any]:
@@ -1122,8 +1190,10 @@ def _run_ours(
         raise BenchError(f"our client failed (exit {rc}): {log.strip()[-300:]}")
     summ = json.loads(log.strip().splitlines()[-1])
     run.own_rps = summ["ok_rps"]
+    notes = [f"chunk path {summ.get('chunk_path') or 'python'}"]  # absent: before issue 24
     if summ["failed"]:
-        run.note = f"{summ['failed']} failed: {summ['errors_by_class']}"
+        notes.append(f"{summ['failed']} failed: {summ['errors_by_class']}")
+    run.note = "; ".join(notes)
     (out / "records.jsonl").unlink(missing_ok=True)  # up to ~1 KB per request
     return run
 
@@ -1188,10 +1258,12 @@ def _report(
     ours = runs[0]
     peers = [r for r in runs if not r.tool.startswith("ours") and r.tool != FLOOR]
     floor = next((r for r in runs if r.tool == FLOOR), None)
+    cost = math.nan
     if floor is not None and floor.req_per_core_s and ours.req_per_core_s:
+        cost = floor.req_per_core_s / ours.req_per_core_s
         print(f"cost per request, ours / {FLOOR} (bare C client, HTTP/1.1, no stream parsing; "
-              f"the floor of one client core): {floor.req_per_core_s / ours.req_per_core_s:.2f}x "
-              f"({ours.req_per_core_s:.0f} vs {floor.req_per_core_s:.0f} req per client "
+              f"the floor of one client core): {cost:.2f}x (target <= 1.5x; "
+              f"{ours.req_per_core_s:.0f} vs {floor.req_per_core_s:.0f} req per client "
               "core-second)")  # fmt: skip
     ratio = math.nan
     if peers:
@@ -1238,6 +1310,7 @@ def _report(
             f"{ms(terr['up_p50_s'])}/{ms(terr['up_p99_s'])} ms; engine first token out -> our "
             f"first-token stamp P50/P99 {ms(terr['down_p50_s'])}/{ms(terr['down_p99_s'])} ms"
         )
+    print(f"cost_vs_floor={cost:.3f}" if math.isfinite(cost) else "cost_vs_floor=nan")
     print(f"ratio_vs_best_peer={ratio:.3f}" if math.isfinite(ratio) else "ratio_vs_best_peer=nan")
 
 

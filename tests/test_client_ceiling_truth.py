@@ -79,3 +79,41 @@ def test_h2load_rate_line() -> None:
     text = "finished in 3.01s, 228.33 req/s, 1.69MB/s\nrequests: 685 total"
     m = cc._H2LOAD_RATE.search(text)
     assert m is not None and float(m.group(1)) == 228.33
+
+
+def test_report_ends_with_cost_vs_floor_then_the_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24: ``cost_vs_floor`` (ours / h2load CPU per request = h2load's req/core-s over
+    ours) before the last line, which stays ``ratio_vs_best_peer``; ``nan`` without a floor."""
+    cc = _bench()
+    a = type("A", (), {"ttft_duration_s": 1.0})()
+    ours = cc.Run("ours", engine_rps=900.0, req_per_core_s=1000.0, cpu_util=1.0)
+    floor = cc.Run("h2load", engine_rps=1000.0, req_per_core_s=1600.0, cpu_util=1.0)
+    peer = cc.Run("locust", engine_rps=400.0, req_per_core_s=400.0, cpu_util=1.0)
+    cc._report([ours, floor, peer], {}, [], a)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2:] == ["cost_vs_floor=1.600", "ratio_vs_best_peer=2.500"]
+    cc._report([ours, peer], {}, [], a)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2:] == ["cost_vs_floor=nan", "ratio_vs_best_peer=2.500"]
+
+
+def test_closed_loop_keeps_its_concurrency_and_records_every_attempt(tmp_path: Path) -> None:
+    """Our closed-loop row (since issue 20 ``run_load`` records a request due at a full cap as
+    ``not_sent``, so the closed loop sends each worker's next attempt when its last one ends)."""
+    from chaoslib_infer.load.client import LoadSpec
+    from chaoslib_infer.load.fakeserver import FakeServer
+    from chaoslib_infer.load.records import read_records
+
+    cc = _bench()
+    with FakeServer(replica="cl") as srv:
+        spec = LoadSpec(url=f"{srv.url}/mode=ok,tokens=4", api="completions", rate_rps=1.0,
+                        duration_s=0.5, max_concurrency=4, transport="raw")  # fmt: skip
+        out = tmp_path / "r.jsonl"
+        summ = cc._closed_loop(spec, str(out))
+        n_arrivals = len(srv.arrivals)
+    recs = read_records(out)
+    assert summ["failed"] == 0 and summ["ok"] == len(recs) == n_arrivals > 8
+    assert all(r["ok"] and r["output_tokens"] == 4 for r in recs)
+    assert summ["chunk_path"] in ("compiled", "python") and summ["time_source"] in (
+        "kernel", "loop", "mixed")  # fmt: skip
+    assert len({r["request_id"] for r in recs}) == len(recs)

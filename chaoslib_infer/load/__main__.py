@@ -44,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+from chaoslib_infer.measure import chunkpath
 from chaoslib_infer.safety.redact import env_key
 
 _T = TypeVar("_T")
@@ -273,6 +274,10 @@ def _main(argv: list[str] | None, early: list[int], parent: int) -> int:
             sdk_max_retries=args.sdk_max_retries,
             sdk_timeout_s=args.sdk_timeout_s,
         )
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:  # the environment's choices, before any traffic: one line, not a traceback
+        chunkpath.path()
     except ValueError as exc:
         parser.error(str(exc))
     if not args.progress_s > 0:

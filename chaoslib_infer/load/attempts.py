@@ -251,7 +251,8 @@ def finish_attempt(
         ``ok``/``error_class``/``error``, ``output_tokens`` from usage else the chunk count,
         ``final`` True and ``time_source`` ``"loop"`` (the retry policy and the raw transport
         change them where they apply), ``prompt_tokens`` and ``prompt_tokens_source``
-        (``"usage"``: the engine's count; ``"estimate"``: ours from ``body``; None: neither).
+        (``"usage"``: the engine's count; ``"estimate"``: ours from ``body``; None: neither),
+        ``chunk_path``: the parser's (``"compiled"`` | ``"python"``, ``measure.chunkpath``).
     """
     if timed_out:
         if kind == "done":
@@ -293,4 +294,5 @@ def finish_attempt(
         "text_len": parser.text_len,
         "time_source": "loop",  # the raw transport says "kernel" where the kernel stamped it
         **prompt_fields(parser.usage_prompt_tokens, body),
+        "chunk_path": parser.chunk_path,  # "compiled" | "python" (``measure.chunkpath``)
     }

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from chaoslib_infer.measure.sse import StreamParser
+from chaoslib_infer.measure import chunkpath
 
 from .attempts import (
     AFTER_DONE_GRACE_S,
@@ -182,7 +182,7 @@ async def send_attempt(
         headers["X-Request-Id"] = request_id
     if spec.idempotency_header:  # the same key on every attempt of the logical request
         headers[spec.idempotency_header] = request_id
-    parser = StreamParser()
+    parser = chunkpath.parser_class()()
     status: int | None = None
     replica: str | None = None
     first_byte: float | None = None
@@ -312,11 +312,16 @@ async def run_load(
         ``client_runq_wait_s``, ``client_runq_wait_share``); and the clock figures of
         ``kerneltime.session_summary``: ``time_source``, ``kernel_attempts``, ``loop_attempts``,
         ``p50_client_lag_s``, ``p99_client_lag_s``, ``max_client_lag_s``, ``client_lag_reads``
-        (the client's own lag, kernel stamp to handling; None without stamps).
+        (the client's own lag, kernel stamp to handling; None without stamps); ``chunk_path``
+        (``"compiled"`` | ``"python"``: the stream parser every attempt used,
+        ``measure.chunkpath``).
 
     Raises:
         OSError / ValueError: writing a record failed (the run is stopped first).
+        ValueError: ``CHAOS_INFER_CHUNK_PATH`` is bad, or ``compiled`` and not built.
     """
+    chunk_path = chunkpath.path()  # a bad CHAOS_INFER_CHUNK_PATH stops the run before traffic
+    chunk_path = "python" if spec.client == "openai-sdk" else chunk_path  # sdkclient: pure
     offsets = spec.offsets()
     url = endpoint_url(spec)
     rng = random.Random(spec.seed)
@@ -544,6 +549,7 @@ async def run_load(
         ],
         **cpu,
         **timing,
+        chunk_path=chunk_path,
     )
     return summary
 

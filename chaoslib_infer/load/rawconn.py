@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from chaoslib_infer.measure import chunkpath
 from chaoslib_infer.measure.sse import StreamParser
 from chaoslib_infer.safety.redact import clip
 
@@ -56,15 +57,21 @@ class RawSession:
     Kernel times (:mod:`chaoslib_infer.load.rawhttp` docstring) follow ``CHAOS_INFER_KERNEL_TIMESTAMPS`` as read here
     (``kerneltime.mode``); :meth:`timing_summary` gives the run's client lag.
 
+    The stream parser class is chosen here, once (``measure.chunkpath``: the compiled chunk
+    path when built, unless ``CHAOS_INFER_CHUNK_PATH`` says otherwise): :attr:`parser_cls`.
+
     Raises:
         ValueError: a header name or value in ``spec.headers`` holds CR, LF or NUL, or a header
-            name is empty or holds ``:``; ``CHAOS_INFER_KERNEL_TIMESTAMPS`` is not on/rx/off.
+            name is empty or holds ``:``; ``CHAOS_INFER_KERNEL_TIMESTAMPS`` is not on/rx/off;
+            ``CHAOS_INFER_CHUNK_PATH`` is not auto/python/compiled, or compiled and not built.
     """
 
     def __init__(self, spec: AttemptSpec, ssl_context: ssl.SSLContext | None = None) -> None:
         self.spec = spec
         #: ``"on"`` (receive and transmit stamps), ``"rx"`` or ``"off"``
         self.kernel_mode = kerneltime.mode()
+        #: the stream parser of every attempt (``measure.chunkpath.parser_class``)
+        self.parser_cls: type[StreamParser] = chunkpath.parser_class()
         #: loop lag of every read that delivered output chunks on a kernel-stamped connection
         self.lag = kerneltime.LagStats()
         #: attempts recorded with ``time_source`` "kernel" / "loop"

@@ -50,8 +50,6 @@ import asyncio
 import time
 from typing import Any
 
-from chaoslib_infer.measure.sse import StreamParser
-
 from .attempts import (
     AFTER_DONE_GRACE_S,
     AttemptSpec,
@@ -105,7 +103,7 @@ async def send_attempt_raw(
     first_token: float | None = None
     done_at: float | None = None
     chunk_times: list[float] = []
-    sp = StreamParser()
+    sp = session.parser_cls()
     kernel = False
     sent_source = "connect"
     retry_after: bytes | None = None

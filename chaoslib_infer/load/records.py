@@ -67,11 +67,13 @@ RECORD_FIELDS: tuple[str, ...] = (
 #: (``time_source`` "kernel" | "loop", absent = "loop"; the kernel records' loop-time stamps), the
 #: cut-off marks, the not-sent marks (``not_sent``, ``in_flight``: the number in flight when a
 #: due request found the in-flight cap full), the OpenAI SDK client's marks (``client``:
-#: "openai-sdk"; ``retry_after_s``: the ``Retry-After`` the answer carried, ``sdkclient``), and
-#: the prompt's size (``prompt_tokens``, and ``prompt_tokens_source`` "usage" | "estimate":
-#: :mod:`chaoslib_infer.load.prompt_size`).
+#: "openai-sdk"; ``retry_after_s``: the ``Retry-After`` the answer carried, ``sdkclient``), the
+#: prompt's size (``prompt_tokens``, and ``prompt_tokens_source`` "usage" | "estimate":
+#: :mod:`chaoslib_infer.load.prompt_size`), and the chunk path that parsed the stream
+#: (``chunk_path`` "compiled" | "python", ``measure.chunkpath``).
 OPTIONAL_FIELDS: tuple[str, ...] = (
     "time_source",
+    "chunk_path",
     "sent_source",
     "sent_at_loop",
     "first_byte_at_loop",

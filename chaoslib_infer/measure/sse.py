@@ -258,6 +258,9 @@ class StreamParser:
         "_closed",
     )
 
+    #: which chunk path this parser is (the record's ``chunk_path``; ``measure.chunkpath``)
+    chunk_path = "python"
+
     def __init__(self) -> None:
         self.sse = SSEDecoder()
         self.done = False
