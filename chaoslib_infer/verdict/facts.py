@@ -13,6 +13,8 @@ from typing import Any
 
 from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S
 
+from .policy import VerdictPolicy
+
 __all__ = ["STATES", "DrillFacts", "Verdict", "format_value", "num"]
 
 #: Verdict states, worst first as the game day's exit code reads them.
@@ -80,6 +82,7 @@ class DrillFacts:
     load_lost: list[str] = field(default_factory=list)
     warmup: str | None = None
     client: Mapping[str, Any] = field(default_factory=dict)
+    policy: VerdictPolicy = field(default_factory=VerdictPolicy)
 
 
 @dataclass
