@@ -21,8 +21,8 @@ request by request. Both views meet in the figure here:
 The cost is *gross*: the baseline's own failure rate is not subtracted. A baseline that fails
 is judged by the baseline window (and fails the drill "before the fault"); subtracting a rate
 estimated from a few dozen requests would add noise as large as the cost of a short fault; and
-the workbook counts every bad event against the budget. Failures of the requests the verdict
-gives to the baseline (overdue at the injection) are the baseline's and not counted here.
+the workbook counts every bad event against the budget. Failures of the requests sent before
+the injection that the verdict leaves to the baseline (overdue at it) are not counted here.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _due(r: Mapping[str, Any]) -> float | None:
 def budget_cost(
     logical: Iterable[Mapping[str, Any]],
     fault_at: float,
-    baseline_ids: frozenset[str] | set[str] = frozenset(),
+    taken_ids: frozenset[str] | set[str] = frozenset(),
     min_requests: int = 10,
     bucket_s: float = BUCKET_S,
 ) -> BudgetCost:
@@ -129,9 +129,10 @@ def budget_cost(
             ``sent_at``, ``intended_at`` of the first attempt, ``request_id``); requests cut off
             when the load stopped (``cut_off``: outcome unknown) are left out.
         fault_at: the injection (unix s).
-        baseline_ids: request ids the verdict gives to the baseline (sent before the injection,
-            or overdue at it): they count only in the denominator of a bucket before the
-            injection.
+        taken_ids: request ids first sent before the injection that the fault took across it
+            (the verdict's crossing rule: a stream it cut, a request it caught waiting); every
+            other request sent before the injection is the baseline's and counts only in the
+            denominator of its bucket.
         min_requests: fewer of the fault's requests than this: the cost is unmeasured (None).
         bucket_s: bucket width (s).
 
@@ -144,7 +145,7 @@ def budget_cost(
         if t is None or r.get("cut_off"):
             continue
         rid = r.get("request_id")
-        mine = rid not in baseline_ids if rid is not None else t >= fault_at
+        mine = t >= fault_at or (rid is not None and str(rid) in taken_ids)
         rows.append((math.floor((t - fault_at) / bucket_s), mine, not r.get("ok")))
     ours = [row for row in rows if row[1]]
     failed = sum(1 for _, _, bad in ours if bad)

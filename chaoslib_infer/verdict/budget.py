@@ -43,15 +43,12 @@ def budget_values(
     if tl.fault_at is None or "drill" not in w:
         why = "unmeasured: no fault was injected"
         return {"budget_cost_s": (None, why), "budget_share": (None, why)}
-    base_ids = (
-        {str(r["request_id"]) for r in sel("baseline") if r.get("request_id") is not None}
-        if "baseline" in w
-        else set()
-    )
+    # the requests the crossing rule gave to the fault (:mod:`.attribution`): a stream it cut
+    taken = {str(r["request_id"]) for r in sel("fault") if r.get("request_id") is not None}
     cost = budget_cost(
         select(logical_outcomes(sel("drill")), None, None),
         tl.fault_at,
-        frozenset(base_ids),
+        frozenset(taken) if "fault" in w else frozenset(),
         MIN_REQUESTS["fault"],
     )
     if cost.cost_s is None:
