@@ -265,3 +265,29 @@ def test_the_command_line_sets_the_policy_and_refuses_an_unknown_one() -> None:
     assert "  quota-cut: default, 1 incident(s)/month" in result.output  # drills/gameday.yaml
     result = CliRunner().invoke(main, ["gameday", "--dry-run", "--verdict-policy", "lenient"])
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_the_drill_criteria_probe_judges_by_the_configured_policy(tmp_path: Path) -> None:
+    import json
+
+    from chaoslib_infer.activities.criteria import drill_criteria
+
+    run = tmp_path / "run"
+    run.mkdir()
+    fault = {"kind": "oom-kill", "replica": "r0", "fault_at": FAULT_AT}
+    (run / "faults.jsonl").write_text(json.dumps(fault) + "\n")
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in load(40, outage_6s)))
+    cfg = {"infer_run_dir": str(run), "infer_lab_dir": str(tmp_path / "no-lab")}
+    # the default policy: the 60 lost requests are counted, not judged; the budget is judged
+    out = drill_criteria("oom-kill", "availability_fault", cfg)
+    assert (out["result"], out["passed"]) == ("not judged", True)
+    out = drill_criteria("oom-kill", "budget_share", cfg)
+    assert (out["result"], out["value"]) == ("pass", pytest.approx(6 / 2592))
+    # strict (chaos run --var infer_verdict_policy=strict): the hypothesis deviates on them
+    cfg["infer_verdict_policy"] = "strict"
+    out = drill_criteria("oom-kill", "availability_fault", cfg)
+    assert (out["result"], out["passed"]) == ("fail", False)
+    assert out["reasons"][0].startswith("requests lost to the fault: 60 (fault-window avail")
+    cfg["infer_verdict_policy"] = "lenient"
+    with pytest.raises(ValueError, match="expected one of default, strict"):
+        drill_criteria("oom-kill", None, cfg)
