@@ -145,8 +145,10 @@ def residue_check(lab: Lab | None, drill_dir: Path) -> list[str]:
 
 def drill_policy(spec: DrillSpec, slo_overrides: dict[str, float] | None = None) -> VerdictPolicy:
     """The verdict policy of one drill: its plan's (or ``--verdict-policy``'s) name, its
-    expected incidents per month, and the availability SLO of the run (``--slo availability=``,
-    default 0.999) whose monthly budget the fault spends (:mod:`chaoslib_infer.verdict.policy`).
+    expected incidents per month, and the availability SLO whose monthly budget the fault spends
+    (:mod:`chaoslib_infer.verdict.policy`): the drill's ``vars: {slo_availability: ...}``, else
+    the run's ``--slo availability=``, else 0.999 (the order its experiment's configuration
+    takes them in, so its probes and its verdict judge one budget).
 
     Raises:
         ConfigError: a value the policy refuses (one line).
@@ -155,7 +157,7 @@ def drill_policy(spec: DrillSpec, slo_overrides: dict[str, float] | None = None)
         return make_policy(
             spec.verdict_policy,
             spec.incidents_per_month,
-            (slo_overrides or {}).get("availability"),
+            spec.vars.get("slo_availability", (slo_overrides or {}).get("availability")),
         )
     except ValueError as exc:
         raise ConfigError(f"drill {spec.name}: {exc}") from None

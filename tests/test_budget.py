@@ -7,6 +7,7 @@ share's arithmetic, which rows each policy judges and how they read, and where t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -268,8 +269,6 @@ def test_the_command_line_sets_the_policy_and_refuses_an_unknown_one() -> None:
 
 
 def test_the_drill_criteria_probe_judges_by_the_configured_policy(tmp_path: Path) -> None:
-    import json
-
     from chaoslib_infer.activities.criteria import drill_criteria
 
     run = tmp_path / "run"
@@ -291,3 +290,17 @@ def test_the_drill_criteria_probe_judges_by_the_configured_policy(tmp_path: Path
     cfg["infer_verdict_policy"] = "lenient"
     with pytest.raises(ValueError, match="expected one of default, strict"):
         drill_criteria("oom-kill", None, cfg)
+
+
+def test_the_drill_policy_takes_the_slo_its_experiment_is_given(tmp_path: Path) -> None:
+    from chaoslib_infer.drill_run import drill_policy
+    from chaoslib_infer.plan import DrillSpec
+
+    spec = DrillSpec("oom-kill", tmp_path / "x.yaml", incidents_per_month=2.0)
+    assert drill_policy(spec) == VerdictPolicy("default", 2.0, 0.999)
+    assert drill_policy(spec, {"availability": 0.9995}).slo_availability == 0.9995
+    spec.vars["slo_availability"] = "0.98"  # the drill's vars win, as in its configuration
+    assert drill_policy(spec, {"availability": 0.9995}).slo_availability == 0.98
+    spec.verdict_policy = "lenient"
+    with pytest.raises(ConfigError, match="drill oom-kill: verdict_policy='lenient'"):
+        drill_policy(spec)
