@@ -30,10 +30,12 @@ from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.plan import DrillSpec, Plan
 from chaoslib_infer.run_progress import Progress, ProgressHandler
 from chaoslib_infer.safety import redact
+from chaoslib_infer.verdict.policy import VerdictPolicy, make_policy
 
 __all__ = [
     "SERVICE_OWN_KINDS",
     "cli_criteria",
+    "drill_policy",
     "load_drill_experiment",
     "residue_check",
     "run_drill",
@@ -154,6 +156,26 @@ def residue_check(lab: Lab | None, drill_dir: Path) -> list[str]:
     return out
 
 
+def drill_policy(spec: DrillSpec, slo_overrides: dict[str, float] | None = None) -> VerdictPolicy:
+    """The verdict policy of one drill: its plan's (or ``--verdict-policy``'s) name, its
+    expected incidents per month, and the availability SLO whose monthly budget the fault spends
+    (:mod:`chaoslib_infer.verdict.policy`): the drill's ``vars: {slo_availability: ...}``, else
+    the run's ``--slo availability=``, else 0.999 (the order its experiment's configuration
+    takes them in, so its probes and its verdict judge one budget).
+
+    Raises:
+        ConfigError: a value the policy refuses (one line).
+    """
+    try:
+        return make_policy(
+            spec.verdict_policy,
+            spec.incidents_per_month,
+            spec.vars.get("slo_availability", (slo_overrides or {}).get("availability")),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"drill {spec.name}: {exc}") from None
+
+
 def run_drill(
     spec: DrillSpec,
     drill_dir: Path,
@@ -216,6 +238,9 @@ def run_drill(
     config_vars["infer_criteria"] = ",".join(
         f"{k}={'off' if v is None else v}" for k, v in crit.items()
     )
+    policy = drill_policy(spec, slo_overrides)
+    config_vars["infer_verdict_policy"] = policy.name  # the drill-criteria probe judges by it
+    config_vars["infer_incidents_per_month"] = policy.incidents_per_month
     config_vars.update(spec.vars)
     config_vars.update(allow_vars or {})  # the operator's allowlists (safety.allowlist)
     _declare_load_vars(experiment, config_vars)
@@ -270,6 +295,7 @@ def run_drill(
         ended,
         criteria=crit,
         kind=spec.kind,
+        policy=policy,
     )
     load_error = drill_dir / LOAD_ERROR_FILE
     if load_error.is_file():  # the load control interrupted the drill before any fault

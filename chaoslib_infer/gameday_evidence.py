@@ -29,6 +29,7 @@ from chaoslib_infer.load.records import read_records
 from chaoslib_infer.locust.control import CO_NOTE, LOCUST_FILE
 from chaoslib_infer.plan import drill_kind
 from chaoslib_infer.run_progress import iso
+from chaoslib_infer.verdict.policy import VerdictPolicy
 
 __all__ = ["K8S_OMITTED", "drill_evidence", "experiment_title", "headline", "locust_load"]
 
@@ -166,6 +167,7 @@ def drill_evidence(
     status: str | None = None,
     criteria: dict[str, Any] | None = None,
     kind: str | None = None,
+    policy: VerdictPolicy | None = None,
 ) -> dict[str, Any]:
     """Compute one drill's figures from its folder and the lab's ground truth, judge it, and write
     its evidence.
@@ -186,6 +188,7 @@ def drill_evidence(
         status: verdict to use instead of the judged one (e.g. ``"incomplete"``).
         criteria: threshold overrides ``{criterion: value | "off"}`` (the plan's and the CLI's).
         kind: which of the seven drills it is (default :func:`chaoslib_infer.plan.drill_kind`).
+        policy: the verdict policy (default: the ``default`` policy, 1 incident/month, 0.999).
 
     Returns:
         The drill's ``summary.json`` entry: ``status`` (the verdict state), ``reasons``,
@@ -254,9 +257,14 @@ def drill_evidence(
             load_lost=lost,
             warmup=warmup,
             client={k: figures[k] for k in CLIENT_FIGURES if k in figures},
+            policy=policy,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    # the fault's error-budget cost is the verdict's (its windows): in the figures too
+    budget = {r["criterion"]: r.get("value") for r in verdict.rows}
+    for key in BUDGET_FIGURES:
+        figures[key] = budget.get(key)
     status = status or verdict.state
     entry: dict[str, Any] = {
         "name": name,
@@ -265,6 +273,7 @@ def drill_evidence(
         "reasons": verdict.reasons,
         "verdict": verdict.as_dict(),
         "criteria_overrides": dict(criteria or {}),
+        "verdict_policy": (policy or VerdictPolicy()).as_dict(),
         "hypothesis": hyp,
         "started_at": started if isinstance(started, str) else iso(started),
         "ended_at": ended if isinstance(ended, str) else iso(ended),
@@ -305,8 +314,12 @@ def _warmup_finding(drill_dir: Path) -> str | None:
     return str(finding) if finding else None
 
 
+#: The verdict's error-budget figures copied into a drill's figures (``verdict/budget.py``).
+BUDGET_FIGURES = ("budget_cost_s", "budget_share")
+
 _HEADLINE_KEYS = (
     "availability",
+    *BUDGET_FIGURES,
     "p99_e2e_s",
     "p99_request_e2e_s",
     "interruption_s",

@@ -10,6 +10,8 @@ A plan is YAML::
         vars: {window_s: 8}                        # optional configuration overrides
         criteria: {restart_s: 20}                  # optional threshold overrides ("off": not judged)
     criteria: {availability: 0.9995}               # optional, for every drill that has it
+    verdict_policy: default                        # or strict (a drill may set its own)
+    incidents_per_month: 1                         # how often each fault is expected (per drill too)
     vars: {load_retry_attempts: 3}                 # optional, for every drill (its own win)
 
 Load settings (``load_<name>``, :data:`chaoslib_infer.load.options.LOAD_SETTINGS`) in ``vars:``
@@ -42,6 +44,9 @@ PLATFORMS = ("lab", "kubernetes")
 PLAN_KEYS = (
     "name description platform target lab drills allow stop_conditions criteria vars".split()
 )
+#: the verdict policy keys, top level or in a drill (``chaoslib_infer.verdict.policy``)
+POLICY_KEYS = ("verdict_policy", "incidents_per_month")
+PLAN_KEYS += POLICY_KEYS
 
 
 @dataclass
@@ -53,6 +58,10 @@ class DrillSpec:
     vars: dict[str, Any] = field(default_factory=dict)
     #: threshold overrides of this drill's criteria (the plan's ``criteria:`` merged under them)
     criteria: dict[str, Any] = field(default_factory=dict)
+    #: ``strict`` or ``default`` (None: the default policy; ``--verdict-policy`` sets it for all)
+    verdict_policy: str | None = None
+    #: how often the plan expects this fault per month (None: the default, 1)
+    incidents_per_month: float | None = None
 
     @property
     def kind(self) -> str:
@@ -178,6 +187,28 @@ def _check_criteria_nodes(path: Path, text: str) -> None:
             clash = override_conflict(seen, None, name, threshold, str(value.value))
             if clash:
                 raise _fail(path, where, clash)
+
+
+def _policy_fields(
+    path: Path, where: str, spec: DrillSpec, raw: dict[str, Any], item: dict[str, Any]
+) -> None:
+    """Set ``spec``'s verdict policy and incidents per month: the drill's own keys, else the
+    plan's top-level ones (:data:`POLICY_KEYS`).
+
+    Raises:
+        ConfigError: an unknown policy or a value that is not a number of 0 or more, naming the
+            field (:func:`chaoslib_infer.verdict.policy.make_policy`).
+    """
+    from chaoslib_infer.verdict.policy import make_policy
+
+    for key in POLICY_KEYS:
+        scope, value = (where, item[key]) if key in item else ("", raw.get(key))
+        try:
+            pol = make_policy(**{key.replace("verdict_policy", "name"): value})
+        except ValueError as exc:
+            raise _fail(path, f"{scope}.{key}".lstrip("."), str(exc)) from None
+        if value is not None:
+            setattr(spec, key, pol.name if key == "verdict_policy" else pol.incidents_per_month)
 
 
 def _fail(path: Path, where: str, msg: str) -> ConfigError:
@@ -357,6 +388,7 @@ def load_plan(path: Path) -> Plan:
             vars={**plan_vars, **dvars},
             criteria={**plan_criteria, **dcrit},
         )
+        _policy_fields(path, where, spec, raw, item)
         _check_criteria(path, where, spec, plan_criteria, dcrit)
         drills.append(spec)
     return Plan(

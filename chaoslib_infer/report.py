@@ -22,6 +22,7 @@ from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.run_progress import Progress, iso
 from chaoslib_infer.safety import redact
 from chaoslib_infer.verdict import exit_code as verdict_exit_code
+from chaoslib_infer.verdict.policy import stored_policy
 
 __all__ = ["bundle_runbooks", "report_run", "runbooks_dir"]
 
@@ -135,6 +136,7 @@ def report_run(
             str(old.get("ended_at") or iso()),
             status=forced,
             criteria=old.get("criteria_overrides") or None,
+            policy=stored_policy(old.get("verdict_policy")),
         )
         if forced:
             entry["complete"] = False

@@ -159,7 +159,10 @@ def test_upstream_timeout_drill_fails_on_hung_requests_and_figures_match_ground_
 
 def test_upstream_timeout_drill_deviates_with_a_single_replica(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = _cli("drill", "run", "upstream-timeout", "--replicas", "1", "--out", str(out))
+    proc = _cli(
+        "drill", "run", "upstream-timeout", "--replicas", "1", "--out", str(out),
+        "--verdict-policy", "strict",  # the zero-loss rule: the fault window's requests lost
+    )  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     drill = json.loads((out / "summary.json").read_text())["drills"][0]
     assert drill["status"] == "failed"

@@ -37,6 +37,7 @@ from chaoslib_infer.load.records import RecordWriter
 from chaoslib_infer.measure.figkit import DrillContext
 from chaoslib_infer.measure.metrics import window_stats
 from chaoslib_infer.verdict import DrillFacts, exit_code, judge_drill, timeline
+from chaoslib_infer.verdict.policy import VerdictPolicy
 
 T0 = 1_800_000_000.0
 CAP = 64
@@ -112,6 +113,7 @@ def spike_facts(records: list[dict[str, Any]], **kw: Any) -> DrillFacts:
         "scale_out_s": None,
     }
     ground = {"fault_at": SPIKE_AT, "spike_end_at": SPIKE_END}
+    kw.setdefault("policy", VerdictPolicy("strict"))  # the SLO rows judged as today's tests pin
     return DrillFacts("traffic-spike", records, figures, ground, **kw)
 
 
@@ -223,7 +225,8 @@ def test_a_client_starved_far_past_its_timeouts_gives_up_on_its_own_lag_inconclu
     for i, r in enumerate(records):  # r0 served before its OOM kill; r1 alone after it
         if r["ok"] and r["sent_at"] < ground["fault_at"]:
             r["replica"] = ("r0", "r1")[i % 2]
-    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, ground, client=client))
+    strict = VerdictPolicy("strict")  # the zero-loss rule: a 5xx fails the drill below
+    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, ground, client=client, policy=strict))
     assert v.state == "inconclusive", v.reasons
     assert len(v.reasons) == 1
     assert v.reasons[0].startswith(
@@ -242,7 +245,7 @@ def test_a_client_starved_far_past_its_timeouts_gives_up_on_its_own_lag_inconclu
     # a 5xx the service sent is its own, whatever the client's lag: failed, the client beside
     for r in records[202:262:3]:  # 20 in the fault window (none of them a timeout)
         r.update(ok=False, error_class="http_5xx", status=503)
-    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, ground, client=client))
+    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, ground, client=client, policy=strict))
     assert v.state == "failed"
     assert v.reasons[0] == "availability (whole drill): 0.9399 < 0.999 (availability)"  # 313/333
     assert v.reasons[-1].startswith("also inconclusive: the client fell behind its schedule")

@@ -83,8 +83,29 @@ def _run(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
         "ended_at": "2027-01-15T08:02:00+00:00",
         "complete": True,
         "drills": [
-            _drill("node-loss", 200, 0.02, 0.4, 3.5, False, recovery_s=42.0, interruption_s=3.0),
-            _drill("quota-cut", 100, 0.0, 0.6, 1.2, True, interruption_s=7.5),
+            _drill(
+                "node-loss",
+                200,
+                0.02,
+                0.4,
+                3.5,
+                False,
+                recovery_s=42.0,
+                interruption_s=3.0,
+                budget_cost_s=25.92,
+                budget_share=0.01,
+            ),
+            _drill(
+                "quota-cut",
+                100,
+                0.0,
+                0.6,
+                1.2,
+                True,
+                interruption_s=7.5,
+                budget_cost_s=0.0,
+                budget_share=0.0,
+            ),
             # no records: QPS falls back to the summary (requests x availability / drill time)
             _drill("traffic-spike", 300, 0.0, 2.5, 12.0, True, restart_s=1.0),
         ],
@@ -112,7 +133,19 @@ def test_tiers_in_the_seed_order_with_exact_figures(tmp_path: Path) -> None:
         (3, "Model quality"),
     ]
     stab = {r["metric"]: r for r in card["tiers"][0]["rows"]}
-    assert list(stab) == ["error rate", "P99 E2E latency", "recovery time", "disaster tolerance"]
+    assert list(stab) == [
+        "error rate",
+        "P99 E2E latency",
+        "recovery time",
+        "error-budget cost",
+        "disaster tolerance",
+    ]
+    # the faults' budget shares summed (1 % + 0 %), below the month's budget; the spike's cost
+    # unmeasured, named, never 0
+    budget = stab["error-budget cost"]
+    assert budget["value"] == pytest.approx(0.01) and budget["passed"] is True
+    assert "worst drill: node-loss (25.9 s of full outage, 1.000%)" in budget["note"]
+    assert budget["note"].endswith("unmeasured: traffic-spike")
     assert stab["error rate"]["value"] == pytest.approx(4 / 600)  # 0.02 x 200 of 600 requests
     # judged against the acceptance SLO (< 0.1 %): what users felt during the game day
     assert stab["error rate"]["passed"] is False

@@ -24,12 +24,16 @@ from chaoslib_infer.evidence.verdicts import hypothesis_failures
 from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.metrics import window_stats
 from chaoslib_infer.verdict import DrillFacts, judge_drill
+from chaoslib_infer.verdict.policy import VerdictPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_800_000_000.0
 FAULT_AT, SPIKE_END, LOAD_END = T0 + 10, T0 + 20, T0 + 35
 GROUND = {"fault_at": FAULT_AT, "spike_end_at": SPIKE_END}
 FIGURES = {"requests_during_spike": 200, "recovery_s": 5.0, "scale_out_s": 2.0}
+
+
+STRICT = VerdictPolicy("strict")
 
 
 def rec(sent: float, status: int = 200, took: float = 0.3, **kw: Any) -> dict[str, Any]:
@@ -70,7 +74,8 @@ def answer(records: list[dict[str, Any]], a: float, b: float, every: int = 1, **
 
 
 def judge(records: list[dict[str, Any]], overrides: dict[str, Any] | None = None) -> Any:
-    facts = DrillFacts("traffic-spike", records, dict(FIGURES), dict(GROUND))
+    # the SLO rows judged as SLOs (strict); the default policy judges the fault by its budget
+    facts = DrillFacts("traffic-spike", records, dict(FIGURES), dict(GROUND), policy=STRICT)
     return judge_drill(facts, overrides)
 
 
@@ -139,7 +144,9 @@ def test_500s_after_the_spike_fail_though_recovery_once_saw_a_good_run() -> None
     base = window_stats(records, end=FAULT_AT)
     recovery = mfig.recovery(records, SPIKE_END, base)
     assert recovery == 2.0  # the recovery figure saw the good run and stopped looking
-    facts = DrillFacts("traffic-spike", records, {**FIGURES, "recovery_s": recovery}, GROUND)
+    facts = DrillFacts(
+        "traffic-spike", records, {**FIGURES, "recovery_s": recovery}, GROUND, policy=STRICT
+    )
     v = judge_drill(facts)
     got = rows(v)
     assert got["recovery_s"]["result"] == "pass"

@@ -29,6 +29,7 @@ from chaoslib_infer.measure.metrics import cut_off_count, window_stats
 from chaoslib_infer.plan import load_plan
 from chaoslib_infer.verdict import DrillFacts, criteria_for, exit_code, judge_drill, parse_override
 from chaoslib_infer.verdict.confirm import faulted_names
+from chaoslib_infer.verdict.policy import VerdictPolicy
 from chaoslib_infer.verdict.timeline import timeline
 
 T0 = 1_800_000_000.0
@@ -96,6 +97,9 @@ def facts(
     """The drill's facts, its records as a fault that reached the traffic leaves them
     (:func:`felt`)."""
     records = felt(drill, records, ground)
+    # these tests pin the zero-loss rule of the strict policy (every SLO row judged over the
+    # fault window and the whole drill); the default policy: tests/test_budget.py
+    kw.setdefault("policy", VerdictPolicy("strict"))
     return DrillFacts(drill=drill, records=records, figures=figures, ground=ground, **kw)
 
 
@@ -131,7 +135,9 @@ def test_failures_during_the_fault_fail_the_drill_with_figure_value_threshold() 
     v = judge_drill(facts("oom-kill", records, OOM_FIG, OOM_GROUND))
     assert v.state == "failed"
     assert any(
-        r.startswith("availability (fault window): 0.8") and "< 0.999" in r for r in v.reasons
+        r.startswith("requests lost to the fault: 10 (fault-window availability): 0.8")
+        and "< 0.999" in r
+        for r in v.reasons
     )
 
 
@@ -173,7 +179,7 @@ def test_request_in_flight_at_the_fault_belongs_to_the_fault_window() -> None:
     v = judge_drill(facts("oom-kill", records, OOM_FIG, OOM_GROUND))
     assert v.state == "failed"
     assert not v.reasons[0].startswith("the service did not meet")
-    assert any("(fault window)" in r for r in v.reasons)
+    assert any("(availability_fault)" in r for r in v.reasons)
 
 
 HANG_GROUND = {
@@ -1117,7 +1123,8 @@ def test_spike_shed_as_fast_429_and_503_passes_and_only_those_are_shed() -> None
         "failures during the spike not shed as a fast 429/503 (resets, other 5xx, timeouts): "
         "10 > 0 (non_shed_failures_fault)",
         "availability (whole drill): 0.9714 < 0.999 (availability)",
-        "availability (fault window): 0.902 < 0.999 (availability_fault)",
+        "requests lost to the fault: 10 (fault-window availability): 0.902 < 0.999 "
+        "(availability_fault)",
         "error rate (whole drill): 0.02857 >= 0.001 (error_rate)",
     ]
 

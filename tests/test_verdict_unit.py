@@ -25,6 +25,7 @@ from chaoslib_infer.measure.metrics import window_stats
 from chaoslib_infer.verdict import DrillFacts, judge_drill
 from chaoslib_infer.verdict.attribution import ALLOWANCE_FLOOR_S, assign, ttft_allowance
 from chaoslib_infer.verdict.judge import NO_RETRY
+from chaoslib_infer.verdict.policy import VerdictPolicy
 
 REPLICAS = ("r0", "r1", "r2")
 
@@ -179,8 +180,9 @@ def test_retries_that_hide_resets_fail_on_their_cost_with_rows_and_reasons_that_
         "tokens of generations paid twice (prompt + completion): 462 > 0 (wasted_tokens)",
     ]
     rows = {r["criterion"]: r for r in v.rows}
-    for name in ("availability", "availability_fault"):
-        assert (rows[name]["value"], rows[name]["result"]) == (1.0, "pass")
+    for name in ("availability", "availability_fault"):  # shown; the budget judges the loss
+        assert (rows[name]["value"], rows[name]["result"]) == (1.0, "not judged")
+    assert (rows["budget_cost_s"]["value"], rows["budget_share"]["result"]) == (0.0, "pass")
     assert (rows["retries"]["value"], rows["retries"]["result"]) == (33, "not judged")
     # the fault window: the requests first sent in it and those crossing the injection, each
     # with every attempt
@@ -346,13 +348,31 @@ def test_the_streams_a_node_loss_cuts_stay_the_faults() -> None:
     assert len(cut) == 7  # r0's streams sent in the 2 s before the loss
     on_wire = on_wire_at_injection(records)
     assert len(on_wire) == 19  # sent 8.1 .. 9.9 s, 2 s streams
+    # the default policy: the 7 cut streams cost 0.7 s of full outage (by hand: 1 s buckets of
+    # intended send time aligned on the injection; [8, 9) s holds 3 cut of 10 sent, [9, 10) s
+    # 4 of 10; equal to 7 failures at 10 requests/s), 0.027 % of the 2,592 s monthly budget
     v = judge_drill(DrillFacts("node-loss", records, NODE_FIG, NODE_GROUND))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert v.state == "passed", v.reasons
+    assert rows["budget_cost_s"]["value"] == pytest.approx(0.7)
+    assert rows["budget_share"]["value"] == pytest.approx(0.7 / 2592)
+    assert rows["budget_share"]["result"] == "pass"
+    assert rows["availability_fault"]["label"].startswith("requests lost to the fault: 7 ")
+    for name in ("availability", "availability_fault", "timeout_rate_fault", "error_rate"):
+        assert rows[name]["result"] == "not judged", name
+        assert rows[name]["note"].startswith("not judged under policy default: "), name
+    # the strict policy: no request may be lost to the fault
+    strict = VerdictPolicy("strict")
+    v = judge_drill(DrillFacts("node-loss", records, NODE_FIG, NODE_GROUND, policy=strict))
     assert v.state == "failed"
     assert not any("before the fault" in r for r in v.reasons), v.reasons
     assert v.reasons[0] == "availability (whole drill): 0.98 < 0.999 (availability)"
     fault_n = 50 + len(on_wire)  # first sent in the 5 s fault window, and the crossing ones
     fault_avail = f"{(fault_n - 7) / fault_n:.4g}"
-    assert f"availability (fault window): {fault_avail} < 0.999 (availability_fault)" in v.reasons
+    assert (
+        f"requests lost to the fault: 7 (fault-window availability): {fault_avail} < 0.999 "
+        "(availability_fault)"
+    ) in v.reasons
     crossed = v.windows["fault"]["crossed_injection"]
     assert (crossed["attempts"], crossed["to_fault"], crossed["to_baseline"]) == (19, 19, 0)
     assert v.windows["baseline"]["requests"] == 100 - 19

@@ -36,6 +36,7 @@ from chaoslib_infer.load.client import INFLIGHT_FILE
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S, judged_records, read_inflight
 from chaoslib_infer.verdict import DrillFacts, criteria_for, judge_drill
+from chaoslib_infer.verdict.policy import configured_policy
 
 __all__ = ["drill_criteria"]
 
@@ -72,7 +73,9 @@ def drill_criteria(
         drill: which of the seven drills (``oom-kill`` ...): its criteria table.
         criterion: one fault-window criterion of ``drill`` to judge alone (None: all).
         configuration: Chaos Toolkit configuration (``infer_run_dir``, ``infer_lab_dir``,
-            ``infer_criteria`` overrides, ``infer_judge_deadline_s``; with
+            ``infer_criteria`` overrides, ``infer_judge_deadline_s``, the verdict policy
+            ``infer_verdict_policy``/``infer_incidents_per_month``/``slo_availability``
+            (:func:`chaoslib_infer.verdict.policy.configured_policy`); with
             ``infer_k8s_target`` the run is on a cluster and no local lab is read).
 
     Returns:
@@ -84,7 +87,7 @@ def drill_criteria(
 
     Raises:
         ValueError: ``drill`` is not one of the seven; an ``infer_criteria`` override is
-            malformed or names no criterion of ``drill``; ``criterion`` is not a fault-window
+            malformed or names no criterion of ``drill``; a policy value is refused; ``criterion`` is not a fault-window
             criterion of ``drill``.
     """
     if drill not in DRILLS:
@@ -135,6 +138,7 @@ def drill_criteria(
         ground=ground,
         lab_events=events,
         ledger_measured=any(e.get("event", "generation") == "generation" for e in ledger),
+        policy=configured_policy(configuration),
     )
     verdict = judge_drill(facts, overrides)
     out = {

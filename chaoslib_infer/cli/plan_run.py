@@ -39,6 +39,8 @@ class PlanRunOptions:
         api_key_file: ``--api-key-file``, or None.
         junit_inconclusive: ``--junit-inconclusive``: how ``junit.xml`` writes an inconclusive
             drill (``failure``, the default, or ``skipped``).
+        verdict_policy: ``--verdict-policy``: ``default`` or ``strict`` for every drill (None:
+            the plan's, :mod:`chaoslib_infer.verdict.policy`).
     """
 
     target_url: str | None
@@ -50,6 +52,7 @@ class PlanRunOptions:
     allow: tuple[str, ...]
     api_key_file: Path | None
     junit_inconclusive: str = "failure"
+    verdict_policy: str | None = None
 
     @property
     def k8s_file(self) -> Path | None:
@@ -190,6 +193,7 @@ def _print_dry_run(
             click.echo(f"    rollback: {rb.get('name')}")
         _print_load_settings(exp, d.vars)
     _print_criteria(the_plan, criteria or [])
+    _print_policy(the_plan, overrides or {})
     click.echo("dry run: nothing was started or changed")
 
 
@@ -208,6 +212,34 @@ def _print_load_settings(experiment: dict[str, Any], drill_vars: dict[str, Any])
         click.echo("    load: not the built-in background load (none, or a locustfile)")
         return
     click.echo("    load: " + " ".join(f"{k}={setting_text(k, v)}" for k, v in values.items()))
+
+
+def _apply_policy(the_plan: Any, name: str | None, slo: dict[str, float]) -> None:
+    """Set ``--verdict-policy`` (when given) on every drill of the plan, then check each drill's
+    policy with the run's SLO (``--slo availability=``).
+
+    Raises:
+        ConfigError: a policy value refused (one line, naming the drill).
+    """
+    from chaoslib_infer.drill_run import drill_policy
+
+    for spec in the_plan.drills:
+        if name is not None:
+            spec.verdict_policy = name
+        drill_policy(spec, slo)
+
+
+def _print_policy(the_plan: Any, slo: dict[str, float]) -> None:
+    """The verdict policy in force, one line per drill."""
+    from chaoslib_infer.drill_run import drill_policy
+
+    click.echo("verdict policy (docs/definitions.md, 'Verdict policy'):")
+    for spec in the_plan.drills:
+        pol = drill_policy(spec, slo)
+        click.echo(
+            f"  {spec.name}: {pol.name}, {pol.incidents_per_month:g} incident(s)/month, "
+            f"budget of the {pol.slo_availability:g} availability SLO"
+        )
 
 
 def _print_criteria(the_plan: Any, criteria: list[tuple[str | None, str, float | None]]) -> None:
@@ -255,6 +287,7 @@ def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions) -> None:
             target_url = None
         overrides = _parse_slo(opts.slo)
         criteria = _parse_criteria(the_plan, opts.criterion)
+        _apply_policy(the_plan, opts.verdict_policy, overrides)
         allow_patterns(allow, the_plan.path)
         if target_url:
             check_target(target_url, allow, the_plan.path)
@@ -434,6 +467,16 @@ _TARGET_OPTIONS = [
         help="How junit.xml writes an inconclusive drill: a <failure> (a drill that could not "
         "answer its question is no pass; CI gates read <skipped> as green) or <skipped> (for a "
         "pipeline that gates on exit code 3 itself). The exit code is 3 either way.",
+    ),
+    click.option(
+        "--verdict-policy",
+        type=click.Choice(["default", "strict"]),
+        default=None,
+        help="How the fault's losses are judged, for every drill (default: the plan's "
+        "verdict_policy, else 'default'): 'default' judges the fault by its error-budget share "
+        "(budget_share), its recovery and the drill's own question; 'strict' also holds the "
+        "fault window and the whole drill to the availability, error and timeout SLOs (no "
+        "request may be lost). docs/definitions.md, 'Verdict policy'.",
     ),
 ]
 

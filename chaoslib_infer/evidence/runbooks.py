@@ -39,6 +39,8 @@ _MAIN_FIGURES = (
     "timeout_rate",
     "p50_e2e_s",
     "p99_e2e_s",
+    "budget_cost_s",
+    "budget_share",
     "interruption_s",
     "failed_requests",
     "recovery_s",
@@ -113,6 +115,12 @@ def evidence_block(
             f"{_held(hyp.get('after'))}.",
             f"- Ran {d.get('started_at', '')} → {d.get('ended_at', '')}.",
         ]
+        pol = d.get("verdict_policy")
+        if isinstance(pol, dict) and pol.get("name"):
+            lines.append(
+                f"- Verdict policy: {pol['name']} ({pol.get('incidents_per_month')} "
+                f"incident(s)/month, budget of the {pol.get('slo_availability')} SLO)."
+            )
         if d.get("stop_condition"):
             stop = d["stop_condition"]
             lines.append(f"- Stopped by stop condition {stop.get('guard')}: {stop.get('reason')}.")

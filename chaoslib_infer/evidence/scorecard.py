@@ -17,6 +17,11 @@ Definitions used:
 - **P99**: the worst drill's P99 E2E latency over its successful requests (seconds).
 - **recovery time**: per drill the first present of ``recovery_s`` (back inside the baseline
   bands), ``interruption_s`` (first to last user-visible failure), ``restart_s``; the worst drill.
+- **error-budget cost**: the sum over the drills of ``budget_share`` (each fault's error-budget
+  cost at its expected incidents per month, over the monthly budget of the availability SLO;
+  ``docs/definitions.md``, "Drill figures"): what the faults drilled, together, would spend of
+  one month's budget. Reference: below 100 % (each drill judges its own share against its
+  ``budget_share`` threshold); drills whose cost is unmeasured are named in the note.
 - **disaster tolerance**: drills that passed / drills run. A drill that answered nothing
   (inconclusive, error, aborted) is not judged: it lowers the share, its row reads "not judged:
   N", and no tier reads PASS while any drill is not judged (``INCONCLUSIVE`` unless a row
@@ -37,6 +42,7 @@ from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED
 
 __all__ = [
+    "BUDGET_REFERENCE",
     "ERROR_RATE_REFERENCE",
     "JUDGED",
     "P50_REFERENCE_S",
@@ -175,6 +181,35 @@ def _not_judged_note(per_drill: list[dict[str, Any]]) -> str:
     return f"not judged: {len(grey)} ({counts})"
 
 
+#: The faults of one game day together may spend at most this share of a month's error budget.
+BUDGET_REFERENCE = 1.0
+
+
+def _budget_row(per_drill: list[dict[str, Any]]) -> dict[str, Any]:
+    """The error-budget row: the drills' ``budget_share`` summed (module docstring), the worst
+    drill and the unmeasured ones in its note; not judged when no drill measured it."""
+    shares = [p for p in per_drill if p["budget_share"] is not None]
+    total = sum(p["budget_share"] for p in shares) if shares else None
+    missing = [str(p["name"]) for p in per_drill if p["budget_share"] is None]
+    note = "sum over the drills of each fault's share at its expected incidents per month"
+    if shares:
+        worst = max(shares, key=lambda p: p["budget_share"])
+        note += (
+            f"; worst drill: {worst['name']} ({worst['budget_cost_s']:.3g} s of full outage, "
+            f"{worst['budget_share']:.3%})"
+        )
+    if missing:
+        note += f"; unmeasured: {', '.join(missing)}"
+    return _row(
+        "error-budget cost",
+        total,
+        "ratio",
+        f"< {BUDGET_REFERENCE:.0%} of the monthly budget",
+        (total < BUDGET_REFERENCE) if total is not None else None,
+        note,
+    )
+
+
 def build_scorecard(
     summary: dict[str, Any],
     run_dir: Path | None = None,
@@ -232,6 +267,8 @@ def build_scorecard(
                 "never_recovered": rec_value == inf,
                 "recovery_figure": rec_name,
                 "tolerated": hyp.get("after") if isinstance(hyp, dict) else None,
+                "budget_cost_s": _num(fig.get("budget_cost_s")),
+                "budget_share": _num(fig.get("budget_share")),
                 "qps": qps,
                 "qps_source": "records" if load and load["qps"] is not None else "summary",
                 "load": load,
@@ -283,6 +320,7 @@ def build_scorecard(
             if worst_rec
             else "no drill measured a recovery",
         ),
+        _budget_row(per_drill),
         _row(
             "disaster tolerance",
             (held / len(per_drill)) if per_drill else None,

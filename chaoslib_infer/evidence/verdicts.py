@@ -15,6 +15,7 @@ from typing import Any
 from chaoslib_infer.evidence.figures import replica_count_series
 from chaoslib_infer.evidence.journal import drill_status, failed_activities, method_findings
 from chaoslib_infer.verdict import DrillFacts, Verdict, figure_error_reason, judge_drill, timeline
+from chaoslib_infer.verdict.policy import VerdictPolicy
 
 __all__ = [
     "RESIDUE_FILE",
@@ -162,6 +163,7 @@ def drill_verdict(
     load_lost: Sequence[str] = (),
     warmup: str | None = None,
     client: Mapping[str, Any] | None = None,
+    policy: VerdictPolicy | None = None,
 ) -> Verdict:
     """Judge drill ``name`` from what its run left.
 
@@ -186,6 +188,7 @@ def drill_verdict(
         warmup: what the service did when nothing succeeded in the load's warm-up
             (``DrillFacts.warmup``: the drill fails before the fault), or None.
         client: the load client's own figures (``DrillFacts.client``: its CPU, its cap).
+        policy: the verdict policy (``DrillFacts.policy``; None: the default one).
 
     Returns:
         The :class:`~chaoslib_infer.verdict.Verdict`: ``error`` (exit code 2) with one reason
@@ -232,5 +235,6 @@ def drill_verdict(
         warmup=warmup,
         client=dict(client or {}),
         window_settings=window_settings(journal) if journal else {},
+        policy=policy or VerdictPolicy(),
     )
     return judge_drill(facts, criteria)

@@ -45,6 +45,7 @@ from chaoslib_infer.drills.criterion import (
 from chaoslib_infer.drills.registry import DRILLS
 
 __all__ = [
+    "BUDGET",
     "COMMON",
     "DRILL_CRITERIA",
     "GATEWAY_ONLY",
@@ -58,7 +59,9 @@ __all__ = [
 
 _SLO = [
     Criterion("availability", "availability (whole drill)", ">=", 0.999, "ratio", "drill"),
-    Criterion("availability_fault", "availability (fault window)", ">=", 0.999, "ratio", "fault"),
+    # named for what it counts, "requests lost to the fault: N" (verdict/budget.py); judged under
+    # the strict policy only (verdict/policy.py ZERO_LOSS, like the whole-drill rates)
+    Criterion("availability_fault", "requests lost to the fault", ">=", 0.999, "ratio", "fault"),
     Criterion("timeout_rate", "timeout rate (whole drill)", "<", 0.005, "ratio", "drill"),
     Criterion("timeout_rate_fault", "timeout rate (fault window)", "<", 0.005, "ratio", "fault"),
     Criterion("error_rate", "error rate (whole drill)", "<", 0.001, "ratio", "drill"),
@@ -71,11 +74,37 @@ _SLO = [
     Criterion("p99_e2e_fault_s", "P99 E2E latency (fault window)", "<=", 10.0, "s", "fault"),
 ]
 
+#: The fault's error-budget cost (``measure/budget.py``, ``verdict/budget.py``): seconds of
+#: full outage from the injection to the end of the load (shown), and its share of the monthly
+#: budget at the plan's expected incidents per month (judged, under every policy). Default: 2 %,
+#: the SRE workbook's fast-burn page ("Alerting on SLOs": 2 % of the 30-day budget spent within
+#: an hour pages someone): a fault that costs a page's worth at its expected frequency is an
+#: incident the service did not absorb.
+BUDGET: list[Criterion] = [
+    Criterion(
+        "budget_cost_s",
+        "error-budget cost of the fault (seconds of full outage)",
+        "<=",
+        None,
+        "s",
+        "fault",
+    ),
+    Criterion(
+        "budget_share",
+        "share of the monthly error budget the fault burns",
+        "<=",
+        0.02,
+        "ratio",
+        "fault",
+    ),
+]
+
 #: Every drill: the acceptance SLOs over the fault window and the whole drill, the state after
 #: the drill against the baseline, the client's own schedule (a client that fell behind
 #: makes the drill inconclusive, see ``judge``) and what retries cost.
 COMMON: list[Criterion] = [
     *_SLO,
+    *BUDGET,
     Criterion(
         "serving_after_vs_baseline",
         "serving replicas after the drill / before it",

@@ -13,6 +13,8 @@ from typing import Any
 
 from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S
 
+from .policy import VerdictPolicy
+
 __all__ = ["STATES", "DrillFacts", "Verdict", "format_value", "num"]
 
 #: Verdict states, worst first as the game day's exit code reads them.
@@ -84,6 +86,7 @@ class DrillFacts:
     warmup: str | None = None
     client: Mapping[str, Any] = field(default_factory=dict)
     window_settings: Mapping[str, float] = field(default_factory=dict)
+    policy: VerdictPolicy = field(default_factory=VerdictPolicy)
 
 
 @dataclass

@@ -54,9 +54,11 @@ from chaoslib_infer.measure.retrycost import retried
 from . import client as vclient
 from .applicable import instances_held, not_happened
 from .attribution import assign, crossed_note, ttft_allowance
+from .budget import budget_values, name_lost_row
 from .confirm import confirm_by_traffic
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .facts import STATES, DrillFacts, Verdict, format_value, num
+from .policy import apply_policy
 from .provider_errors import provider_error_rows
 from .spike import spike_values
 from .state import (
@@ -291,6 +293,7 @@ def _values(
         # a figure without its note (older evidence): measured and never back
         out["recovery_s"] = (None, NEVER + "back inside the baseline bands before the load ended")
     out.update(not_happened(facts))
+    out.update(budget_values(facts, tl, w, sel))
     if facts.drill == "traffic-spike" and out["scale_out_s"][0] is None and "fault" in w:
         failed = sum(1 for r in sel("fault") if not r.get("ok") and not r.get("cut_off"))
         out["scale_out_s"] = (
@@ -420,7 +423,8 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     rows = [judged_row(c, *values.get(c.name, (None, None))) for c in crits]
     if "after" in w:  # an SLO rate of the after window: the binomial test (verdict/steady.py)
         judge_after_rows(rows, sel("after"), facts.window_settings)
-    return tl, w, sel, info, rows
+    rows = name_lost_row(rows, sel("fault") if "fault" in w else None)
+    return tl, w, sel, info, apply_policy(rows, facts.policy)
 
 
 def _without_client_outcomes(
@@ -472,7 +476,7 @@ def judge_drill(
                 r.update(value=None, result="unmeasured", note=CLOSED_LOOP_LAG)
     if client_bound(rows):  # the client's own lag may have filled its cap: judge without those
         tl, w, sel, info, rows = _without_client_outcomes(facts, crits, rows)
-    notes: list[str] = [f"fault: {tl.why}"]
+    notes: list[str] = [f"fault: {tl.why}", f"verdict policy: {facts.policy.name}"]
     if facts.closed_loop:
         notes.append(f"load: {facts.closed_loop}")
     notes += [f"load: {line}" for line in facts.load_lost]

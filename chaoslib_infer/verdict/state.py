@@ -62,6 +62,7 @@ CLIENT_INDEPENDENT = frozenset(
         "availability",
         "availability_fault",
         "availability_after",
+        "budget_share",
         "shed_share_fault",
         "timeout_rate",
         "timeout_rate_fault",

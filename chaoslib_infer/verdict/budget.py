@@ -1,0 +1,90 @@
+"""The verdict's error-budget rows and the fault-window loss row (``docs/definitions.md``,
+"Drill criteria": ``budget_cost_s``, ``budget_share``; "Verdict policy").
+
+The cost is :func:`chaoslib_infer.measure.budget.budget_cost` over the drill's logical requests,
+with the requests the crossing rule gives to the baseline (:mod:`.attribution`) left to it; the
+share is that cost at the plan's expected incidents per month over the monthly budget of its
+availability SLO (:class:`~chaoslib_infer.verdict.policy.VerdictPolicy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from chaoslib_infer.measure.budget import budget_cost, budget_share, monthly_budget_s
+from chaoslib_infer.measure.metrics import logical_outcomes, select
+
+from .criteria import MIN_REQUESTS
+from .facts import DrillFacts
+from .timeline import Timeline
+
+__all__ = ["LOST_LABEL", "budget_values", "name_lost_row"]
+
+#: The fault-window availability row's label: what it counts.
+LOST_LABEL = "requests lost to the fault"
+
+Row = tuple[float | None, str | None]
+
+
+def budget_values(
+    facts: DrillFacts,
+    tl: Timeline,
+    w: Mapping[str, tuple[float, float]],
+    sel: Callable[[str], list[dict[str, Any]]],
+) -> dict[str, Row]:
+    """``{"budget_cost_s": (s, note), "budget_share": (share, note)}`` of one drill.
+
+    Unmeasured (value None, the note saying why, read ``unmeasured``) when the fault was never
+    injected or fewer than ``MIN_REQUESTS["fault"]`` logical requests are the fault's: a figure
+    nobody measured is never 0.
+    """
+    pol = facts.policy
+    if tl.fault_at is None or "drill" not in w:
+        why = "unmeasured: no fault was injected"
+        return {"budget_cost_s": (None, why), "budget_share": (None, why)}
+    # the requests the crossing rule gave to the fault (:mod:`.attribution`): a stream it cut
+    taken = {str(r["request_id"]) for r in sel("fault") if r.get("request_id") is not None}
+    cost = budget_cost(
+        select(logical_outcomes(sel("drill")), None, None),
+        tl.fault_at,
+        frozenset(taken) if "fault" in w else frozenset(),
+        MIN_REQUESTS["fault"],
+    )
+    if cost.cost_s is None:
+        why = (
+            f"unmeasured: {cost.requests} requests from the injection to the end of the load "
+            f"(< {MIN_REQUESTS['fault']})"
+        )
+        return {"budget_cost_s": (None, why), "budget_share": (None, why)}
+    share = budget_share(cost.cost_s, pol.incidents_per_month, pol.slo_availability)
+    month = monthly_budget_s(pol.slo_availability)
+    cost_note = (
+        f"{cost.failed} of {cost.requests} requests failed over {cost.span_s:.0f} s from the "
+        "injection to the end of the load (failed fraction per 1 s of intended send time)"
+    )
+    share_note = (
+        f"{cost.cost_s:.3g} s x {pol.incidents_per_month:g} incident(s)/month over "
+        f"{month:,.0f} s (the {pol.slo_availability:.4g} SLO's budget over 30 days)"
+    )
+    return {"budget_cost_s": (cost.cost_s, cost_note), "budget_share": (share, share_note)}
+
+
+def name_lost_row(
+    rows: Sequence[dict[str, Any]], fault: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """``rows`` with the fault-window availability row (``availability_fault``) named for what
+    it counts: ``"requests lost to the fault: N (fault-window availability)"``, ``N`` the
+    logical requests of the fault window (``fault``, its attempts) that failed; the label
+    without ``N`` when there is no fault window."""
+    lost = None
+    if fault is not None:
+        lost = sum(1 for r in select(logical_outcomes(list(fault)), None, None) if not r.get("ok"))
+    out = []
+    for r in rows:
+        row = dict(r)
+        if row.get("criterion") == "availability_fault":
+            head = f"{LOST_LABEL}: {lost}" if lost is not None else LOST_LABEL
+            row["label"] = f"{head} (fault-window availability)"
+        out.append(row)
+    return out

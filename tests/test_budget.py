@@ -1,0 +1,306 @@
+"""The error-budget cost of a fault and the verdict policy (issue 21 item 1).
+
+Pure functions over synthetic records (unix seconds): the cost by hand against the figure, the
+share's arithmetic, which rows each policy judges and how they read, and where the policy is set
+(plan, configuration, command line). The figures on a lab run: ``test_drill_node_loss.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from chaoslib_infer.cli import main
+from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.measure.budget import budget_cost, budget_share, monthly_budget_s
+from chaoslib_infer.plan import load_plan
+from chaoslib_infer.verdict import DrillFacts, judge_drill
+from chaoslib_infer.verdict.policy import (
+    VerdictPolicy,
+    configured_policy,
+    make_policy,
+    stored_policy,
+)
+
+T0 = 1_800_000_000.0
+FAULT_AT = T0 + 10
+OOM_GROUND = {
+    "fault_at": FAULT_AT,
+    "replica": "r0",
+    "oom_kills": 1,
+    "death_cause": "oom",
+    "replica_serving_again_at": T0 + 12,
+}
+OOM_FIG = {
+    "restart_s": 2.0,
+    "warmup_ratio": 3.0,
+    "interruption_s": 0.0,
+    "interruption_sustained": 1,
+}
+STRICT = VerdictPolicy("strict")
+
+
+def rec(sent: float, replica: str, ok: bool = True, **kw: Any) -> dict[str, Any]:
+    """One attempt, its own logical request; a failure is a reset (or ``kw``'s class)."""
+    out = {
+        "request_id": f"q{sent:.3f}",
+        "attempt": 1,
+        "final": True,
+        "intended_at": sent,
+        "sent_at": sent,
+        "end_at": sent + 0.3,
+        "first_token_at": sent + 0.01 if ok else None,
+        "chunk_times": [sent + 0.01, sent + 0.3] if ok else [],
+        "ok": ok,
+        "error_class": None if ok else "reset",
+        "status": 200 if ok else None,
+        "replica": replica,
+    }
+    out.update(kw)
+    return out
+
+
+def load(seconds: float, fails: Any = lambda t, replica: False) -> list[dict[str, Any]]:
+    """10 requests/s from T0, round robin over r0..r2; ``fails(t - T0, replica)`` picks the
+    failures."""
+    reps = ("r0", "r1", "r2")
+    return [
+        rec(T0 + i / 10, reps[i % 3], ok=not fails(i / 10, reps[i % 3]))
+        for i in range(int(seconds * 10))
+    ]
+
+
+def outage_6s(t: float, replica: str) -> bool:
+    return 10 <= t < 16  # every request for 6 s, then served again
+
+
+def hang_3min(t: float, replica: str) -> bool:
+    return replica == "r0" and 10 <= t < 190  # one replica of three, never ejected, 180 s
+
+
+def rows(v: Any) -> dict[str, dict[str, Any]]:
+    return {r["criterion"]: r for r in v.rows}
+
+
+def test_a_6_s_outage_costs_6_s_and_a_hang_of_minutes_costs_60() -> None:
+    short = budget_cost(load(60, outage_6s), FAULT_AT)
+    # by hand: 6 buckets of 1 s with all 10 requests failed; nothing else failed
+    assert (short.cost_s, short.failed, short.requests) == (pytest.approx(6.0), 60, 500)
+    long = budget_cost(load(200, hang_3min), FAULT_AT)
+    # by hand: 180 buckets, 10 requests each, 3 or 4 of them on r0: 600 failed / 10 a second
+    assert (long.cost_s, long.failed) == (pytest.approx(60.0), 600)
+    assert long.span_s == 190.0  # from the injection to the end of the load
+
+
+def test_the_share_is_the_cost_at_its_frequency_over_the_month_of_the_slo() -> None:
+    assert monthly_budget_s(0.999) == pytest.approx(2592.0)  # 0.1 % of 30 days
+    assert monthly_budget_s(0.9999) == pytest.approx(259.2)
+    assert budget_share(6.0, 1.0, 0.999) == pytest.approx(6 / 2592)
+    assert budget_share(6.0, 4.0, 0.999) == pytest.approx(24 / 2592)
+    assert budget_share(60.0, 1.0, 0.9999) == pytest.approx(60 / 259.2)
+    assert budget_share(None, 1.0, 0.999) is None  # unmeasured stays unmeasured
+    with pytest.raises(ValueError, match="expected 0 or more"):
+        budget_share(1.0, -1.0, 0.999)
+    with pytest.raises(ValueError, match=r"in \(0, 1\)"):
+        monthly_budget_s(1.0)
+
+
+def test_too_few_requests_is_unmeasured_never_0_and_cut_off_ones_are_left_out() -> None:
+    records = [rec(FAULT_AT + i, "r0") for i in range(9)]
+    assert budget_cost(records, FAULT_AT).cost_s is None  # 9 < 10
+    records.append(rec(FAULT_AT + 9.5, "r1", ok=False, error_class="not_sent"))
+    cost = budget_cost(records, FAULT_AT)
+    assert cost.cost_s == pytest.approx(1.0) and cost.failed == 1  # a not_sent is a failure
+    # an attempt cut off when the load stopped: outcome unknown, neither side of the fraction
+    records.append(rec(FAULT_AT + 9.6, "r2", ok=False, cut_off=True, error_class="cut_off"))
+    assert budget_cost(records, FAULT_AT).cost_s == pytest.approx(1.0)
+    # the verdict's row: unmeasured with its reason when the fault's requests are too few
+    v = judge_drill(DrillFacts("oom-kill", load(10.5), OOM_FIG, OOM_GROUND))
+    row = rows(v)["budget_share"]
+    assert (row["value"], row["result"]) == (None, "unmeasured")
+    # 5 sent after the injection and the 2 on the wire at it (9.8 and 9.9 s, 0.3 s long)
+    assert row["note"] == (
+        "unmeasured: 7 requests from the injection to the end of the load (< 10)"
+    )
+
+
+def test_the_default_policy_judges_the_short_outage_by_its_cost_and_strict_by_zero_loss() -> None:
+    records = load(60, outage_6s)
+    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND))
+    got = rows(v)
+    assert v.state == "passed", v.reasons
+    assert "verdict policy: default" in v.notes
+    assert got["budget_cost_s"]["value"] == pytest.approx(6.0)
+    assert got["budget_cost_s"]["result"] == "not judged"  # shown; the share is judged
+    assert (got["budget_share"]["value"], got["budget_share"]["result"]) == (
+        pytest.approx(6 / 2592),
+        "pass",
+    )
+    assert got["budget_share"]["note"] == (
+        "6 s x 1 incident(s)/month over 2,592 s (the 0.999 SLO's budget over 30 days)"
+    )
+    lost = got["availability_fault"]
+    assert lost["label"] == "requests lost to the fault: 50 (fault-window availability)"
+    # the fault window: 50 sent in it, all failed, and 2 that crossed the injection and succeeded
+    assert (lost["value"], lost["result"]) == (pytest.approx(2 / 52), "not judged")
+    assert lost["note"] == (
+        "not judged under policy default: the fault is judged by its error-budget cost "
+        "(budget_share)"
+    )
+    for name in ("availability", "timeout_rate", "timeout_rate_fault", "error_rate"):
+        assert got[name]["result"] == "not judged", name
+        assert got[name]["note"].startswith("not judged under policy default: "), name
+    # strict: no request may be lost to the fault; the rows fail with value and threshold
+    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND, policy=STRICT))
+    got = rows(v)
+    assert v.state == "failed"
+    assert "verdict policy: strict" in v.notes
+    assert (
+        "requests lost to the fault: 50 (fault-window availability): 0.03846 < 0.999 "
+        "(availability_fault)"
+    ) in v.reasons
+    assert "availability (whole drill): 0.9 < 0.999 (availability)" in v.reasons
+    assert got["availability_fault"]["note"] is None
+    assert got["budget_share"]["result"] == "pass"  # judged under both policies
+
+
+def test_a_hang_of_minutes_fails_the_default_policy_on_its_budget_share() -> None:
+    records = load(200, hang_3min)
+    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND))
+    assert v.state == "failed"
+    assert v.reasons == [
+        "share of the monthly error budget the fault burns: 0.02315 > 0.02 (budget_share)"
+    ]
+    # the plan expects it twice a year: the same hang is worth 1.2 % of a month's budget
+    rare = make_policy("default", incidents_per_month=1 / 6)
+    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND, policy=rare))
+    assert rows(v)["budget_share"]["value"] == pytest.approx(60 / 6 / 2592)
+    assert v.state == "passed", v.reasons
+    # a criterion override moves the threshold like any other
+    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND), {"budget_share": 0.05})
+    assert v.state == "passed", v.reasons
+
+
+def test_the_drill_own_question_stays_strict_under_the_default_policy() -> None:
+    # upstream-timeout: one request hung until the client gave up costs 0.1 s of budget, and
+    # still fails the drill on its own question
+    ground = {
+        "fault_at": FAULT_AT,
+        "replica": "r0",
+        "frozen_at": FAULT_AT,
+        "thawed_at": T0 + 20,
+        "ejected_at": T0 + 10.3,
+        "hung_sessions": 1,
+    }
+    v = judge_drill(DrillFacts("upstream-timeout", load(40), {"hung_requests": 1}, ground))
+    assert v.state == "failed"
+    assert v.reasons[0] == "requests that hung until the client gave up: 1 > 0 (hung_requests)"
+    assert rows(v)["budget_share"]["result"] == "pass"
+
+
+def test_the_policy_from_configuration_plan_and_old_evidence() -> None:
+    assert configured_policy({}) == VerdictPolicy()
+    assert configured_policy({"infer_verdict_policy": "${x}"}) == VerdictPolicy()
+    cfg = {
+        "infer_verdict_policy": "strict",
+        "infer_incidents_per_month": "2",
+        "slo_availability": "0.9995",
+    }
+    assert configured_policy(cfg) == VerdictPolicy("strict", 2.0, 0.9995)
+    with pytest.raises(ValueError, match=r"verdict_policy='lenient': expected one of default"):
+        make_policy("lenient")
+    with pytest.raises(ValueError, match="incidents_per_month=-1"):
+        make_policy(incidents_per_month=-1)
+    with pytest.raises(ValueError, match="slo_availability=1"):
+        make_policy(slo_availability=1)
+    # evidence written before the policies was judged by the zero-loss rule
+    assert stored_policy(None) == STRICT
+    assert stored_policy({"name": "default", "incidents_per_month": 3}).incidents_per_month == 3
+
+
+def _plan(tmp_path: Path, body: str) -> Path:
+    exp = tmp_path / "oom-kill.yaml"
+    exp.write_text("title: x\n", encoding="utf-8")
+    path = tmp_path / "plan.yaml"
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def test_a_plan_sets_the_policy_and_the_incidents_per_drill(tmp_path: Path) -> None:
+    path = _plan(
+        tmp_path,
+        "verdict_policy: strict\nincidents_per_month: 2\ndrills:\n"
+        "  - {name: oom-kill, experiment: oom-kill.yaml, incidents_per_month: 0.5}\n"
+        "  - {name: b, experiment: oom-kill.yaml, verdict_policy: default}\n",
+    )
+    a, b = load_plan(path).drills
+    assert (a.verdict_policy, a.incidents_per_month) == ("strict", 0.5)
+    assert (b.verdict_policy, b.incidents_per_month) == ("default", 2.0)
+    bad = _plan(
+        tmp_path, "verdict_policy: lenient\ndrills:\n  - {name: a, experiment: oom-kill.yaml}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_plan(bad)
+    assert str(err.value) == (
+        f"{bad}: verdict_policy: verdict_policy='lenient': expected one of default, strict"
+    )
+    bad = _plan(
+        tmp_path,
+        "drills:\n  - {name: a, experiment: oom-kill.yaml, incidents_per_month: many}\n",
+    )
+    with pytest.raises(ConfigError, match=r"drills\[0\]\.incidents_per_month: .*not a number"):
+        load_plan(bad)
+
+
+def test_the_command_line_sets_the_policy_and_refuses_an_unknown_one() -> None:
+    result = CliRunner().invoke(main, ["gameday", "--dry-run", "--verdict-policy", "strict"])
+    assert result.exit_code == 0, result.output
+    assert "  node-loss: strict, 1 incident(s)/month, budget of the 0.999 availability SLO" in (
+        result.output
+    )
+    result = CliRunner().invoke(main, ["gameday", "--dry-run"])
+    assert "  quota-cut: default, 1 incident(s)/month" in result.output  # drills/gameday.yaml
+    result = CliRunner().invoke(main, ["gameday", "--dry-run", "--verdict-policy", "lenient"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_the_drill_criteria_probe_judges_by_the_configured_policy(tmp_path: Path) -> None:
+    from chaoslib_infer.activities.criteria import drill_criteria
+
+    run = tmp_path / "run"
+    run.mkdir()
+    fault = {"kind": "oom-kill", "replica": "r0", "fault_at": FAULT_AT}
+    (run / "faults.jsonl").write_text(json.dumps(fault) + "\n")
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in load(40, outage_6s)))
+    cfg = {"infer_run_dir": str(run), "infer_lab_dir": str(tmp_path / "no-lab")}
+    # the default policy: the 60 lost requests are counted, not judged; the budget is judged
+    out = drill_criteria("oom-kill", "availability_fault", cfg)
+    assert (out["result"], out["passed"]) == ("not judged", True)
+    out = drill_criteria("oom-kill", "budget_share", cfg)
+    assert (out["result"], out["value"]) == ("pass", pytest.approx(6 / 2592))
+    # strict (chaos run --var infer_verdict_policy=strict): the hypothesis deviates on them
+    cfg["infer_verdict_policy"] = "strict"
+    out = drill_criteria("oom-kill", "availability_fault", cfg)
+    assert (out["result"], out["passed"]) == ("fail", False)
+    assert out["reasons"][0].startswith("requests lost to the fault: 60 (fault-window avail")
+    cfg["infer_verdict_policy"] = "lenient"
+    with pytest.raises(ValueError, match="expected one of default, strict"):
+        drill_criteria("oom-kill", None, cfg)
+
+
+def test_the_drill_policy_takes_the_slo_its_experiment_is_given(tmp_path: Path) -> None:
+    from chaoslib_infer.drill_run import drill_policy
+    from chaoslib_infer.plan import DrillSpec
+
+    spec = DrillSpec("oom-kill", tmp_path / "x.yaml", incidents_per_month=2.0)
+    assert drill_policy(spec) == VerdictPolicy("default", 2.0, 0.999)
+    assert drill_policy(spec, {"availability": 0.9995}).slo_availability == 0.9995
+    spec.vars["slo_availability"] = "0.98"  # the drill's vars win, as in its configuration
+    assert drill_policy(spec, {"availability": 0.9995}).slo_availability == 0.98
+    spec.verdict_policy = "lenient"
+    with pytest.raises(ConfigError, match="drill oom-kill: verdict_policy='lenient'"):
+        drill_policy(spec)
