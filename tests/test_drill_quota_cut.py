@@ -158,7 +158,10 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
     assert rows["instances_held"]["value"] == 1.0 and rows["instances_held"]["result"] == "pass"
     assert not any("(instances_held)" in r for r in drill["reasons"])
-    assert any("(availability_fault)" in r for r in drill["reasons"])
+    # one replica at 12 req/s: the cut costs the SLO (requests shed, or slow, over the cut)
+    slo_rows = ("availability_fault", "p99_e2e_fault_s", "timeout_rate_fault")
+    assert any(rows[c]["result"] == "fail" for c in slo_rows if c in rows), drill["reasons"]
+    assert any(f"({c})" in r for c in slo_rows for r in drill["reasons"]), drill["reasons"]
     fig, gt = drill["figures"], drill["ground_truth"]
     assert fig["quota_source"] == "given" and fig["instances_held"] == 1
     assert fig["planned_instances"] == instances(12.0, fig["expected_latency_s"], 4, 0.7) >= 2
@@ -167,7 +170,9 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     records = read_records(out / "quota-cut" / "records.jsonl")
     at_q = [r for r in records if gt["cut_done_at"] <= r["sent_at"] < _cap_end(gt)]
     shed = [r for r in at_q if r["status"] == 429]
-    assert shed and fig["quota_availability"] == (len(at_q) - sum(not r["ok"] for r in at_q)) / len(
+    if rows["availability_fault"]["result"] == "fail":  # the loss is the one replica's shedding
+        assert shed
+    assert fig["quota_availability"] == (len(at_q) - sum(not r["ok"] for r in at_q)) / len(
         at_q
     )
     # the queue stayed above the autoscaler's threshold, yet the cap held: no scale-out at all

@@ -120,7 +120,7 @@ def _shorten_holds(exp: dict[str, Any]) -> None:
     for key in ("hold_s", "spike_settle_s"):
         if isinstance(cfg.get(key), int | float):
             cfg[key] = min(cfg[key], SHORT_HOLD_S + 2)
-    if "load_profile" in cfg:  # baseline, spike, baseline: same rates, shorter phases
+    if cfg.get("load_profile"):  # baseline, spike, baseline: same rates, shorter phases
         cfg["load_profile"] = [[SHORT_HOLD_S, rate] for _, rate in cfg["load_profile"]]
 
 
