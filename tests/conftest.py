@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,6 +103,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     :data:`LAB_SLOTS` labs at a time, the worker a lab group would make wait runs light tests
     instead, from the start of the session to its end (sorted by size, xdist's own order, left
     the lab groups for a tail where every worker held one)."""
+    for item in items:  # the first of them runs the session's game day (minutes) in its setup
+        if "default_gameday" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(DEFAULT_GAMEDAY_TIMEOUT_S))
     last = [i for i in items if i.get_closest_marker("k8s_rbac_last")]
     if last:
         items[:] = [i for i in items if not i.get_closest_marker("k8s_rbac_last")] + last
@@ -124,10 +128,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [i for members in ordered for i in members]
 
 
+#: pytest-timeout's limit (s) for a test that reads the session's default game day: the first one
+#: waits for a lab slot and runs the game day (~6 min on a busy CI run) in its setup
+DEFAULT_GAMEDAY_TIMEOUT_S = 1500
+
 #: seconds the longest lab groups took in a CI run (pass 1's 40 slowest tests, 2026-12-03); other
 #: groups count 20 s per lab test. Only the order of the groups depends on it (longest first)
 LAB_GROUP_SECONDS = {
     "tests/test_interruptions.py": 600.0,
+    "tests/test_well_run.py": 290.0,
     "default_gameday": 300.0,
     "tests/test_verdict_lab.py": 230.0,
     "tests/test_gateway_lab.py": 165.0,
@@ -169,30 +178,34 @@ def lab_slot(base: Path) -> Iterator[None]:
         time.sleep(0.2)
 
 
-def _slots_dir(factory: pytest.TempPathFactory) -> Path:
-    # a worker's base temp is <session temp>/popen-gwN: the session's workers share the parent
-    base = factory.getbasetemp()
-    return (base.parent if base.name.startswith("popen-gw") else base) / "lab-slots"
+def _slots_dir(config: pytest.Config) -> Path:
+    """The lock files' folder, one per test session: pytest-xdist's workers share its
+    ``testrunuid`` (documented in ``workerinput``); a run without xdist uses its own pid."""
+    workerinput = getattr(config, "workerinput", None) or {}
+    run = workerinput.get("testrunuid") or f"pid{os.getpid()}"
+    return Path(tempfile.gettempdir()) / f"chaos-infer-lab-slots-{run}"
 
 
-@pytest.fixture(autouse=True)
-def _one_of_the_lab_slots(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    """A test marked ``lab`` runs while it holds a lab slot (see :data:`LAB_SLOTS`)."""
-    if request.node.get_closest_marker("lab") is None:
-        yield
-        return
-    with lab_slot(_slots_dir(tmp_path_factory)):
-        yield
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """A test marked ``lab`` runs while it holds a lab slot (see :data:`LAB_SLOTS`). The slot is
+    taken here, around the whole test and outside pytest-timeout's timer (its own wrapper of
+    this hook, which runs inside this one): the wait for a slot (minutes on a busy CI run) is
+    not the test's time, and a CI run timed a lab test out on it (376 s of wait + 224 s)."""
+    if item.get_closest_marker("lab") is None or "default_gameday" in item.fixturenames:
+        return (yield)  # a test that reads the session's game day: the fixture holds the slot
+    with lab_slot(_slots_dir(item.config)):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
-def default_gameday(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GamedayRun]:
+def default_gameday(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GamedayRun]:
     """The README's main job run once for the session (``chaos-infer gameday``: the default plan
     on the default lab); the tests that only read one of its drills' outcomes share it."""
     out = tmp_path_factory.mktemp("default-gameday") / "gd"
-    with lab_slot(_slots_dir(tmp_path_factory)):
+    with lab_slot(_slots_dir(request.config)):
         run = run_default_gameday(out)
     yield run
     _down_if_running(out / "lab")  # the game day takes its lab down; make sure of it

@@ -61,6 +61,9 @@ def _check_faults_cleared_by_rollback(out: Path, drill: str) -> None:
     assert _alive({int(e["pid"]) for e in events if e.get("pid")}) == []
 
 
+#: the heavier load of the quota-cut test that deviates (req/s)
+RATE = 10.0
+
 GAMEDAY_LAB = {
     "replicas": 3,
     "engine": "sim",
@@ -134,15 +137,18 @@ def test_quota_cut_to_the_planned_instances_carries_the_load(tmp_path: Path) -> 
 
 
 def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) -> None:
+    """At 10 req/s three replicas of 4 sequences and 8 waiting slots hold the baseline with room
+    (12 req/s with 4 waiting shed in the baseline itself on a busy CI run: the drill then read
+    "did not meet its SLOs before the fault", not this test's question); one replica cannot."""
     lab = {
         **GAMEDAY_LAB,
-        "engine_args": {"max_num_seqs": 4, "max_waiting": 4},
+        "engine_args": {"max_num_seqs": 4, "max_waiting": 8},
         "scale_out_queue": 1,  # the autoscaler wants to scale out, but the quota forbids it
     }
     drill_spec = {
         "name": "quota-cut",
         "experiment": "../experiments/quota-cut.yaml",
-        "vars": {"quota": 1, "load_rate_rps": 12},
+        "vars": {"quota": 1, "load_rate_rps": RATE},
         "verdict_policy": "strict",  # the SLO rows judged as SLOs over the cut (zero loss)
     }
     plan = _plan(tmp_path / "plan", lab, drill_spec)
@@ -158,13 +164,13 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     rows = {r["criterion"]: r for r in drill["verdict"]["rows"]}
     assert rows["instances_held"]["value"] == 1.0 and rows["instances_held"]["result"] == "pass"
     assert not any("(instances_held)" in r for r in drill["reasons"])
-    # one replica at 12 req/s: the cut costs the SLO (requests shed, or slow, over the cut)
+    # one replica at RATE req/s: the cut costs the SLO (requests shed, or slow, over the cut)
     slo_rows = ("availability_fault", "p99_e2e_fault_s", "timeout_rate_fault")
     assert any(rows[c]["result"] == "fail" for c in slo_rows if c in rows), drill["reasons"]
     assert any(f"({c})" in r for c in slo_rows for r in drill["reasons"]), drill["reasons"]
     fig, gt = drill["figures"], drill["ground_truth"]
     assert fig["quota_source"] == "given" and fig["instances_held"] == 1
-    assert fig["planned_instances"] == instances(12.0, fig["expected_latency_s"], 4, 0.7) >= 2
+    assert fig["planned_instances"] == instances(RATE, fig["expected_latency_s"], 4, 0.7) >= 2
     assert fig["held_at_quota"] is False
     assert gt["servers_serving_during_cut"] == ["r0"] and gt["stopped"] == ["r1", "r2"]
     records = read_records(out / "quota-cut" / "records.jsonl")

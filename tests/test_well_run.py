@@ -72,6 +72,7 @@ def _cut_by_the_fault(drill_dir: Path) -> int:
     return cut
 
 
+@pytest.mark.timeout(1200)  # the game day: ~5 min alone, longer beside other labs
 def test_the_well_run_plan_passes_what_plan_options_can_fix(tmp_path: Path) -> None:
     out = tmp_path / "wellrun"
     proc, summary = run_gameday(PLAN, out, timeout_s=1500)
