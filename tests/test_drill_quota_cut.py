@@ -172,9 +172,7 @@ def test_quota_cut_to_one_replica_under_a_heavier_load_deviates(tmp_path: Path) 
     shed = [r for r in at_q if r["status"] == 429]
     if rows["availability_fault"]["result"] == "fail":  # the loss is the one replica's shedding
         assert shed
-    assert fig["quota_availability"] == (len(at_q) - sum(not r["ok"] for r in at_q)) / len(
-        at_q
-    )
+    assert fig["quota_availability"] == (len(at_q) - sum(not r["ok"] for r in at_q)) / len(at_q)
     # the queue stayed above the autoscaler's threshold, yet the cap held: no scale-out at all
     samples = [
         json.loads(x) for x in (out / "lab" / "queue-depth.jsonl").read_text().splitlines() if x

@@ -40,6 +40,7 @@ from chaoslib_infer.measure.figkit import (
     unix_time,
 )
 from chaoslib_infer.measure.metrics import logical_stats, window_stats
+from chaoslib_infer.measure.rerun import rerun_figures
 from chaoslib_infer.measure.retryafter import provider_error_figures
 from chaoslib_infer.measure.retrycost import retry_cost
 
@@ -79,6 +80,10 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
     ``retried_requests``, ``succeeded_after_retry`` (client), ``duplicate_generations``,
     ``extra_generations``, ``wasted_tokens``, ``wasted_completion_tokens``,
     ``retry_amplification``, ``generations_per_attempt`` (engine ledger; None without one).
+    :func:`drill_figures` then splits the fault's re-runs from the duplicates
+    (:func:`chaoslib_infer.measure.rerun.rerun_figures`: ``rerun_generations``,
+    ``fault_cut_generations``, ``fault_wasted_tokens``; ``duplicate_generations``,
+    ``extra_generations`` and ``wasted_tokens`` keep only what the client or gateway caused).
     When the engine answered provider errors (the ``http_error`` fault) to this drill's
     requests, also ``provider_error_answers`` and the figures of
     :func:`chaoslib_infer.measure.retryafter.provider_error_figures` (``retry_after_honoured_share``,
@@ -168,6 +173,9 @@ def drill_figures(
             continue
         figures.update(f_fig)
         ground.update(f_ground)
+    # who paid for a second generation: the fault's re-runs apart from the client's and the
+    # gateway's duplicates (measure/rerun.py); replaces the drill kinds' counts of the same names
+    figures.update(rerun_figures(records, ledger, faults, lab_events))
     return figures, ground
 
 
