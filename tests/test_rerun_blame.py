@@ -191,6 +191,9 @@ def test_no_ledger_is_unmeasured_never_zero() -> None:
     cuts = fault_cut(records, pods, [], process_died=True)
     assert [(c.request_id, c.pid, c.generation_at) for c in cuts] == [("a", None, None)]
     assert rerun_split(records, [], cuts)["rerun_generations"] is None
+    fig = rerun_figures(records, [], [], killed=pods)
+    assert fig["fault_cut_attempts"] == 1 and fig["fault_cut_lost"] == 0  # retried, served
+    assert fig["rerun_generations"] is None  # no ledger: the re-runs are not known
 
 
 def test_what_is_not_fault_cut() -> None:

@@ -238,13 +238,22 @@ def rerun_figures(
     ledger: Sequence[Mapping[str, Any]],
     faults: Sequence[Mapping[str, Any]],
     lab_events: Sequence[Mapping[str, Any]] = (),
+    killed: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The re-run / duplicate figures of one drill on the lab: :func:`rerun_split` over the
     attempts the drill's faults cut (:func:`chaoslib_infer.measure.faultcut.fault_cut`, the
     replicas of ``faults.jsonl``), plus ``frozen_completed`` (:func:`frozen_completed`) when
     the drill froze a replica. Also ``duplicates`` (= ``duplicate_generations``: the common
-    figure of the same name) and ``fault_cut_lost`` (:func:`fault_cut_lost`)."""
+    figure of the same name) and ``fault_cut_lost`` (:func:`fault_cut_lost`).
+
+    ``killed``: ``{pod: unix s}`` of the pods a Kubernetes action deleted or OOM-killed
+    (:func:`chaoslib_infer.measure.faultcut.taken_pods`): their processes died, so a stream cut
+    on one (its ``X-Replica-Id`` in the record's ``replica``) is fault-cut without a ledger."""
     cuts = fault_cut(records, taken_replicas(faults), ledger, lab_events)
+    if killed:
+        seen = {(c.request_id, c.attempt) for c in cuts}
+        more = fault_cut(records, killed, ledger, lab_events, process_died=True)
+        cuts += [c for c in more if (c.request_id, c.attempt) not in seen]
     out = rerun_split(records, ledger, cuts)
     out["duplicates"] = out["duplicate_generations"]
     out["fault_cut_lost"] = fault_cut_lost(records, cuts)
