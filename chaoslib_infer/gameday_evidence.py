@@ -27,6 +27,7 @@ from chaoslib_infer.lab.fleet import Lab
 from chaoslib_infer.load.clientside import CLIENT_FIGURES
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.locust.control import CO_NOTE, LOCUST_FILE
+from chaoslib_infer.measure.rerun import LEDGER_FIGURES
 from chaoslib_infer.plan import drill_kind
 from chaoslib_infer.run_progress import iso
 from chaoslib_infer.verdict.policy import VerdictPolicy
@@ -220,7 +221,7 @@ def drill_evidence(
         # no engine ledger (a cluster, a URL, llama.cpp): a count of 0 would read as "no
         # duplicates"; the figure is unmeasured
         figures["duplicates"] = None
-        for ledger_figure in ("duplicate_generations", "wasted_tokens", "wasted_completion_tokens"):
+        for ledger_figure in (*LEDGER_FIGURES, "frozen_completed"):
             if ledger_figure in figures:
                 figures[ledger_figure] = None
     records = (
@@ -328,6 +329,9 @@ _HEADLINE_KEYS = (
     "replacement_serving_s",
     "duplicate_generations",
     "wasted_tokens",
+    "rerun_generations",
+    "fault_cut_generations",
+    "frozen_completed",
     "ejection_s",
     "all_serving_s",
     "survivor_share_ratio",

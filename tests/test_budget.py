@@ -19,6 +19,7 @@ from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.measure.budget import budget_cost, budget_share, monthly_budget_s
 from chaoslib_infer.plan import load_plan
 from chaoslib_infer.verdict import DrillFacts, judge_drill
+from chaoslib_infer.verdict.blame import strip_blame
 from chaoslib_infer.verdict.policy import (
     VerdictPolicy,
     configured_policy,
@@ -198,7 +199,11 @@ def test_the_drill_own_question_stays_strict_under_the_default_policy() -> None:
     }
     v = judge_drill(DrillFacts("upstream-timeout", load(40), {"hung_requests": 1}, ground))
     assert v.state == "failed"
-    assert v.reasons[0] == "requests that hung until the client gave up: 1 > 0 (hung_requests)"
+    assert (
+        strip_blame(v.reasons[0])
+        == "requests that hung until the client gave up: 1 > 0 (hung_requests)"
+    )
+    assert "; BLAME: gateway (" in v.reasons[0]
     assert rows(v)["budget_share"]["result"] == "pass"
 
 

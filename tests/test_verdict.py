@@ -28,6 +28,7 @@ from chaoslib_infer.measure.inflight import (
 from chaoslib_infer.measure.metrics import cut_off_count, window_stats
 from chaoslib_infer.plan import load_plan
 from chaoslib_infer.verdict import DrillFacts, criteria_for, exit_code, judge_drill, parse_override
+from chaoslib_infer.verdict.blame import strip_blame
 from chaoslib_infer.verdict.confirm import faulted_names
 from chaoslib_infer.verdict.policy import VerdictPolicy
 from chaoslib_infer.verdict.timeline import timeline
@@ -254,7 +255,8 @@ def test_duplicate_generations_judged_and_unmeasured_without_a_ledger(
     )
     assert v.state == state, v.reasons
     if state == "failed":
-        assert v.reasons[0] == "duplicate generations: 3 > 0 (duplicate_generations)"
+        assert strip_blame(v.reasons[0]) == "duplicate generations: 3 > 0 (duplicate_generations)"
+        assert "; BLAME: client (" in v.reasons[0]  # its retries re-sent them
     if state == "inconclusive":
         assert "duplicate generations is unmeasured" in v.reasons[0]
         rows = {r["criterion"]: r for r in v.rows}
@@ -303,7 +305,7 @@ def test_wasted_tokens_from_the_ledger_fail_the_jitter_drill_and_read_unmeasured
         {"duplicate_generations": "off", "extra_generations": "off"},
     )
     assert v.state == "failed"
-    assert v.reasons == [
+    assert [strip_blame(r) for r in v.reasons] == [
         "tokens of generations paid twice (prompt + completion): 15 > 0 (wasted_tokens)"
     ]
     # a budget that covers them passes
@@ -693,7 +695,7 @@ def test_each_drill_criterion_fails_with_its_reason(
     v = judge_drill(facts(drill, steady(T0, T0 + 35), fig, ground))
     assert v.state == "failed", (drill, name, v.reasons)
     criterion = "instances_held" if name == "instances_serving_during_cut" else name
-    assert any(r.endswith(f"({criterion})") for r in v.reasons), v.reasons
+    assert any(strip_blame(r).endswith(f"({criterion})") for r in v.reasons), v.reasons
     # the same break with the criterion turned off is no longer a failure
     v_off = judge_drill(facts(drill, steady(T0, T0 + 35), fig, ground), {criterion: "off"})
     assert v_off.state == "passed", v_off.reasons

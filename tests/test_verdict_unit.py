@@ -24,6 +24,7 @@ from chaoslib_infer.load.records import RecordWriter
 from chaoslib_infer.measure.metrics import window_stats
 from chaoslib_infer.verdict import DrillFacts, judge_drill
 from chaoslib_infer.verdict.attribution import ALLOWANCE_FLOOR_S, assign, ttft_allowance
+from chaoslib_infer.verdict.blame import strip_blame
 from chaoslib_infer.verdict.judge import NO_RETRY
 from chaoslib_infer.verdict.policy import VerdictPolicy
 
@@ -174,11 +175,13 @@ def test_retries_that_hide_resets_fail_on_their_cost_with_rows_and_reasons_that_
         )
     )
     assert v.state == "failed"
-    assert v.reasons == [
+    assert [strip_blame(r) for r in v.reasons] == [
         "duplicate generations: 33 > 0 (duplicate_generations)",
         "generations paid twice (extra): 33 > 0 (extra_generations)",
         "tokens of generations paid twice (prompt + completion): 462 > 0 (wasted_tokens)",
     ]
+    # the client re-sent them (no fault here took a replica): the client's cost
+    assert all("; BLAME: client (" in r for r in v.reasons), v.reasons
     rows = {r["criterion"]: r for r in v.rows}
     for name in ("availability", "availability_fault"):  # shown; the budget judges the loss
         assert (rows[name]["value"], rows[name]["result"]) == (1.0, "not judged")
@@ -278,11 +281,14 @@ def test_retry_cost_is_judged_in_every_drill_that_retried(drill: str) -> None:
     assert fig["retry_amplification"] == 2.0 and fig["retries"] == 0
     v = judge_drill(DrillFacts(drill, records, fig, ground))
     assert v.state == "failed", (drill, v.reasons)
-    assert "duplicate generations: 1 > 0 (duplicate_generations)" in v.reasons
+    reasons = [strip_blame(r) for r in v.reasons]
+    assert "duplicate generations: 1 > 0 (duplicate_generations)" in reasons
     assert (
         "upstream generations per client attempt (gateway retries): 2x > 1x (retry_amplification)"
-        in v.reasons
+        in reasons
     )
+    # the gateway alone re-sent it: blamed on the gateway, never on the client
+    assert all("; BLAME: gateway (" in r for r in v.reasons), v.reasons
 
 
 def test_gateway_retries_from_the_haproxy_log() -> None:

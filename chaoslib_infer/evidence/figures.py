@@ -26,6 +26,7 @@ from chaoslib_infer.evidence.kinds import engine_fault, k8s_actions, k8s_observa
 from chaoslib_infer.load.clientside import client_figures, read_run_summary
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.faultcut import taken_pods
 from chaoslib_infer.measure.figkit import (
     FAULT,
     MILESTONE,
@@ -40,6 +41,7 @@ from chaoslib_infer.measure.figkit import (
     unix_time,
 )
 from chaoslib_infer.measure.metrics import logical_stats, window_stats
+from chaoslib_infer.measure.rerun import rerun_figures
 from chaoslib_infer.measure.retryafter import provider_error_figures
 from chaoslib_infer.measure.retrycost import retry_cost
 
@@ -79,6 +81,10 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
     ``retried_requests``, ``succeeded_after_retry`` (client), ``duplicate_generations``,
     ``extra_generations``, ``wasted_tokens``, ``wasted_completion_tokens``,
     ``retry_amplification``, ``generations_per_attempt`` (engine ledger; None without one).
+    :func:`drill_figures` then splits the fault's re-runs from the duplicates
+    (:func:`chaoslib_infer.measure.rerun.rerun_figures`: ``rerun_generations``,
+    ``fault_cut_generations``, ``fault_wasted_tokens``; ``duplicate_generations``,
+    ``extra_generations`` and ``wasted_tokens`` keep only what the client or gateway caused).
     When the engine answered provider errors (the ``http_error`` fault) to this drill's
     requests, also ``provider_error_answers`` and the figures of
     :func:`chaoslib_infer.measure.retryafter.provider_error_figures` (``retry_after_honoured_share``,
@@ -168,7 +174,25 @@ def drill_figures(
             continue
         figures.update(f_fig)
         ground.update(f_ground)
+    # who paid for a second generation: the fault's re-runs apart from the client's and the
+    # gateway's duplicates (measure/rerun.py); replaces the drill kinds' counts of the same names
+    figures.update(rerun_figures(records, ledger, faults, lab_events, _killed_pods(ground)))
     return figures, ground
+
+
+def _killed_pods(ground: dict[str, Any]) -> dict[str, float]:
+    """``{pod: unix s}`` of the pods a Kubernetes action deleted or evicted (its
+    ``k8s_recovery_pod <name>`` rows, ``deleted_at``) or whose container it OOM-killed
+    (``k8s_oom_pod``, ``k8s_oom_killed_at``): the processes the fault took on a cluster."""
+    rows = [
+        {"pod": key.split(" ", 1)[1], "deleted_at": row.get("deleted_at")}
+        for key, row in ground.items()
+        if key.startswith("k8s_recovery_pod ") and isinstance(row, dict)
+    ]
+    oom = ground.get("k8s_oom_pod")
+    if isinstance(oom, str) and oom:
+        rows.append({"pod": oom.split(" (", 1)[0], "deleted_at": ground.get("k8s_oom_killed_at")})
+    return taken_pods(rows)
 
 
 #: The fault kinds that are no drill's own (their figures stay in ``evidence/kinds/``).

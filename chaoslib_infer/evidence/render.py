@@ -52,6 +52,10 @@ _FIGURE_ORDER = [
     "warmup_ttft_s",
     "steady_ttft_p50_s",
     "duplicates",
+    "rerun_generations",
+    "fault_cut_generations",
+    "fault_wasted_tokens",
+    "frozen_completed",
 ]
 # with retries, the per-request P99 goes right after the attempt P99 (its censored twin)
 _FIGURE_ORDER.insert(_FIGURE_ORDER.index("p99_e2e_s") + 1, "p99_request_e2e_s")

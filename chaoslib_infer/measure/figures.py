@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .faultcut import CutAttempt
 from .metrics import percentiles_s, select, window_stats
 
 __all__ = [
@@ -202,17 +203,26 @@ def steady_ttft_p50(
     return percentiles_s(ttft, (50,))[50]
 
 
-def duplicates(records: Iterable[Record], ledger_entries: Iterable[Mapping[str, Any]]) -> int:
-    """Duplicate generations: logical requests the engine generated more than once.
+def duplicates(
+    records: Iterable[Record],
+    ledger_entries: Iterable[Mapping[str, Any]],
+    cuts: Iterable[CutAttempt] = (),
+) -> int:
+    """Duplicate generations: logical requests the engine generated more than once, not counting
+    the generations the fault aborted (``cuts``: their re-runs are the fault's,
+    :mod:`chaoslib_infer.measure.rerun`).
 
     Args:
         records: attempt records; only their ``request_id`` values are used (the ledger may hold
             other clients' traffic, which is ignored).
         ledger_entries: engine ledger lines
             ``{"t", "event": "generation", "replica", "request_id", "pid"}`` (contracts.md §1).
+        cuts: the attempts the fault cut (:func:`chaoslib_infer.measure.faultcut.fault_cut`);
+            each distinct aborted generation is left out of its request's count.
 
     Returns:
-        Number of logical request ids of ``records`` with more than one ``generation`` entry.
+        Number of logical request ids of ``records`` with more than one ``generation`` entry
+        besides those the fault aborted.
     """
     ids = {r.get("request_id") for r in records}
     ids.discard(None)
@@ -223,6 +233,9 @@ def duplicates(records: Iterable[Record], ledger_entries: Iterable[Mapping[str, 
         rid = e.get("request_id")
         if isinstance(rid, str) and rid in ids:
             counts[rid] = counts.get(rid, 0) + 1
+    aborted = {(c.request_id, c.replica, c.pid, c.generation_at) for c in cuts if c.generation_at}
+    for rid, *_ in aborted:
+        counts[rid] = counts.get(rid, 0) - 1
     return sum(1 for c in counts.values() if c > 1)
 
 

@@ -54,6 +54,7 @@ from chaoslib_infer.measure.retrycost import retried
 from . import client as vclient
 from .applicable import instances_held, not_happened
 from .attribution import assign, crossed_note, ttft_allowance
+from .blame import add_blame
 from .budget import budget_values, name_lost_row
 from .confirm import confirm_by_traffic
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
@@ -313,7 +314,10 @@ def _retry_cost(facts: DrillFacts) -> dict[str, tuple[float | None, str | None]]
     ``n/a`` (:data:`NO_RETRY`) in a drill where neither the client nor the gateway retried
     (:func:`chaoslib_infer.measure.retrycost.retried`; network-jitter, whose question they
     answer, judges them always); the engine-side figures unmeasured without an engine ledger
-    (``DrillFacts.ledger_measured``), never 0."""
+    (``DrillFacts.ledger_measured``), never 0. They count what the client or gateway caused:
+    the fault's re-runs (``rerun_generations``, :mod:`chaoslib_infer.measure.rerun`) are left
+    out, and said so in the ``duplicate_generations`` row's note, as is ``frozen_completed``
+    (duplicates the client's timeout caused)."""
     fig = facts.figures
     retries = num(fig.get("retries"))
     if retries is None:
@@ -328,6 +332,21 @@ def _retry_cost(facts: DrillFacts) -> dict[str, tuple[float | None, str | None]]
             value = num(fig.get("duplicates"))
         # None (no ledger, no generation_end lines, a duplicate without one): "unmeasured"
         out[name] = (value if facts.ledger_measured else None, None)
+    frozen, reruns = num(fig.get("frozen_completed")), num(fig.get("rerun_generations"))
+    notes = []
+    if frozen:  # measure/rerun.py: the frozen replica resumed them after the thaw
+        notes.append(
+            f"{frozen:g} generated again by the frozen replica after it thawed, the client having "
+            "given up on it: its timeout caused them (frozen_completed)"
+        )
+    if reruns:  # the fault's, not counted here (measure/rerun.py)
+        notes.append(
+            f"{reruns:g} re-runs of generations the fault aborted are the fault's cost, not "
+            "counted (rerun_generations)"
+        )
+    value = out["duplicate_generations"][0]
+    if notes and value is not None:  # a note without a value would read n/a: only beside one
+        out["duplicate_generations"] = (value, "; ".join(notes))
     return out
 
 
@@ -424,7 +443,7 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     if "after" in w:  # an SLO rate of the after window: the binomial test (verdict/steady.py)
         judge_after_rows(rows, sel("after"), facts.window_settings)
     rows = name_lost_row(rows, sel("fault") if "fault" in w else None)
-    return tl, w, sel, info, apply_policy(rows, facts.policy)
+    return tl, w, sel, info, add_blame(apply_policy(rows, facts.policy), facts)
 
 
 def _without_client_outcomes(

@@ -166,15 +166,17 @@ def reason(row: Mapping[str, Any]) -> str:
     broken side; a row judged by a window's binomial test, :mod:`chaoslib_infer.verdict.steady`,
     adds ``"; STATEMENT"`` before the criterion: its count, false-alarm rate and power), or
     ``"LABEL: NOTE
-    (CRITERION)"`` for a row with a note and no value."""
+    (CRITERION)"`` for a row with a note and no value; either followed by ``"; BLAME: WHO
+    (why)"`` when the row says who caused it (``blame``, :mod:`chaoslib_infer.verdict.blame`)."""
+    blame = f"; BLAME: {row['blame']}" if row.get("blame") else ""
     if row["value"] is None and row.get("note"):
-        return f"{row['label']}: {row['note']} ({row['criterion']})"
+        return f"{row['label']}: {row['note']} ({row['criterion']}){blame}"
     value = format_value(row["value"], row["unit"])
     thr = format_value(row["threshold"], row["unit"])
     fails = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[row["op"]]
     statement = row.get("statement")  # a steady-state window's binomial test (verdict/steady.py)
     tested = f"; {statement}" if statement else ""
-    return f"{row['label']}: {value} {fails} {thr}{tested} ({row['criterion']})"
+    return f"{row['label']}: {value} {fails} {thr}{tested} ({row['criterion']}){blame}"
 
 
 def baseline_defects(

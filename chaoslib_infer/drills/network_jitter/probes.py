@@ -16,6 +16,7 @@ from chaoslib_infer import settings
 from chaoslib_infer.drills.criterion import configured_overrides
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure import figures as mfig
+from chaoslib_infer.measure.faultcut import fault_cut, taken_replicas
 from chaoslib_infer.measure.figkit import read_jsonl
 
 __all__ = ["duplicates_check"]
@@ -28,7 +29,9 @@ def duplicates_check(
 
     Counts the logical requests of this run's background load (every attempt record since the
     load started) that the engine generated more than once, from the lab's generation ledger
-    (definition: ``docs/definitions.md``, "Drill figures").
+    (definition: ``docs/definitions.md``, "Drill figures"), a re-run of a generation a fault
+    aborted left out (``docs/definitions.md``, "Re-runs and duplicates"): the slowed replica
+    goes on generating, so every second generation here is the client's duplicate.
 
     Args:
         max_duplicates: the budget (logical requests generated more than once); a negative value
@@ -67,7 +70,13 @@ def duplicates_check(
     records = read_records(path) if path.exists() else []
     ids = {r.get("request_id") for r in records}
     ids.discard(None)
-    count = mfig.duplicates(records, read_jsonl(ledger_path))
+    ledger = read_jsonl(ledger_path)
+    # a generation the fault aborted (a replica it took; none in this drill: the slowed replica
+    # goes on generating) is re-run by the fault's doing, not duplicated (measure/rerun.py)
+    faults = read_jsonl(settings.faults_path(configuration))
+    events = read_jsonl(settings.lab_dir(configuration) / "events.jsonl")
+    cuts = fault_cut(records, taken_replicas(faults), ledger, events)
+    count = mfig.duplicates(records, ledger, cuts)
     threshold = None if budget < 0 else budget
     return {
         "metric": "duplicate_generations",

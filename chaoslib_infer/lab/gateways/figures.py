@@ -22,7 +22,10 @@ HAProxy with the lab's own settings: those labs keep their figures as before).
 - ``routed_to_down``: upstream tries the gateway sent to a replica while it was down (between
   its ``exit`` and its next ``ready`` event in the lab's ground truth).
 - ``streams_cut_200``: attempts that got status 200 and then lost their stream (reset,
-  truncated, stream error, empty).
+  truncated, stream error, empty) by the gateway's doing (its timeouts), judged in every drill.
+  ``streams_cut_by_fault``: those the fault itself cut (in flight on a replica it killed or whose
+  node it dropped, their generation aborted: :mod:`chaoslib_infer.measure.faultcut`): the
+  fault's, not judged by ``streams_cut_200``.
 - ``ejection_s`` (upstream-timeout; nginx and LiteLLM only: with the user's HAProxy config the
   drill's own, from HAProxy's ``show stat`` health view, is the gateway's and stays): replaces
   HAProxy's health view, which is not the gateway's: the last time the gateway sent a request to the
@@ -39,6 +42,7 @@ from typing import Any
 
 import chaoslib_infer.lab.gateways.nginx as lab_nginx
 from chaoslib_infer.lab.gateways.dispatch import GATEWAY_FILE, describe
+from chaoslib_infer.measure.faultcut import fault_cut, taken_replicas
 from chaoslib_infer.measure.figkit import json_objects
 
 __all__ = [
@@ -205,7 +209,7 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
     Returns:
         ``{"gateway", "gateway_timeout_s", "gateway_gave_up", "retry_amplification",
         "generations_per_attempt", "gateway_retries", "stream_buffering_s", "first_token_gap_p50_s", "routed_to_down",
-        "streams_cut_200"}``; a figure that cannot be measured is None.
+        "streams_cut_200", "streams_cut_by_fault"}``; a figure that cannot be measured is None.
     """
     if lab_dir is None:
         return {}
@@ -263,11 +267,13 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
     buffering = None
     if gap is not None:
         buffering = max(0.0, gap - float(direct)) if isinstance(direct, int | float) else gap
-    cut = sum(
-        1
+    by_fault = _cut_by_fault(sent, Path(drill_dir), sd)
+    cut_200 = [
+        r
         for r in sent
         if r.get("status") == 200 and not r.get("ok") and r.get("error_class") in CUT_CLASSES
-    )
+    ]
+    cut = sum(1 for r in cut_200 if _key(r) not in by_fault)
     out: dict[str, Any] = {}
     # the gateway's own ejection: it sent nothing more to the frozen replica after
     if frozen and frozen_ejection:
@@ -288,7 +294,25 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
         "first_token_gap_p50_s": round(gap, 4) if gap is not None else None,
         "routed_to_down": routed_down,
         "streams_cut_200": cut,
+        "streams_cut_by_fault": sum(1 for r in cut_200 if _key(r) in by_fault),
     }
+
+
+def _key(r: dict[str, Any]) -> tuple[str, int]:
+    return str(r.get("request_id")), int(r.get("attempt") or 1)
+
+
+def _cut_by_fault(sent: list[dict[str, Any]], drill_dir: Path, sd: Path) -> set[tuple[str, int]]:
+    """``{(request id, attempt)}`` of the attempts the fault itself cut (a killed replica, a
+    dropped node: :func:`chaoslib_infer.measure.faultcut.fault_cut` over the drill's
+    ``faults.jsonl``, the lab's ledger and events): not the gateway's cut."""
+    cuts = fault_cut(
+        sent,
+        taken_replicas(_jsonl(drill_dir / "faults.jsonl")),
+        _jsonl(sd / "ledger.jsonl"),
+        _jsonl(sd / "events.jsonl"),
+    )
+    return {(c.request_id, c.attempt) for c in cuts}
 
 
 def calibrate(state_dir: Path, host: str, port: int, n: int = 5) -> float | None:

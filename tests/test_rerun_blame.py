@@ -1,0 +1,289 @@
+"""Re-runs the fault caused against duplicates the client caused, and the blame of each failed
+row (``docs/definitions.md``, "Re-runs and duplicates", "Blame"): pure functions over synthetic
+records, fault lines, ledgers and lab events (unix seconds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from chaoslib_infer.lab.gateways import nginx
+from chaoslib_infer.lab.gateways.figures import gateway_figures
+from chaoslib_infer.measure.faultcut import fault_cut, taken_pods, taken_replicas
+from chaoslib_infer.measure.figures import duplicates
+from chaoslib_infer.measure.rerun import (
+    fault_cut_lost,
+    frozen_completed,
+    rerun_figures,
+    rerun_split,
+)
+from chaoslib_infer.verdict.blame import blame_of
+from chaoslib_infer.verdict.state import reason
+
+FAULT_AT = 100.0
+
+
+def _rec(rid: str, attempt: int, replica: str | None, sent: float, end: float, **kw: Any) -> dict:
+    ok = kw.pop("ok", False)
+    return {
+        "request_id": rid,
+        "attempt": attempt,
+        "replica": replica,
+        "sent_at": sent,
+        "end_at": end,
+        "ok": ok,
+        "status": 200,
+        **kw,
+    }
+
+
+def _gen(rid: str, replica: str, t: float, pid: int) -> dict:
+    return {"t": t, "event": "generation", "replica": replica, "request_id": rid, "pid": pid}
+
+
+def _end(rid: str, replica: str, t: float, pid: int, outcome: str = "done", ct: int = 20) -> dict:
+    return {
+        "t": t,
+        "event": "generation_end",
+        "replica": replica,
+        "request_id": rid,
+        "pid": pid,
+        "prompt_tokens": 30,
+        "completion_tokens": ct,
+        "outcome": outcome,
+    }
+
+
+KILL = [{"kind": "oom-kill", "replica": "r0", "fault_at": FAULT_AT}]
+DEATH = [{"t": FAULT_AT, "event": "exit", "replica": "r0", "pid": 10, "cause": "oom"}]
+
+
+def _killed_and_retried() -> tuple[list[dict], list[dict]]:
+    """Request a: in flight on r0 when the kernel killed it (no end line), retried on r1."""
+    records = [
+        _rec("a", 1, "r0", 99.5, 100.01, error_class="reset"),
+        _rec("a", 2, "r1", 100.02, 100.5, ok=True, error_class=None),
+        _rec("b", 1, "r1", 99.0, 99.4, ok=True, error_class=None),
+    ]
+    ledger = [
+        _gen("a", "r0", 99.51, 10),
+        _gen("a", "r1", 100.03, 11),
+        _end("a", "r1", 100.5, 11),
+        _gen("b", "r1", 99.01, 11),
+        _end("b", "r1", 99.4, 11),
+    ]
+    return records, ledger
+
+
+def test_a_killed_replicas_cut_stream_retried_is_a_rerun_not_a_duplicate() -> None:
+    records, ledger = _killed_and_retried()
+    cuts = fault_cut(records, taken_replicas(KILL), ledger, DEATH)
+    assert [(c.request_id, c.attempt, c.replica, c.pid) for c in cuts] == [("a", 1, "r0", 10)]
+    assert cuts[0].spent_tokens is None  # the killed process wrote no end line
+    fig = rerun_split(records, ledger, cuts)
+    assert fig["rerun_generations"] == 1 and fig["rerun_requests"] == 1
+    assert fig["fault_cut_generations"] == 1 and fig["fault_cut_attempts"] == 1
+    assert fig["fault_wasted_tokens"] is None  # unmeasured, never 0
+    assert fig["fault_wasted_prompt_tokens"] == 30  # the re-run prefilled the same prompt
+    assert fig["duplicate_generations"] == 0 and fig["extra_generations"] == 0
+    assert fig["wasted_tokens"] == 0
+    assert fault_cut_lost(records, cuts) == 0  # retried and served
+    assert fault_cut_lost(records[:1], cuts) == 1  # never retried: lost to the cut
+    assert duplicates(records, ledger) == 1  # without the cut: counted as a duplicate
+    assert duplicates(records, ledger, cuts) == 0
+    assert rerun_figures(records, ledger, KILL, DEATH)["duplicates"] == 0
+
+
+def test_a_rerun_and_a_client_duplicate_of_one_request_are_told_apart() -> None:
+    records, ledger = _killed_and_retried()
+    # the client also sent a a third time while its second attempt was still generating
+    records.append(_rec("a", 3, "r2", 100.2, 100.6, ok=True, error_class=None))
+    ledger += [_gen("a", "r2", 100.21, 12), _end("a", "r2", 100.6, 12, ct=10)]
+    fig = rerun_figures(records, ledger, KILL, DEATH)
+    assert fig["rerun_generations"] == 1
+    assert fig["duplicate_generations"] == 1 and fig["extra_generations"] == 1
+    assert fig["wasted_tokens"] == 40  # the smaller of the two finished generations: 30 + 10
+
+
+def test_a_slowed_replicas_stream_retried_while_it_finished_is_a_duplicate() -> None:
+    """network-jitter: the replica is slowed, not taken; the client gave up after 1 s and the
+    engine finished the generation anyway (or found the client gone: cancelled)."""
+    jitter = [{"kind": "network-jitter", "replica": "r0", "fault_at": FAULT_AT}]
+    records = [
+        _rec("a", 1, "r0", 100.5, 101.5, error_class="timeout_attempt", status=200),
+        _rec("a", 2, "r1", 101.5, 102.0, ok=True, error_class=None),
+        _rec("c", 1, "r0", 99.8, 101.0, error_class="timeout_idle", status=200),
+        _rec("c", 2, "r1", 101.0, 101.4, ok=True, error_class=None),
+    ]
+    ledger = [
+        _gen("a", "r0", 100.5, 10),
+        _end("a", "r0", 103.0, 10),
+        _gen("a", "r1", 101.5, 11),
+        _end("a", "r1", 102.0, 11),
+        _gen("c", "r0", 99.8, 10),
+        _end("c", "r0", 101.2, 10, outcome="cancelled", ct=5),
+        _gen("c", "r1", 101.0, 11),
+        _end("c", "r1", 101.4, 11),
+    ]
+    assert fault_cut(records, taken_replicas(jitter), ledger) == []
+    # even if the slowed replica were named as taken, its generations ended in a live process
+    assert fault_cut(records, {"r0": FAULT_AT}, ledger) == []
+    fig = rerun_figures(records, ledger, jitter)
+    assert fig["rerun_generations"] == 0 and fig["fault_cut_generations"] == 0
+    assert fig["duplicate_generations"] == 2 and fig["extra_generations"] == 2
+    assert fig["wasted_tokens"] == 35 + 50  # c: 30 + 5 (cancelled); a: 30 + 20 (both done)
+
+
+def test_a_frozen_replica_thawing_is_a_duplicate_and_frozen_completed() -> None:
+    freeze = [
+        {
+            "kind": "upstream-timeout",
+            "replica": "r0",
+            "fault_at": FAULT_AT,
+            "hold_s": 15.0,
+            "phase": "injected",
+        },
+        {"kind": "upstream-timeout", "replica": "r0", "phase": "held", "held_until": 110.0},
+    ]
+    records = [
+        _rec("a", 1, "r0", 99.9, 102.0, error_class="timeout_idle"),
+        _rec("a", 2, "r1", 102.1, 102.5, ok=True, error_class=None),
+        _rec("q", 1, None, 101.0, 104.0, error_class="timeout_ttft", status=None),
+        _rec("q", 2, "r2", 104.1, 104.5, ok=True, error_class=None),
+    ]
+    ledger = [
+        _gen("a", "r0", 99.95, 10),
+        _gen("a", "r1", 102.1, 11),
+        _end("a", "r1", 102.5, 11),
+        _end("a", "r0", 110.1, 10, outcome="cancelled", ct=3),  # resumed at the thaw
+        _gen("q", "r2", 104.1, 12),
+        _end("q", "r2", 104.5, 12),
+        _gen("q", "r0", 110.05, 10),  # queued in the frozen socket: generated after the thaw
+        _end("q", "r0", 110.1, 10, outcome="cancelled", ct=0),
+    ]
+    fig = rerun_figures(records, ledger, freeze)
+    assert fig["rerun_generations"] == 0 and fig["fault_cut_attempts"] == 0
+    assert fig["duplicate_generations"] == 2
+    assert fig["frozen_completed"] == 2
+    assert frozen_completed(records, ledger, freeze) == 2
+    assert frozen_completed(records, ledger, KILL) is None  # no replica frozen
+
+
+def test_no_ledger_is_unmeasured_never_zero() -> None:
+    records, _ = _killed_and_retried()
+    fig = rerun_figures(records, [], KILL, DEATH)
+    for key in (
+        "rerun_generations",
+        "fault_cut_generations",
+        "fault_wasted_tokens",
+        "duplicate_generations",
+        "extra_generations",
+        "wasted_tokens",
+        "duplicates",
+    ):
+        assert fig[key] is None, key
+    assert fig["fault_cut_attempts"] is None  # nothing shows the generation was aborted
+    assert fig["fault_cut_lost"] is None
+    # a deleted pod (Kubernetes, no ledger): its process died, its stream is fault-cut
+    pods = taken_pods([{"pod": "r0", "deleted_at": FAULT_AT}, {"pod": "x"}])
+    assert pods == {"r0": FAULT_AT}
+    cuts = fault_cut(records, pods, [], process_died=True)
+    assert [(c.request_id, c.pid, c.generation_at) for c in cuts] == [("a", None, None)]
+    assert rerun_split(records, [], cuts)["rerun_generations"] is None
+    fig = rerun_figures(records, [], [], killed=pods)
+    assert fig["fault_cut_attempts"] == 1 and fig["fault_cut_lost"] == 0  # retried, served
+    assert fig["rerun_generations"] is None  # no ledger: the re-runs are not known
+
+
+def test_what_is_not_fault_cut() -> None:
+    records, ledger = _killed_and_retried()
+    taken = taken_replicas(KILL)
+    # sent after the fault: it never ran on the killed replica
+    late = [_rec("d", 1, "r0", 100.2, 101.0, error_class="reset")]
+    assert fault_cut(late, taken, ledger, DEATH) == []
+    # a failure class the fault does not cause (a 5xx answer)
+    wrong = [_rec("a", 1, "r0", 99.5, 100.01, error_class="http_5xx")]
+    assert fault_cut(wrong, taken, ledger, DEATH) == []
+    # a replica the fault did not take
+    other = [_rec("a", 1, "r1", 99.5, 100.01, error_class="reset")]
+    assert fault_cut(other, taken, ledger, DEATH) == []
+    # the generation finished before the process died: not aborted
+    done = [*ledger, _end("a", "r0", 99.99, 10)]
+    assert fault_cut(records, taken, done, DEATH) == []
+    # a cancelled end line in a process that then died (a graceful stop): aborted
+    stopped = [*ledger, _end("a", "r0", 99.99, 10, outcome="cancelled", ct=7)]
+    cuts = fault_cut(records, taken, stopped, DEATH)
+    assert [c.spent_tokens for c in cuts] == [37]
+    assert rerun_split(records, stopped, cuts)["fault_wasted_tokens"] == 37
+    # faults that do not take a replica, and lines other than the injection
+    assert taken_replicas([{"kind": "upstream-timeout", "replica": "r0", "fault_at": 1.0}]) == {}
+    nodes = [
+        {"kind": "node-loss", "replicas": ["r0", "r1"], "fault_at": 5.0},
+        {"kind": "node-loss", "phase": "cleared", "replicas": ["r2"], "fault_at": 9.0},
+    ]
+    assert taken_replicas(nodes) == {"r0": 5.0, "r1": 5.0}
+
+
+def test_a_dropped_nodes_silent_stream_without_replica_header_is_found_in_the_ledger() -> None:
+    nodes = [{"kind": "node-loss", "replicas": ["r0"], "fault_at": FAULT_AT}]
+    records = [
+        _rec("a", 1, None, 99.9, 103.0, error_class="timeout_ttft", status=None),
+        _rec("a", 2, "r1", 103.0, 103.5, ok=True, error_class=None),
+    ]
+    ledger = [_gen("a", "r0", 99.95, 10), _gen("a", "r1", 103.01, 11), _end("a", "r1", 103.5, 11)]
+    death = [{"t": 100.02, "event": "exit", "replica": "r0", "pid": 10}]
+    fig = rerun_figures(records, ledger, nodes, death)
+    assert fig["rerun_generations"] == 1 and fig["duplicate_generations"] == 0
+
+
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_streams_cut_200_counts_the_gateways_cuts_not_the_faults(tmp_path: Path) -> None:
+    lab, drill = tmp_path / "lab", tmp_path / "drill"
+    lab.mkdir()
+    drill.mkdir()
+    (lab / "gateway.json").write_text(json.dumps({"gateway": "nginx"}))
+    (lab / nginx.SERVERS_FILE).write_text(json.dumps({"127.0.0.1:1": "r0", "127.0.0.1:2": "r1"}))
+    (lab / nginx.ACCESS_LOG).write_text("")
+    records, ledger = _killed_and_retried()
+    # e: cut by the gateway's own timeout on r1, which the fault did not take
+    records.append(_rec("e", 1, "r1", 99.0, 101.0, error_class="truncated"))
+    ledger += [_gen("e", "r1", 99.01, 11), _end("e", "r1", 101.0, 11, outcome="cancelled")]
+    _jsonl(lab / "ledger.jsonl", ledger)
+    _jsonl(lab / "events.jsonl", DEATH)
+    _jsonl(drill / "records.jsonl", records)
+    _jsonl(drill / "faults.jsonl", KILL)
+    fig = gateway_figures(lab, drill)
+    assert fig["streams_cut_200"] == 1  # e
+    assert fig["streams_cut_by_fault"] == 1  # a's first attempt, on the killed r0
+    _jsonl(drill / "faults.jsonl", [])  # no fault took a replica: both are the gateway's
+    assert gateway_figures(lab, drill)["streams_cut_200"] == 2
+
+
+def test_blame_names_who_caused_each_failure() -> None:
+    jitter = {"retries": 30, "gateway_retries": 0}
+    assert blame_of("duplicate_generations", "network-jitter", jitter).startswith("client")
+    assert blame_of("wasted_tokens", "network-jitter", {"gateway_retries": 3}).startswith("gateway")
+    assert "frozen_completed" in str(blame_of("extra_generations", "upstream-timeout", jitter))
+    assert str(blame_of("hung_requests", "upstream-timeout", {})).startswith("gateway")
+    assert blame_of("streams_cut_200", "oom-kill", {}) == "gateway"
+    cut = {"fault_cut_lost": 2}
+    assert str(blame_of("availability", "oom-kill", cut, 2)).startswith("fault (2 requests")
+    assert str(blame_of("availability", "oom-kill", cut, 5)).startswith("fault and service")
+    # the service's failures carry no suffix: a reason without BLAME is the service's
+    assert blame_of("availability", "oom-kill", {"fault_cut_lost": 0}, 2) is None
+    assert blame_of("warmup_ratio", "oom-kill", {}) is None
+    row = {
+        "criterion": "duplicate_generations",
+        "label": "duplicate generations",
+        "value": 3.0,
+        "op": "<=",
+        "threshold": 0.0,
+        "unit": "count",
+        "blame": "client (x)",
+    }
+    assert reason(row) == "duplicate generations: 3 > 0 (duplicate_generations); BLAME: client (x)"
+    assert "BLAME" not in reason({**row, "blame": None})
