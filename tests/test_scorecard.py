@@ -280,3 +280,21 @@ def test_only_passed_drills_count_as_held_and_grey_keeps_every_tier_from_pass(
     tolerance = next(r for r in card["tiers"][0]["rows"] if r["metric"] == "disaster tolerance")
     assert tolerance["value"] == pytest.approx(value) and tolerance["note"] == note
     assert tolerance["passed"] is {"PASS": True, "FAIL": False, "INCONCLUSIVE": None}[stability]
+
+
+def test_error_rate_counts_a_retried_request_by_its_final_outcome() -> None:
+    # 200 attempts, 10 failed (5 %), but the client's retries served every one of the 190
+    # logical requests (request_availability 1.0): users felt no error
+    retried = _drill(
+        "network-jitter", 200, 0.05, 0.5, 1.0, True, request_availability=1.0, logical_requests=190
+    )
+    plain = _drill("quota-cut", 100, 0.02, 0.5, 1.0, True)  # no retries: attempts are requests
+    card = build_scorecard({"drills": [retried, plain]}, None)
+    stab = {r["metric"]: r for r in card["tiers"][0]["rows"]}
+    assert stab["error rate"]["value"] == pytest.approx(2 / 290)
+    assert "final outcome" in stab["error rate"]["note"]
+    # a retried drill that still lost requests counts them once each
+    retried["figures"]["request_availability"] = 0.99
+    card = build_scorecard({"drills": [retried]}, None)
+    stab = {r["metric"]: r for r in card["tiers"][0]["rows"]}
+    assert stab["error rate"]["value"] == pytest.approx(0.01)
