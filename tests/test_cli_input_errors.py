@@ -91,6 +91,8 @@ def test_bad_out_and_non_utf8_files_are_one_line(tmp_path: Path, failing_server:
             "--out /proc/x",
         ),
         (("certify", "--out", "afile"), "exists and is not a folder"),
+        (("gameday", "--out", "", "--dry-run"), "--out '': name a folder"),
+        (("drill", "run", "oom-kill", "--out", "", "--target", failing_server), "--out ''"),
         (("certify", "--plan", str(bad), "--out", "c"), "not UTF-8"),
         (("gameday", "--target", str(bad)), "not UTF-8"),
         (("drill", "run", "oom-kill", "--target", str(bad)), "not UTF-8"),

@@ -22,8 +22,12 @@ def prepare_out_dir(path: Path, create: bool = True) -> None:
         create: make it (and its parents); False only checks it is not an existing file.
 
     Raises:
-        ConfigError: the path is an existing non-folder, or the folder cannot be made.
+        ConfigError: the path is empty (``--out ''``: the evidence would land in the current
+            folder, mixed with what is there), an existing non-folder, or the folder cannot be
+            made.
     """
+    if str(path) in ("", "."):
+        raise ConfigError("--out '': name a folder for the evidence, not the current folder")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--out {path}: exists and is not a folder")
     if create:
