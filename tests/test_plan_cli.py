@@ -238,9 +238,14 @@ def test_criterion_overrides_in_force_shown_by_dry_run(tmp_path: Path) -> None:
     assert "    oom-kill: restart_s=20" in shown
     assert "    oom-kill: warmup_ratio=off (not judged)" in shown
     assert "    network-jitter: retries=2" in shown
+    # each drill's own criteria in force, overrides applied, defaults otherwise
+    oom = next(line for line in shown if line.startswith("  oom-kill: oom_kills>=1"))
+    assert "restart_s<=20" in oom and "warmup_ratio off" in oom
+    assert "  upstream-timeout: hung_requests<=0, max_wait_s<=5" in "\n".join(shown)
     assert lines[-1] == "dry run: nothing was started or changed"
     result = CliRunner().invoke(main, ["gameday", "--dry-run", "--out", str(tmp_path / "o")])
     assert "criteria overrides: none" in result.output
+    assert "oom_kills>=1, restart_s<=30, warmup_ratio<=10" in result.output
 
 
 @pytest.mark.parametrize(

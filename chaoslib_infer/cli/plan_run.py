@@ -256,10 +256,31 @@ def _print_criteria(the_plan: Any, criteria: list[tuple[str | None, str, float |
     ]
     if not lines:
         click.echo("criteria overrides: none (defaults: docs/definitions.md, 'Drill criteria')")
-        return
-    click.echo("criteria overrides in force (drill: criterion=threshold):")
-    for line in lines:
-        click.echo(line)
+    else:
+        click.echo("criteria overrides in force (drill: criterion=threshold):")
+        for line in lines:
+            click.echo(line)
+    _print_own_criteria(the_plan, cli_criteria(the_plan, criteria))
+
+
+def _print_own_criteria(the_plan: Any, overrides: dict[str, dict[str, Any]]) -> None:
+    """Each drill's own criteria in force (its question's rows, overrides applied), one line
+    per drill; the common rows (SLOs, budget) are the same for every drill and named once."""
+    from chaoslib_infer.verdict.criteria import COMMON, DRILL_CRITERIA, criteria_for
+
+    def show(c: Any) -> str:
+        return f"{c.name}{c.op}{c.threshold:g}" if c.threshold is not None else f"{c.name} off"
+
+    click.echo("criteria in force (each drill's own; docs/definitions.md, 'Drill criteria'):")
+    for spec in the_plan.drills:
+        own = {c.name for c in DRILL_CRITERIA.get(spec.name, [])}
+        try:
+            crits = criteria_for(spec.name, overrides.get(spec.name) or {})
+        except ValueError:  # refused before this point; keep the dry run printing
+            crits = criteria_for(spec.name)
+        mine = [show(c) for c in crits if c.name in own]
+        click.echo(f"  {spec.name}: " + (", ".join(mine) if mine else "the common criteria only"))
+    click.echo("  every drill also: " + ", ".join(show(c) for c in COMMON[:4]) + ", ...")
 
 
 def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions) -> None:
