@@ -1,4 +1,5 @@
-"""Build of the compiled chunk path (issue 24): ``chaoslib_infer/measure/_ssefast.pyx``, Cython.
+"""Build of the compiled chunk path (issue 24): ``chaoslib_infer/measure/_ssefast.pyx`` (the
+stream parser) and ``_recvfast.pyx`` (kernel-stamped reads, Linux), Cython.
 
 Everything else is in pyproject.toml. ``pip install -e .`` (scripts/quickstart's install step)
 compiles the extension in place with the build requirements (setuptools, Cython) and gcc. The
@@ -22,7 +23,12 @@ else:
                 "chaoslib_infer.measure._ssefast",
                 ["chaoslib_infer/measure/_ssefast.pyx"],
                 optional=True,
-            )
+            ),
+            Extension(
+                "chaoslib_infer.measure._recvfast",
+                ["chaoslib_infer/measure/_recvfast.pyx"],
+                optional=True,
+            ),
         ],
         compiler_directives={"language_level": "3"},
         quiet=True,

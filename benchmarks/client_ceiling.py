@@ -1103,11 +1103,13 @@ def _bench(a: argparse.Namespace, work: Path) -> int:
             h2load = ensure_h2load(a.skip_install, a.install_cap_s)
         except BenchError as exc:
             skipped[FLOOR] = str(exc)
-    tokenizer = ensure_tokenizer(a.peer_dir, list(venvs.values())) if venvs else None
-    if venvs and tokenizer is None:
-        for name in venvs:
+    # the Locust peers parse nothing of the text: only the other peers take a tokenizer
+    tokenized = [n for n in venvs if not PEER_SPECS[n].own_venv]
+    tokenizer = ensure_tokenizer(a.peer_dir, [venvs[n] for n in tokenized]) if tokenized else None
+    if tokenized and tokenizer is None:
+        for name in tokenized:
             skipped[name] = "no local tokenizer could be built (no peer venv has `tokenizers`)"
-        venvs.clear()
+            del venvs[name]
     # the orchestrator (sampling thread, this loop) shares the engine's core: every tool pays it
     os.sched_setaffinity(0, {a.engine_core})
     print(

@@ -144,10 +144,12 @@ def soak_rss(a: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     Returns:
         ``{"server", "url", "samples" [(s, rss_mb)], "peak_mb", "last_mb", "slope_mb_min",
-        "report"}`` (``report``: the soak's own report.json).
+        "report", "exit_work_s"}`` (``report``: the soak's own report.json; ``exit_work_s``:
+        seconds from that report to the process's exit, None when not seen).
 
     Raises:
-        BenchError: the soak command failed.
+        BenchError: the soak command failed, or overran its duration by 120 s (the message
+            carries the RSS figures so far).
     """
     server = (
         fake_server(a.server_core, a.tokens) if a.server == "fake" else sim_engine(a.server_core)
@@ -169,17 +171,27 @@ def soak_rss(a: argparse.Namespace, work: Path) -> dict[str, Any]:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
             t0 = time.monotonic()
             deadline = t0 + a.duration_s + 120
+            report_at: float | None = None  # when report.json appeared: the run itself ended
             try:
                 while proc.poll() is None:
                     got = _rss_mb(proc.pid)
                     if got is not None:
                         samples.append((time.monotonic() - t0, got[0]))
                         peak = max(peak, got[1])
+                    if report_at is None and (out / "report.json").exists():
+                        report_at = time.monotonic()
                     if time.monotonic() > deadline:
-                        raise BenchError("the soak overran its duration by 120 s")
+                        raise BenchError(
+                            "the soak overran its duration by 120 s "
+                            + ("after its report was written (its exit work: Locust CSV stats)"
+                               if report_at is not None else "before its report was written")
+                            + f"; client RSS so far: peak {peak:.1f} MB (VmHWM), last "
+                            f"{samples[-1][1] if samples else float('nan'):.1f} MB"
+                        )  # fmt: skip
                     time.sleep(1.0)
             finally:
                 stop(proc)
+            exited = time.monotonic()
         if proc.returncode != 0:
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise BenchError(f"the soak failed (exit {proc.returncode}): {tail[0][:300]}")
@@ -196,6 +208,8 @@ def soak_rss(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         "slope_mb_min": slope_per_min(steady),
         "steady_points": len(steady),
         "report": report,
+        # from the report written to the process's exit (Locust CSV stats from the records)
+        "exit_work_s": None if report_at is None else exited - report_at,
     }
 
 
@@ -360,6 +374,9 @@ def _print_soak(a: argparse.Namespace, res: dict[str, Any]) -> None:
         + (f" ({rep.get('invalid_reason')})" if not rep.get("valid") else "")
         + (f", send-lag P99 {1000 * rep['lag_p99_s']:.1f} ms" if rep.get("lag_p99_s") is not None else ", send-lag unmeasured")
     )  # fmt: skip
+    if res.get("exit_work_s") is not None:
+        print(f"after the run: {res['exit_work_s']:.1f} s from the report to the process's exit "
+              "(the Locust CSV stats re-read the records; RSS sampled until the exit)")  # fmt: skip
     peak, last, slope = res["peak_mb"], res["last_mb"], res["slope_mb_min"]
     print(f"client RSS: peak {peak:.1f} MB (VmHWM), last {last:.1f} MB; target < "
           f"{TARGET_RSS_MB:.0f} MB: {'PASS' if peak < TARGET_RSS_MB else 'FAIL'} "

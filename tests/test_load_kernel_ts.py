@@ -28,6 +28,7 @@ from chaoslib_infer.load.client import (
 )
 from chaoslib_infer.load.fakeserver import FakeServer
 from chaoslib_infer.load.records import OPTIONAL_FIELDS, RECORD_FIELDS, read_records
+from chaoslib_infer.measure import chunkpath
 from chaoslib_infer.measure.metrics import client_lag_s, window_stats
 
 # timing-sensitive: scripts/quickstart test runs it alone, after the parallel pass
@@ -182,7 +183,10 @@ def test_fallback_platform_without_stamps(
 
 @needs_stamps
 def test_fallback_read_without_stamp(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stamps switched on but a read comes without one: the whole record is on loop time."""
+    """Stamps switched on but a read comes without one: the whole record is on loop time. (The
+    pure read is the one a test can deprive of its stamps; the compiled read's unstamped result
+    is the same, tests/test_recv_path.py::test_unstamped_socket.)"""
+    monkeypatch.setenv(chunkpath.ENV, "python")
     monkeypatch.setattr(kerneltime, "rx_stamp", lambda anc: None)
     recs, summary = attempts(server.url + "/mode=ok,tokens=4,itl=0.002", 2)
     for r in recs:

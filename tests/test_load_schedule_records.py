@@ -83,3 +83,34 @@ def test_unix_now_tracks_wall_clock() -> None:
     a = unix_now()
     time.sleep(0.01)
     assert unix_now() - a >= 0.009
+
+
+def test_record_line_same_values_as_the_standard_library() -> None:
+    """orjson writes the line; the values read back are those ``json.dumps`` would write, and
+    what the standard library refuses is still refused with its errors."""
+    import dataclasses
+
+    from chaoslib_infer.load.records import record_line
+
+    rec = {
+        "request_id": "r-é", "sent_at": 1_800_000_000.123456, "chunk_times": [1e-05, 2.5, 1e16],
+        "ok": True, "error": None, "usage": {"n": [1, 2]}, "big": 2**70, "t": (1.0, 2.0),
+    }  # fmt: skip
+    line = record_line(rec)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    want = json.dumps(rec, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    assert json.loads(line) == json.loads(want)
+    assert "r-é".encode() in line  # UTF-8, not \\u escapes (as ensure_ascii=False)
+    for bad in ({"x": float("nan")}, {"x": [1.0, float("inf")]}, {"x": {"y": [float("-inf")]}}):
+        with pytest.raises(ValueError, match="Out of range float"):
+            record_line(bad)
+    with pytest.raises(UnicodeEncodeError):
+        record_line({"error": "\ud800"})
+
+    @dataclasses.dataclass
+    class D:
+        a: int
+
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        record_line({"x": D(1)})  # orjson would write it; the standard library refuses it
+    assert json.loads(record_line({"x": [1e308, 1e308]})) == {"x": [1e308, 1e308]}

@@ -83,3 +83,54 @@ def test_empty_records(tmp_path: Path) -> None:
     stats = read(paths["stats"])
     assert len(stats) == 1 and stats[0]["Request Count"] == "0" and stats[0]["50%"] == "N/A"
     assert read(paths["history"]) == [] and read(paths["failures"]) == []
+
+
+def test_one_busy_second_is_compacted_without_changing_percentiles(tmp_path: Path) -> None:
+    """1,100 records ending in one second, 64 chunks each: 69,300 inter-token gaps, more than a
+    second holds raw before they become HDR bucket counts. The percentiles are those of an HDR
+    histogram fed every value one by one (the library as the oracle)."""
+    from hdrh.histogram import HdrHistogram
+
+    records = tmp_path / "records.jsonl"
+    oracle = HdrHistogram(1, 3600 * 1_000_000, 3)
+    with RecordWriter(records) as w:
+        for i in range(1100):
+            sent = T0 + 0.2 + i * 1e-5
+            gaps = [0.003 + 0.0001 * ((i + k) % 97) for k in range(63)]
+            chunks = [sent + 0.01]
+            for g in gaps:
+                chunks.append(chunks[-1] + g)
+            for a, b in zip(chunks, chunks[1:], strict=False):
+                oracle.record_value(max(1, int((b - a) * 1e6)))
+            r = rec(i, 0.2 + i * 1e-5, 0.0)
+            r.update(chunk_times=chunks, first_token_at=chunks[0], end_at=T0 + 0.99)
+            w.write(r)
+    agg = read(write_locust_stats(records)["stats"])[1]
+    assert agg["Request Count"] == "1100"
+    for col, p in (("ITL 50%", 50), ("ITL 90%", 90), ("ITL 99%", 99)):
+        assert int(agg[col]) == round(oracle.get_value_at_percentile(p) / 1000), col
+    assert agg["TTFT 50%"] == "10"
+
+
+def test_an_attempt_that_ended_before_the_first_send_counts_in_the_first_second(
+    tmp_path: Path,
+) -> None:
+    records = tmp_path / "records.jsonl"
+    with RecordWriter(records) as w:
+        w.write(rec(0, 1.5, 0.2))
+        early = rec(1, 1.6, 0.1, ok=False, cls="reset")
+        early["end_at"] = T0 - 3.0  # a clock step: ended "before" it was sent
+        w.write(early)
+        w.write(rec(2, 2.5, 0.1, ok=False, cls="reset"))
+        w.write(rec(3, 2.6, 0.1, ok=False, cls="http_5xx"))
+        w.write(rec(4, 2.7, 0.1, ok=False, cls="http_5xx"))
+    paths = write_locust_stats(records)
+    hist = read(paths["history"])
+    assert [int(h["Timestamp"]) - int(T0) for h in hist] == [1, 2]
+    assert [float(h["Requests/s"]) for h in hist] == [2.0, 3.0]
+    fails = read(paths["failures"])
+    # a tie in count: the class that ended first comes first (reset, at T0 - 3)
+    assert [(f["Error"].split(":")[0], f["Occurrences"]) for f in fails] == [
+        ("reset", "2"),
+        ("http_5xx", "2"),
+    ]

@@ -52,7 +52,10 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from types import ModuleType
 from typing import Any
+
+from chaoslib_infer.measure import chunkpath
 
 __all__ = [
     "ANC_SIZE",
@@ -64,6 +67,8 @@ __all__ = [
     "rx_stamp",
     "Poller",
     "poller_for",
+    "read_module",
+    "recv_stamped",
     "session_summary",
     "tx_stamp",
 ]
@@ -171,7 +176,14 @@ class Poller:
         hold_stamps()
         self._handlers: dict[int, Callable[[], None]] = {}
         self.closed = False
-        loop.add_reader(self._ep.fileno(), self._ready)
+        fast = read_module()
+        #: ``"compiled"`` or ``"python"``: who runs a turn (:func:`read_module`)
+        self.read_path = "compiled" if fast is not None else "python"
+        if fast is not None:
+            epfd, handlers, turn = self._ep.fileno(), self._handlers, fast.dispatch
+            loop.add_reader(epfd, lambda: turn(epfd, handlers))
+        else:
+            loop.add_reader(self._ep.fileno(), self._ready)
 
     def add(self, fd: int, handler: Callable[[], None]) -> None:
         """Call ``handler()`` whenever ``fd`` is readable (or has an error or stamp pending)."""
@@ -251,6 +263,55 @@ def enable(sock: socket.socket, tx: bool = True) -> tuple[bool, bool]:
         return True, False
     except OSError:
         return False, False
+
+
+def read_module() -> ModuleType | None:
+    """The compiled reads (``measure._recvfast``: :func:`recv_stamped` and a :class:`Poller`
+    turn in C, issue 24) when the chunk path chosen now is the compiled one
+    (``measure.chunkpath.read_module``, ``CHAOS_INFER_CHUNK_PATH``); else None (the pure-Python
+    reads of this module).
+
+    Raises:
+        ValueError: as ``chunkpath.parser_class`` (a bad ``CHAOS_INFER_CHUNK_PATH``).
+    """
+    return chunkpath.read_module()
+
+
+def recv_stamped(
+    sock: socket.socket, size: int, floor: float
+) -> tuple[bytes, float, float, bool] | None:
+    """One kernel-stamped read of ``sock`` (non-blocking, stamps on: :func:`enable`): the pure
+    reference of the compiled ``_recvfast.recv_stamped`` (which takes the descriptor).
+
+    Args:
+        sock: the socket.
+        size: most bytes to read (the compiled read caps it at 64 KiB).
+        floor: ``time.perf_counter`` seconds no stamp of this read may be earlier than (the
+            attempt's send time, then its previous read).
+
+    Returns:
+        None when there was nothing to read (``EAGAIN``, ``EINTR``: an error-queue wake-up);
+        else ``(data, t, now, stamped)``: the bytes (``b""`` at EOF), their time ``t`` and the
+        loop time ``now`` (``time.perf_counter`` seconds), and whether the kernel stamped them.
+        Stamped: ``t = now - (time.time() - stamp)`` (the offset read at that moment; ``now``
+        when the stamp is later than ``time.time()``), at least ``floor``. Unstamped (or EOF):
+        ``t = now``.
+
+    Raises:
+        OSError: the read failed (reset, bad descriptor).
+    """
+    try:
+        data, anc, _, _ = sock.recvmsg(size, ANC_SIZE)
+    except (BlockingIOError, InterruptedError):
+        return None
+    now, wall = time.perf_counter(), time.time()  # read together: the stamp's offset
+    if not data:
+        return b"", now, now, False
+    stamp = rx_stamp(anc)
+    if stamp is None:
+        return data, now, now, False
+    t = now - (wall - stamp) if wall > stamp else now
+    return data, (floor if t < floor else t), now, True
 
 
 def rx_stamp(ancdata: Iterable[tuple[int, int, bytes]]) -> float | None:

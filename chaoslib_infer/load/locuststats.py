@@ -25,20 +25,24 @@ count). ``User Count`` is the number of attempts in flight at that second (an op
 has no users). TTFT and ITL follow ``docs/definitions.md`` (TTFT from ``sent_at`` to the first
 output chunk, ITL every gap between output chunks) over successful attempts. Records of class
 ``cut_off`` (in flight when the load stopped, outcome unknown) are left out, as the rates leave
-them out. Memory: a few numbers per record plus fixed-size histograms.
+them out. Memory: a few numbers per record plus HDR bucket counts per second of the run (records
+are read once, streamed; chunk times are never kept).
 """
 
 from __future__ import annotations
 
-import bisect
 import csv
+import math
 import os
+from array import array
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from .hdrbatch import bucket_counts
 from .records import iter_records
 
 __all__ = [
@@ -94,13 +98,79 @@ def _utc(t: float) -> str:
     return datetime.fromtimestamp(int(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class _Agg:
-    """Running Locust-style aggregates (ms) plus TTFT/ITL histograms."""
+class _Second:
+    """What the records that ended in one second add: counts and sums, and their TTFT, ITL and
+    response-time values in microseconds, compacted into HDR bucket counts (``hdrbatch``) once
+    ``_RAW_MAX`` raw values wait, so memory stays a few numbers per record."""
+
+    __slots__ = (
+        "n", "failed", "sum_ms", "min_ms", "max_ms", "chars", "tokens", "raw", "ct", "starts",
+        "buckets",
+    )  # fmt: skip
 
     def __init__(self) -> None:
-        self.e2e = HdrHistogram(1, _MAX_US, 3)
-        self.ttft = HdrHistogram(1, _MAX_US, 3)
-        self.itl = HdrHistogram(1, _MAX_US, 3)
+        self.n = self.failed = self.chars = self.tokens = 0
+        self.sum_ms = self.max_ms = 0.0
+        self.min_ms: float | None = None
+        #: raw microsecond values waiting per metric (``e2e``, ``ttft``); ITL comes from ``ct``
+        self.raw: dict[str, list[float]] = {"e2e": [], "ttft": []}
+        #: chunk times of the waiting records, concatenated, and where each record's start
+        self.ct: list[float] = []
+        self.starts: list[int] = []
+        #: ``{metric: {bucket's lowest value: count}}``
+        self.buckets: dict[str, dict[int, int]] = {"e2e": {}, "ttft": {}, "itl": {}}
+
+    def add(self, r: dict[str, Any], ms: float) -> int:
+        """Count one record (``ms``: its response time); returns the raw values now waiting."""
+        self.n += 1
+        ok = bool(r.get("ok"))
+        self.failed += not ok
+        self.sum_ms += ms
+        self.min_ms = ms if self.min_ms is None or ms < self.min_ms else self.min_ms
+        self.max_ms = ms if ms > self.max_ms else self.max_ms
+        self.chars += int(r.get("text_len") or 0)
+        raw = self.raw
+        raw["e2e"].append(ms * _US)
+        if ok:
+            self.tokens += int(r.get("output_tokens") or 0)
+            ft = r.get("first_token_at")
+            if ft is not None:
+                raw["ttft"].append((ft - r["sent_at"]) * 1e6)
+            ct = r.get("chunk_times") or []
+            if len(ct) > 1:
+                self.starts.append(len(self.ct))
+                self.ct.extend(ct)
+        return len(raw["e2e"]) + len(raw["ttft"]) + len(self.ct)
+
+    def compact(self, h: HdrHistogram) -> None:
+        """Move the raw values into bucket counts (``h``: the bucket layout)."""
+        waiting = {name: np.asarray(vals, dtype=np.float64) for name, vals in self.raw.items()}
+        if self.ct:
+            gaps = np.diff(np.asarray(self.ct, dtype=np.float64))
+            keep = np.ones(gaps.size, dtype=bool)
+            keep[np.asarray(self.starts[1:], dtype=np.int64) - 1] = False  # across two records
+            waiting["itl"] = gaps[keep] * 1e6
+            self.ct.clear()
+            self.starts.clear()
+        for name, arr in waiting.items():
+            if not arr.size:
+                continue
+            us = np.clip(np.trunc(arr), 1, _MAX_US).astype(np.int64)
+            into = self.buckets[name]
+            for v, c in zip(*bucket_counts(h, us), strict=True):
+                into[v] = into.get(v, 0) + c
+        for raw in self.raw.values():
+            raw.clear()
+
+
+_RAW_MAX = 1 << 16  # raw values a second may hold before they are compacted
+
+
+class _Agg:
+    """Running Locust-style aggregates (ms) plus TTFT/ITL histograms, fed a second at a time."""
+
+    def __init__(self) -> None:
+        self.h = {k: HdrHistogram(1, _MAX_US, 3) for k in ("e2e", "ttft", "itl")}
         self.n = self.failed = 0
         self.sum_ms = 0.0
         self.min_ms: float | None = None
@@ -108,42 +178,41 @@ class _Agg:
         self.chars = 0
         self.tokens = 0
 
-    def add(self, r: dict[str, Any]) -> None:
-        ms = max((r["end_at"] - r["sent_at"]) * 1000.0, 0.0)
-        self.n += 1
-        self.failed += not r["ok"]
-        self.sum_ms += ms
-        self.min_ms = ms if self.min_ms is None else min(self.min_ms, ms)
-        self.max_ms = max(self.max_ms, ms)
-        self.chars += int(r.get("text_len") or 0)
-        self.e2e.record_value(max(1, min(int(ms * _US), _MAX_US)))
-        if r["ok"]:
-            self.tokens += int(r.get("output_tokens") or 0)
-            if r.get("first_token_at") is not None:
-                t = (r["first_token_at"] - r["sent_at"]) * 1e6
-                self.ttft.record_value(max(1, min(int(t), _MAX_US)))
-            ct = r.get("chunk_times") or []
-            for a, b in zip(ct, ct[1:], strict=False):
-                self.itl.record_value(max(1, min(int((b - a) * 1e6), _MAX_US)))
+    def add(self, sec: _Second) -> None:
+        """Add one second's records (compacted first)."""
+        sec.compact(self.h["e2e"])
+        self.n += sec.n
+        self.failed += sec.failed
+        self.sum_ms += sec.sum_ms
+        if sec.min_ms is not None:
+            self.min_ms = sec.min_ms if self.min_ms is None else min(self.min_ms, sec.min_ms)
+        self.max_ms = max(self.max_ms, sec.max_ms)
+        self.chars += sec.chars
+        self.tokens += sec.tokens
+        for name, counts in sec.buckets.items():
+            h = self.h[name]
+            for v, c in counts.items():
+                h.record_value(v, c)
 
-    @staticmethod
-    def _pct(h: HdrHistogram, p: float) -> int | str:
+    def _pcts(self, name: str, ps: tuple[float, ...]) -> list[int | str]:
+        h = self.h[name]
         if h.get_total_count() == 0:
-            return "N/A"
-        return round(h.get_value_at_percentile(p * 100) / _US)
+            return ["N/A"] * len(ps)
+        got = h.get_percentile_to_value_dict([p * 100 for p in ps])
+        return [round(got[p * 100] / _US) for p in ps]
 
     def percentiles(self) -> list[int | str]:
-        return [self._pct(self.e2e, p) for p in PERCENTILES]
+        return self._pcts("e2e", PERCENTILES)
 
     def llm(self, elapsed_s: float) -> list[Any]:
         return [
-            *(self._pct(self.ttft, p) for p in (0.5, 0.9, 0.99)),
-            *(self._pct(self.itl, p) for p in (0.5, 0.9, 0.99)),
+            *self._pcts("ttft", (0.5, 0.9, 0.99)),
+            *self._pcts("itl", (0.5, 0.9, 0.99)),
             round(self.tokens / elapsed_s, 3) if elapsed_s > 0 else 0.0,
         ]
 
     def totals(self) -> list[Any]:
-        med = self._pct(self.e2e, 0.5)
+        med = self._pcts("e2e", (0.5,))[0]
         return [
             self.n,
             self.failed,
@@ -164,6 +233,10 @@ def write_locust_stats(
     """Write ``*_stats.csv``, ``*_stats_history.csv`` and ``*_failures.csv`` from a records file
     (module docstring for columns and conventions).
 
+    One pass over the records, streamed: each record is counted into the second it ended in
+    (HDR bucket counts, ``hdrbatch``), so memory is a few numbers per record whatever its chunk
+    count, and a 30-minute soak's 900,000 records take seconds, not minutes.
+
     Args:
         records_path: the attempt records (``records.jsonl``, ``docs/contracts.md`` section 3).
         prefix: output path prefix (default: the records file without its suffix, e.g.
@@ -180,40 +253,72 @@ def write_locust_stats(
     """
     src = Path(records_path)
     base = Path(prefix) if prefix is not None else src.with_suffix("")
-    rows: list[dict[str, Any]] = []
-    for r in iter_records(src):
+    layout = HdrHistogram(1, _MAX_US, 3)
+    seconds: dict[int, _Second] = {}
+    sents, ends = array("d"), array("d")
+    # per error class: [message of the first to end, count, first end, last end, its index]
+    failures: dict[str, list[Any]] = {}
+    for i, r in enumerate(iter_records(src)):
         if r.get("error_class") == "cut_off" or r.get("cut_off"):
             continue
-        if not isinstance(r.get("sent_at"), int | float) or not isinstance(
-            r.get("end_at"), int | float
-        ):
+        sent, end = r.get("sent_at"), r.get("end_at")
+        if not isinstance(sent, int | float) or not isinstance(end, int | float):
             continue
-        rows.append(
-            {
-                "sent_at": r["sent_at"], "end_at": r["end_at"], "ok": bool(r.get("ok")),
-                "first_token_at": r.get("first_token_at"),
-                "chunk_times": r.get("chunk_times") if r.get("ok") else None,
-                "text_len": r.get("text_len"), "output_tokens": r.get("output_tokens"),
-                "error_class": r.get("error_class"), "error": r.get("error"),
-            }
-        )  # fmt: skip
-    rows.sort(key=lambda r: r["end_at"])
-    start = min((r["sent_at"] for r in rows), default=0.0)
-    end = rows[-1]["end_at"] if rows else 0.0
-    elapsed = max(end - start, 1e-9) if rows else 0.0
-
-    total = _Agg()
-    failures: dict[str, list[Any]] = {}
-    for r in rows:
-        total.add(r)
-        if not r["ok"]:
-            cls = r["error_class"] or "error"
+        sents.append(sent)
+        ends.append(end)
+        sec = seconds.get(math.floor(end))
+        if sec is None:
+            sec = seconds[math.floor(end)] = _Second()
+        if sec.add(r, max((end - sent) * 1000.0, 0.0)) >= _RAW_MAX:
+            sec.compact(layout)
+        if not r.get("ok"):
+            cls = r.get("error_class") or "error"
             f = failures.get(cls)
             if f is None:
-                failures[cls] = [f"{cls}: {r['error'] or ''}".rstrip(": "), 1, r["end_at"], 0.0]
+                failures[cls] = [f"{cls}: {r.get('error') or ''}".rstrip(": "), 1, end, end, i]
             else:
                 f[1] += 1
-            failures[cls][3] = r["end_at"]
+                if end < f[2]:  # a tie keeps the earlier line (a stable sort by end time)
+                    f[0], f[2], f[4] = f"{cls}: {r.get('error') or ''}".rstrip(": "), end, i
+                f[3] = max(f[3], end)
+    any_rows = bool(sents)
+    start = min(sents) if any_rows else 0.0
+    end_all = max(ends) if any_rows else 0.0
+    elapsed = max(end_all - start, 1e-9) if any_rows else 0.0
+    first = int(start)
+    early = [s for s in seconds if s < first]  # ended before the first send: the first second
+    for s in early:
+        into = seconds.setdefault(first, _Second())
+        _merge(into, seconds.pop(s), layout)
+
+    hist = _Agg()
+    history: list[list[Any]] = []
+    if any_rows:
+        sent_sorted = np.sort(np.frombuffer(sents, dtype=np.float64))
+        end_sorted = np.sort(np.frombuffer(ends, dtype=np.float64))
+        for sec_no in range(first, int(end_all) + 1):
+            n0, f0 = hist.n, hist.failed
+            got = seconds.pop(sec_no, None)
+            if got is not None:
+                hist.add(got)
+            t_end = sec_no + 1.0
+            in_flight = int(np.searchsorted(sent_sorted, t_end, "left")) - int(
+                np.searchsorted(end_sorted, t_end, "left")
+            )
+            history.append(
+                [
+                    sec_no,
+                    max(in_flight, 0),
+                    "",
+                    "Aggregated",
+                    f"{hist.n - n0:f}",
+                    f"{hist.failed - f0:f}",
+                    *hist.percentiles(),
+                    *hist.totals(),
+                    *hist.llm(max(min(t_end, end_all) - start, 1e-9)),
+                ]  # fmt: skip
+            )
+    total = hist  # every second added: the whole run
 
     def stats_row(typ: str, nm: str) -> list[Any]:
         t = total.totals()
@@ -230,40 +335,37 @@ def write_locust_stats(
     with out["stats"].open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(STATS_COLUMNS)
-        if rows:
+        if any_rows:
             w.writerow(stats_row(method, name))
         w.writerow(stats_row("", "Aggregated"))
     with out["failures"].open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(FAILURES_COLUMNS)
-        for msg, count, first, last in sorted(failures.values(), key=lambda f: -f[1]):
-            w.writerow([method, name, msg, count, _utc(first), _utc(last)])
-    sents = sorted(r["sent_at"] for r in rows)
-    ends = [r["end_at"] for r in rows]
+        # most frequent first; a tie in the order the classes first ended (then file order)
+        for msg, count, first_end, last_end, _ in sorted(
+            failures.values(), key=lambda f: (-f[1], f[2], f[4])
+        ):
+            w.writerow([method, name, msg, count, _utc(first_end), _utc(last_end)])
     with out["history"].open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(HISTORY_COLUMNS)
-        hist = _Agg()
-        i = 0
-        if rows:
-            for sec in range(int(start), int(end) + 1):
-                n0, f0 = hist.n, hist.failed
-                while i < len(rows) and rows[i]["end_at"] < sec + 1:
-                    hist.add(rows[i])
-                    i += 1
-                t_end = sec + 1.0
-                in_flight = bisect.bisect_left(sents, t_end) - bisect.bisect_left(ends, t_end)
-                w.writerow(
-                    [
-                        sec,
-                        max(in_flight, 0),
-                        "",
-                        "Aggregated",
-                        f"{hist.n - n0:f}",
-                        f"{hist.failed - f0:f}",
-                        *hist.percentiles(),
-                        *hist.totals(),
-                        *hist.llm(max(min(t_end, end) - start, 1e-9)),
-                    ]  # fmt: skip
-                )
+        w.writerows(history)
     return out
+
+
+def _merge(into: _Second, other: _Second, layout: HdrHistogram) -> None:
+    """Add ``other``'s records to ``into`` (both compacted)."""
+    into.compact(layout)
+    other.compact(layout)
+    into.n += other.n
+    into.failed += other.failed
+    into.sum_ms += other.sum_ms
+    if other.min_ms is not None:
+        into.min_ms = other.min_ms if into.min_ms is None else min(into.min_ms, other.min_ms)
+    into.max_ms = max(into.max_ms, other.max_ms)
+    into.chars += other.chars
+    into.tokens += other.tokens
+    for name, counts in other.buckets.items():
+        mine = into.buckets[name]
+        for v, c in counts.items():
+            mine[v] = mine.get(v, 0) + c

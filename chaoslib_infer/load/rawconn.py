@@ -38,7 +38,6 @@ _UNSAFE_URL = re.compile(r"[\x00-\x20\x7f]")  # controls and spaces: never in a 
 
 _USER_AGENT = "chaoslib-infer"
 _Key = tuple[str, str, int]
-_perf, _wall = time.perf_counter, time.time
 _READ_SIZE = (
     64 * 1024
 )  # one recvmsg a wake-up, under glibc's mmap threshold (256 KB: an mmap a read)
@@ -72,6 +71,8 @@ class RawSession:
         self.kernel_mode = kerneltime.mode()
         #: the stream parser of every attempt (``measure.chunkpath.parser_class``)
         self.parser_cls: type[StreamParser] = chunkpath.parser_class()
+        #: the compiled reads of kernel-stamped sockets (``kerneltime.read_module``), else None
+        self.fast_reads = kerneltime.read_module()
         #: loop lag of every read that delivered output chunks on a kernel-stamped connection
         self.lag = kerneltime.LagStats()
         #: attempts recorded with ``time_source`` "kernel" / "loop"
@@ -313,29 +314,28 @@ class RawConnection(asyncio.Protocol):
             self._read(sock, _READ_SIZE)
 
     def _read(self, sock: socket.socket, size: int) -> bool:
-        """One ``recvmsg`` of up to ``size`` bytes, stamped and fed to the parser; False when
-        nothing was read (or the connection ended)."""
+        """One kernel-stamped read of up to ``size`` bytes (``kerneltime.recv_stamped``, or its
+        compiled twin: :attr:`RawSession.fast_reads`), fed to the parser; False when nothing was
+        read (or the connection ended)."""
+        fast = self.session.fast_reads
         try:
-            data, anc, _, _ = sock.recvmsg(size, kerneltime.ANC_SIZE)
-        except (BlockingIOError, InterruptedError):
-            if self.tx_stamps:  # an error-queue wake-up: a transmit stamp nobody read yet
-                kerneltime.tx_stamp(sock)
-            return False
+            if fast is not None:
+                got = fast.recv_stamped(sock.fileno(), size, self.floor)
+            else:
+                got = kerneltime.recv_stamped(sock, size, self.floor)
         except OSError as exc:
             self._reader_lost(exc)
             return False
+        if got is None:
+            if self.tx_stamps:  # an error-queue wake-up: a transmit stamp nobody read yet
+                kerneltime.tx_stamp(sock)
+            return False
+        data, t, now, stamped = got
         if not data:
             self._reader_lost(None)
             return False
-        now, wall = _perf(), _wall()  # read together: the stamp's offset
-        stamp = kerneltime.rx_stamp(anc)
-        if stamp is None:
+        if not stamped:
             self.kernel_ok = False
-            t = now
-        else:
-            t = now - (wall - stamp) if wall > stamp else now
-            if t < self.floor:
-                t = self.floor
         self.floor = t
         self.now, self.now_loop = t, now
         self._feed(data)

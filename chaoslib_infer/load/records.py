@@ -8,6 +8,7 @@ intervals are immune to wall-clock steps, yet comparable with the lab's ground t
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -19,9 +20,22 @@ from typing import IO, Any
 from chaoslib_infer.safety.redact import scrub
 
 try:  # 5-7x faster than json.loads on records (float-heavy lines): a million in seconds
+    import orjson
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - orjson is a dependency
+    orjson = None  # type: ignore[assignment]
     _loads = json.loads  # type: ignore[assignment]
+
+#: orjson refuses what the standard library would write differently (dataclasses, datetimes,
+#: subclasses of str/int/float/dict/list): those records take the ``json.dumps`` path
+_ORJSON_OPTS = (
+    orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_APPEND_NEWLINE
+    if orjson is not None
+    else 0
+)
 
 __all__ = [
     "OPTIONAL_FIELDS",
@@ -32,6 +46,7 @@ __all__ = [
     "iter_records",
     "perf_to_unix",
     "read_records",
+    "record_line",
     "scrub_record",
     "unix_now",
 ]
@@ -114,6 +129,51 @@ def scrub_record(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def _finite(obj: Any) -> bool:
+    """True when no float inside ``obj`` (a dict, list or tuple, nested) is NaN or infinite."""
+    for v in obj.values() if type(obj) is dict else obj:
+        t = type(v)
+        if t is float:
+            if v - v != 0.0:  # NaN or an infinity
+                return False
+        elif t is list:
+            if v and not _finite_list(v):
+                return False
+        elif (t is dict or t is tuple) and not _finite(v):
+            return False
+    return True
+
+
+def _finite_list(values: list[Any]) -> bool:
+    try:  # a list of numbers (chunk times): one C-level pass
+        return math.isfinite(math.fsum(values))
+    except (TypeError, ValueError, OverflowError):  # other items, inf - inf, huge finite values
+        return _finite(values)
+
+
+def record_line(record: dict[str, Any]) -> bytes:
+    """``record`` as one compact JSON line (UTF-8, ``\\n``-terminated), what
+    :meth:`RecordWriter.write` writes.
+
+    The same JSON values as ``json.dumps(record, ensure_ascii=False, separators=(",", ":"),
+    allow_nan=False)``: orjson writes the line (about 10x faster; float text may differ in form,
+    ``1e-05`` against ``1e-5``, never in value) when the record holds only plain JSON types and
+    finite floats; anything else takes the standard library's path, so its errors are the same.
+
+    Raises:
+        ValueError: a float in the record is NaN or infinite, or a string cannot be encoded
+            (a lone surrogate).
+        TypeError: a value is not JSON-serialisable.
+    """
+    if orjson is not None and _finite(record):
+        try:
+            return orjson.dumps(record, option=_ORJSON_OPTS)
+        except TypeError:  # orjson.JSONEncodeError: big ints, surrogates, non-str keys, ...
+            pass
+    text = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return (text + "\n").encode("utf-8")
+
+
 class RecordWriter:
     """Append attempt records to a JSONL file, one line per record, flushed after each line.
 
@@ -137,7 +197,7 @@ class RecordWriter:
         self._lock = threading.Lock()
         flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
         fd = os.open(self.path, flags, 0o600)  # records may hold server text: owner only
-        self._fh: IO[str] | None = open(fd, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
+        self._fh: IO[bytes] | None = open(fd, "ab" if append else "wb")  # noqa: SIM115
         self.count = 0
 
     def write(self, record: dict[str, Any]) -> None:
@@ -149,12 +209,11 @@ class RecordWriter:
         Raises:
             ValueError: the writer is closed, or the record is not JSON-serialisable.
         """
-        record = scrub_record(record)
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        line = record_line(scrub_record(record))
         with self._lock:
             if self._fh is None:
                 raise ValueError("RecordWriter is closed")
-            self._fh.write(line + "\n")
+            self._fh.write(line)
             self._fh.flush()
             if self._fsync:
                 os.fsync(self._fh.fileno())

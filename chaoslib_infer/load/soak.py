@@ -43,6 +43,7 @@ from .client import (
     run_load_blocking,
     send_attempt,
 )
+from .hdrbatch import record_many
 from .mix import MIX_CLASSES  # the prompt-length classes (shared with LoadSpec.prompt_mix)
 from .records import RecordWriter, iter_records, perf_to_unix
 from .trace import trace_summary
@@ -136,16 +137,8 @@ def _record_many(h: HdrHistogram, seconds: np.ndarray[Any, Any]) -> None:
     recorded once with its count. Percentiles only depend on bucket counts, so they are identical.
     """
     v = seconds[np.isfinite(seconds)]
-    if not v.size:
-        return
-    us = np.clip(np.rint(v * _US), 1, _MAX_US).astype(np.int64)
-    _, bits = np.frexp(us.astype(np.float64))  # us = m * 2**bits with 0.5 <= m < 1: bit length
-    keep = h.sub_bucket_half_count_magnitude + 1
-    shift = np.maximum(bits.astype(np.int64) - keep, 0)
-    low = (us >> shift) << shift
-    values, counts = np.unique(low, return_counts=True)
-    for value, count in zip(values.tolist(), counts.tolist(), strict=True):
-        h.record_value(value, count)
+    if v.size:
+        record_many(h, np.clip(np.rint(v * _US), 1, _MAX_US).astype(np.int64))
 
 
 class StreamStats:

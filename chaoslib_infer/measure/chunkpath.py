@@ -1,8 +1,10 @@
 """Which chunk path parses the streams: the compiled one (issue 24) or the pure-Python one.
 
-The compiled path is :class:`chaoslib_infer.measure._ssefast.FastStreamParser` (Cython, built by
-``setup.py`` at ``pip install -e .``); the pure-Python path is
-:class:`chaoslib_infer.measure.sse.StreamParser`, the reference. Both give the same parser state,
+The compiled path is :class:`chaoslib_infer.measure._ssefast.FastStreamParser` with the compiled
+kernel-stamped reads of ``chaoslib_infer.measure._recvfast`` (Cython, both built by ``setup.py``
+at ``pip install -e .``; one path needs both); the pure-Python path is
+:class:`chaoslib_infer.measure.sse.StreamParser` with ``load.kerneltime.recv_stamped``, the
+reference. Both give the same parser state,
 hence the same records, on the same bytes (tests/test_chunk_path.py). :data:`ENV` chooses:
 
 * unset, empty or ``auto``: the compiled path when its extension imports, else the pure one;
@@ -16,24 +18,26 @@ Each record names the path that parsed it (``chunk_path``: ``"compiled"`` | ``"p
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 from chaoslib_infer.measure.sse import StreamParser
 
-__all__ = ["ENV", "compiled_available", "parser_class", "path"]
+__all__ = ["ENV", "compiled_available", "parser_class", "path", "read_module"]
 
 #: Environment variable that chooses the chunk path (module docstring).
 ENV = "CHAOS_INFER_CHUNK_PATH"
 
 
-def _load() -> tuple[type[StreamParser] | None, str]:
+def _load() -> tuple[type[StreamParser] | None, ModuleType | None, str]:
     try:
+        from chaoslib_infer.measure import _recvfast  # type: ignore[attr-defined]
         from chaoslib_infer.measure._ssefast import FastStreamParser  # type: ignore[import-not-found]
     except ImportError as exc:  # not built (no compiler at install) or built for another Python
-        return None, f"{type(exc).__name__}: {exc}"
-    return FastStreamParser, ""
+        return None, None, f"{type(exc).__name__}: {exc}"
+    return FastStreamParser, _recvfast, ""
 
 
-_COMPILED, _WHY_NOT = _load()
+_COMPILED, _READS, _WHY_NOT = _load()
 
 
 def compiled_available() -> tuple[bool, str]:
@@ -74,3 +78,14 @@ def path() -> str:
         ValueError: as :func:`parser_class`.
     """
     return str(parser_class().chunk_path)
+
+
+def read_module() -> ModuleType | None:
+    """The compiled kernel-stamped reads (``_recvfast``: ``recv_stamped(fd, size, floor)`` and
+    ``dispatch(epfd, handlers)``, the twins of ``load.kerneltime.recv_stamped`` and a
+    ``kerneltime.Poller`` turn) when :data:`ENV` chooses the compiled path, else None.
+
+    Raises:
+        ValueError: as :func:`parser_class`.
+    """
+    return _READS if parser_class() is _COMPILED and _COMPILED is not None else None
