@@ -137,11 +137,13 @@ def _faulted(ground: Mapping[str, Any]) -> list[str]:
 
 def _health(
     facts: DrillFacts, records: list[dict[str, Any]], a: float, b: float
-) -> tuple[float | None, str | None]:
+) -> tuple[float | None, dict[str, int]]:
     """Health disagreement (``docs/definitions.md``, "Drill figures") of the faulted replicas in
     the fault window: the gateway's health view (HAProxy's checks in the lab's ``lb_state``
     samples: the replica's server, or its run-time detour ``<name>-...``, UP) against its
-    completions (:func:`chaoslib_infer.measure.health.health_disagreement`, 1 s windows)."""
+    completions (:func:`chaoslib_infer.measure.health.health_disagreement`, 1 s windows).
+    Returns ``(seconds, {error class: failed attempts counted})``: who caused those failures
+    is the row's blame (:func:`chaoslib_infer.verdict.blame.blame_of`)."""
     names = _faulted(facts.ground)
     states = sorted(
         (
@@ -157,7 +159,7 @@ def _health(
     before = [e for e in states if float(e["t"]) < a][-1:]
     snaps = [{**e, "t": a} for e in before] + [e for e in states if a <= float(e["t"]) <= b]
     if not names or not snaps:
-        return None, None
+        return None, {}
     snaps.append({**snaps[-1], "t": b})
     samples = [
         {
@@ -172,7 +174,7 @@ def _health(
         for n in names
     ]
     result = health_disagreement(samples, records, 1.0, replica_of=facts.replica_of)
-    return float(result["disagreement_s"]), None
+    return float(result["disagreement_s"]), dict(result["failed_classes"])
 
 
 def _survivor_share(
@@ -197,8 +199,11 @@ def _values(
     tl: Timeline,
     w: dict[str, tuple[float, float]],
     sel: Callable[[str], list[dict[str, Any]]],
+    failures: dict[str, dict[str, int]],
 ) -> dict[str, tuple[float | None, str | None]]:
-    """``{criterion name: (value, note)}``; a note with value None means ``n/a``."""
+    """``{criterion name: (value, note)}``; a note with value None means ``n/a``. ``failures``
+    receives ``{criterion: {error class: failed attempts}}`` of the rows that count failures
+    (their blame, :func:`chaoslib_infer.verdict.blame.add_blame`)."""
     fig, recs = facts.figures, facts.records
     drill = request_stats(sel("drill"), None, None)
     fault = request_stats(sel("fault"), None, None) if "fault" in w else {}
@@ -218,7 +223,8 @@ def _values(
         "health_disagreement_s": (num(fig.get("health_disagreement_s")), None),
     }
     if out["health_disagreement_s"][0] is None and "fault" in w:
-        out["health_disagreement_s"] = _health(facts, sel("fault"), *w["fault"])
+        seconds, failures["health_disagreement_s"] = _health(facts, sel("fault"), *w["fault"])
+        out["health_disagreement_s"] = (seconds, None)
     before, end = facts.serving
     out["serving_after_vs_baseline"] = (
         (end / before, None) if before and end is not None else (None, None)
@@ -436,14 +442,15 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     w = _windows(facts, tl)
     sel, crossed = _selector(facts, tl, w)
     info = _window_info(w, sel, crossed)
-    values = _values(facts, tl, w, sel) if w else {}
+    failures: dict[str, dict[str, int]] = {}  # the failures a row counts, by error class
+    values = _values(facts, tl, w, sel, failures) if w else {}
     if facts.drill == "traffic-spike":  # shedding as its own class (verdict/spike.py)
         values.update(spike_values(crits, w, sel))
     rows = [judged_row(c, *values.get(c.name, (None, None))) for c in crits]
     if "after" in w:  # an SLO rate of the after window: the binomial test (verdict/steady.py)
         judge_after_rows(rows, sel("after"), facts.window_settings)
     rows = name_lost_row(rows, sel("fault") if "fault" in w else None)
-    return tl, w, sel, info, add_blame(apply_policy(rows, facts.policy), facts)
+    return tl, w, sel, info, add_blame(apply_policy(rows, facts.policy), facts, failures)
 
 
 def _without_client_outcomes(
