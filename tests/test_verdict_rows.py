@@ -1,5 +1,5 @@
-"""Verdict rows that must read right: who the health row blames (``docs/definitions.md``,
-"Verdicts").
+"""Verdict rows that must read right: who the health row blames, the fix a warm-up reason
+names (``docs/definitions.md``, "Verdicts").
 
 Pure functions over synthetic records (unix seconds).
 """
@@ -118,3 +118,33 @@ def test_the_health_row_blames_the_gateway_when_the_replica_really_failed() -> N
         "counted are its own attempt timeouts on the slowed replica, which was still "
         "answering; 15 were upstream failures the gateway's health checks did not see)"
     )
+
+
+# -- oom-kill's warm-up reason names its fix -----------------------------------------------------
+
+OOM_GROUND = {
+    "fault_at": T0 + 10,
+    "replica": "r0",
+    "oom_kills": 1,
+    "death_cause": "oom",
+    "replica_serving_again_at": T0 + 12,
+}
+OOM_FIG = {"restart_s": 2.0, "warmup_ratio": 3.0, "interruption_s": 0.0}
+
+
+def test_the_warmup_reason_names_the_fix() -> None:
+    rows = rows_of(
+        "oom-kill", steady(T0, T0 + 35, moved=True), {**OOM_FIG, "warmup_ratio": 41.1}, OOM_GROUND
+    )
+    assert rows["warmup_ratio"]["result"] == "fail"
+    assert rows["_verdict"].reasons == [
+        "first-request TTFT / steady-state TTFT: 41.1x > 10x; fix: warm the engine before its "
+        "/health says ready (in the lab: engine_args: {warmup_requests: 0}) (warmup_ratio)"
+    ]
+    # a row without a fix of its own reads as before
+    rows = rows_of(
+        "oom-kill", steady(T0, T0 + 35, moved=True), {**OOM_FIG, "restart_s": 31.0}, OOM_GROUND
+    )
+    assert rows["_verdict"].reasons == [
+        "restart (death to first request served): 31 s > 30 s (restart_s)"
+    ]
