@@ -1,5 +1,5 @@
-"""Verdict rows that must read right: who the health row blames, the fix a warm-up reason
-names (``docs/definitions.md``, "Verdicts").
+"""Verdict rows that must read right: who the health row blames, the fix a warm-up reason names,
+and a sustained-service row with nothing interrupted (``docs/definitions.md``, "Verdicts").
 
 Pure functions over synthetic records (unix seconds).
 """
@@ -148,3 +148,45 @@ def test_the_warmup_reason_names_the_fix() -> None:
     assert rows["_verdict"].reasons == [
         "restart (death to first request served): 31 s > 30 s (restart_s)"
     ]
+
+
+# -- interruption_sustained with nothing interrupted ---------------------------------------------
+
+
+def test_sustained_reads_unmeasured_when_nothing_was_interrupted() -> None:
+    nothing = {**OOM_FIG, "failed_requests": 0, "interruption_sustained": True}
+    rows = rows_of(
+        "oom-kill",
+        steady(T0, T0 + 35, moved=True),
+        {**nothing, "first_failure_at": None},
+        OOM_GROUND,
+    )
+    row = rows["interruption_sustained"]
+    assert (row["result"], row["value"]) == ("unmeasured", None)
+    assert row["note"] == (
+        "unmeasured: no interruption observed (no failed request after the fault): nothing was "
+        "seen to be sustained again"
+    )
+    assert rows["_verdict"].state == "passed"  # not a key figure: the drill still answers
+    # the figures without first_failure_at: their failed request count says so
+    rows = rows_of("oom-kill", steady(T0, T0 + 35, moved=True), nothing, OOM_GROUND)
+    assert rows["interruption_sustained"]["result"] == "unmeasured"
+    # an interruption that was seen to end is judged
+    seen = {**nothing, "failed_requests": 2, "first_failure_at": T0 + 10.1, "interruption_s": 0.4}
+    rows = rows_of("oom-kill", steady(T0, T0 + 35, moved=True), seen, OOM_GROUND)
+    assert (rows["interruption_sustained"]["result"], rows["interruption_sustained"]["value"]) == (
+        "pass",
+        1.0,
+    )
+
+
+def test_sustained_reads_unmeasured_on_a_cluster_without_failures() -> None:
+    """No drill figure (a cluster): the shared computation over the records; with no failure
+    after the fault it has nothing to sustain; with one, the row is judged."""
+    rows = rows_of("oom-kill", steady(T0, T0 + 35, moved=True), {"restart_s": 2.0}, OOM_GROUND)
+    assert rows["interruption_sustained"]["result"] == "unmeasured"
+    assert rows["interruption_s"]["value"] == 0.0
+    records = steady(T0, T0 + 35, moved=True)
+    records[105] = rec(records[105]["sent_at"], "r0", ok=False, cls="reset")  # one lost at T0+10.5
+    rows = rows_of("oom-kill", records, {"restart_s": 2.0}, OOM_GROUND, overrides=LOSS_OFF)
+    assert rows["interruption_sustained"]["result"] == "pass"

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from chaoslib_infer.measure.figures import interruption, recovery_outcome
+from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED, interruption, recovery_outcome
 from chaoslib_infer.measure.health import health_disagreement
 from chaoslib_infer.measure.inflight import cut_off_timeouts
 from chaoslib_infer.measure.metrics import (
@@ -249,12 +249,15 @@ def _values(
         if out[name][0] is None and num(fig.get(alias)) is not None:
             out[name] = (num(fig.get(alias)), None)
     sustained = fig.get("interruption_sustained", fig.get("interruption_settled"))
+    intr: Mapping[str, Any] = fig
     if "interruption_s" not in fig and tl.fault_at is not None:
         # no drill-specific figure (a cluster): the one shared computation over the records
         intr = interruption(recs, tl.fault_at)
         out["interruption_s"] = (float(intr["interruption_s"]), None)
         sustained = intr["sustained"]
     out["interruption_sustained"] = (num(sustained) if sustained is not None else None, None)
+    if sustained is not None and _interrupted(intr) is False:
+        out["interruption_sustained"] = (None, NO_INTERRUPTION)
     out["oom_kills"] = (num(facts.ground.get("oom_kills")), None)
     out.update(_retry_cost(facts))
     out.update(provider_error_rows(fig))
@@ -412,6 +415,23 @@ def _window_info(
     if crossed and "fault" in info:
         info["fault"]["crossed_injection"] = dict(crossed)
     return info
+
+
+#: The sustained row's note when nothing was interrupted: nothing to sustain, never a pass.
+NO_INTERRUPTION = (
+    RECOVERY_UNMEASURED + "no interruption observed (no failed request after the fault): "
+    "nothing was seen to be sustained again"
+)
+
+
+def _interrupted(intr: Mapping[str, Any]) -> bool | None:
+    """Whether the interruption figures (:func:`chaoslib_infer.measure.figures.interruption`,
+    or a drill's figures carrying them) saw a failure after the fault: its ``first_failure_at``,
+    else its ``failed_requests``; None when they do not say."""
+    if "first_failure_at" in intr:
+        return intr["first_failure_at"] is not None
+    failed = num(intr.get("failed_requests"))
+    return None if failed is None else failed > 0
 
 
 #: The schedule-lag row's note under a closed-loop load (``DrillFacts.closed_loop``).
