@@ -248,6 +248,18 @@ def test_criterion_overrides_in_force_shown_by_dry_run(tmp_path: Path) -> None:
     assert "oom_kills>=1, restart_s<=30, warmup_ratio<=10" in result.output
 
 
+def test_dry_run_lists_every_common_criterion(tmp_path: Path) -> None:
+    from chaoslib_infer.verdict.criteria import COMMON
+
+    result = CliRunner().invoke(main, ["gameday", "--dry-run", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("  every drill also: "))
+    shown = line.removeprefix("  every drill also: ").split(", ")
+    assert "..." not in line and len(shown) == len(COMMON)
+    assert [s.split("<")[0].split(">")[0].split(" ")[0] for s in shown] == [c.name for c in COMMON]
+    assert "availability>=0.999" in shown and "retries off" in shown
+
+
 @pytest.mark.parametrize(
     ("criteria", "fragment"),
     [

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.evidence.figures import common_figures
 from chaoslib_infer.lab.gateways import nginx
 from chaoslib_infer.lab.gateways.figures import gateway_figures
 from chaoslib_infer.measure.faultcut import fault_cut, taken_pods, taken_replicas
@@ -18,6 +19,7 @@ from chaoslib_infer.measure.rerun import (
     rerun_figures,
     rerun_split,
 )
+from chaoslib_infer.verdict import DrillFacts, judge_drill
 from chaoslib_infer.verdict.blame import blame_of
 from chaoslib_infer.verdict.state import reason
 
@@ -90,9 +92,51 @@ def test_a_killed_replicas_cut_stream_retried_is_a_rerun_not_a_duplicate() -> No
     assert fig["wasted_tokens"] == 0
     assert fault_cut_lost(records, cuts) == 0  # retried and served
     assert fault_cut_lost(records[:1], cuts) == 1  # never retried: lost to the cut
-    assert duplicates(records, ledger) == 1  # without the cut: counted as a duplicate
-    assert duplicates(records, ledger, cuts) == 0
+    assert duplicates(records, ledger) == 1  # every generation counted: the re-run among them
+    assert rerun_split(records, ledger, cuts)["duplicate_generations"] == 0
     assert rerun_figures(records, ledger, KILL, DEATH)["duplicates"] == 0
+
+
+def test_the_common_figures_count_duplicates_once_with_the_faults_reruns_left_out() -> None:
+    """The evidence's duplicate figures are the re-run split's (measure/rerun.py), counted once
+    for every drill: the re-run of the stream the kill cut is the fault's, the client's third
+    send of a request still generating is its duplicate, and the verdict's rows read so."""
+    records, ledger = _killed_and_retried()
+    records.append(_rec("a", 3, "r2", 100.2, 100.6, ok=True, error_class=None))
+    ledger += [_gen("a", "r2", 100.21, 12), _end("a", "r2", 100.6, 12, ct=10)]
+    fig = common_figures(records, ledger, KILL, DEATH)
+    assert (fig["rerun_generations"], fig["duplicates"], fig["duplicate_generations"]) == (1, 1, 1)
+    assert (fig["extra_generations"], fig["wasted_tokens"]) == (1, 40)  # the re-run not among them
+    assert fig["retries"] == 2 and fig["generations_per_attempt"] == 1.0
+    ground = {"fault_at": FAULT_AT, "replica": "r0", "oom_kills": 1}
+    v = judge_drill(DrillFacts("oom-kill", records, fig, ground, lab_events=DEATH))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert (rows["extra_generations"]["result"], rows["duplicate_generations"]["result"]) == (
+        "fail",
+        "fail",
+    )
+    assert reason(rows["extra_generations"]) == (
+        "generations paid twice (extra): 1 > 0 (extra_generations); BLAME: client (it gave up on "
+        "and re-sent requests the engine was still generating: an attempt timeout above the "
+        "slowest generation, or idempotency keys)"
+    )
+    assert rows["duplicate_generations"]["note"] == (
+        "1 re-runs of generations the fault aborted are the fault's cost, not counted "
+        "(rerun_generations)"
+    )
+    # without the client's third send: the re-run alone costs the client nothing
+    records, ledger = _killed_and_retried()
+    fig = common_figures(records, ledger, KILL, DEATH)
+    v = judge_drill(DrillFacts("oom-kill", records, fig, ground, lab_events=DEATH))
+    rows = {r["criterion"]: r for r in v.rows}
+    assert (rows["duplicate_generations"]["result"], rows["duplicate_generations"]["value"]) == (
+        "pass",
+        0.0,
+    )
+    assert (rows["extra_generations"]["result"], rows["wasted_tokens"]["result"]) == (
+        "pass",
+        "pass",
+    )
 
 
 def test_a_rerun_and_a_client_duplicate_of_one_request_are_told_apart() -> None:

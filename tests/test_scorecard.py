@@ -150,16 +150,21 @@ def test_tiers_in_the_seed_order_with_exact_figures(tmp_path: Path) -> None:
     # judged against the acceptance SLO (< 0.1 %): what users felt during the game day
     assert stab["error rate"]["passed"] is False
     assert stab["P99 E2E latency"]["value"] == 12.0 and stab["P99 E2E latency"]["passed"] is False
-    # recovery_s preferred over interruption_s; worst drill wins
+    # recovery_s only, never another figure: the drills without one are named unmeasured
     assert stab["recovery time"]["value"] == 42.0 and stab["recovery time"]["passed"] is True
-    assert "node-loss (recovery_s)" in stab["recovery time"]["note"]
+    assert stab["recovery time"]["note"] == (
+        "worst drill: node-loss (recovery_s); unmeasured: quota-cut, traffic-spike"
+    )
     assert stab["disaster tolerance"]["value"] == pytest.approx(2 / 3)
     assert stab["disaster tolerance"]["passed"] is False
     assert stab["disaster tolerance"]["note"] == "2 of 3 judged drills passed"
     assert card["tiers"][0]["verdict"] == "FAIL"
     drills = {d["name"]: d for d in card["tiers"][0]["drills"]}
-    assert drills["quota-cut"]["recovery_figure"] == "interruption_s"
-    assert drills["traffic-spike"]["recovery_figure"] == "restart_s"
+    assert (drills["quota-cut"]["recovery_s"], drills["quota-cut"]["recovery_figure"]) == (
+        None,
+        "recovery_s (unmeasured)",
+    )
+    assert drills["traffic-spike"]["recovery_figure"] == "recovery_s (unmeasured)"
     assert drills["traffic-spike"]["qps_source"] == "summary"
     assert drills["traffic-spike"]["qps"] == pytest.approx(300 / 50.0)
 
@@ -204,6 +209,23 @@ def test_index_html_shows_the_scorecard_self_contained(tmp_path: Path) -> None:
     # self-contained: nothing fetched from elsewhere
     assert not re.search(r'(src|href)="(https?:)?//', html)
     assert "<script" not in html and "<link" not in html
+
+
+def test_recovery_time_reads_unmeasured_without_a_recovery_figure(tmp_path: Path) -> None:
+    """No drill measured a recovery time: the row reads unmeasured (not judged), never an
+    interruption or a restart time standing in for it, nor a never-sustained interruption
+    read as never recovered."""
+    run, summary = _run(tmp_path)
+    for d in summary["drills"]:
+        d["figures"].pop("recovery_s", None)
+    summary["drills"][0]["figures"]["interruption_sustained"] = False
+    stab = {r["metric"]: r for r in build_scorecard(summary, run)["tiers"][0]["rows"]}
+    row = stab["recovery time"]
+    assert (row["value"], row["passed"]) == (None, None)
+    assert row["note"] == "unmeasured: no drill measured a recovery time (recovery_s)"
+    drills = {d["name"]: d for d in build_scorecard(summary, run)["tiers"][0]["drills"]}
+    assert not drills["node-loss"]["never_recovered"]
+    assert drills["node-loss"]["recovery_figure"] == "recovery_s (unmeasured)"
 
 
 def test_empty_summary_has_no_data_verdicts() -> None:

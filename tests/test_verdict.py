@@ -1204,6 +1204,66 @@ def test_criteria_overrides_keep_only_this_drills_items_and_reach_the_duplicates
     assert (got["threshold"], got["passed"]) == (None, True)
 
 
+def test_the_duplicates_probe_fails_closed_when_nobody_measured_them(tmp_path: Path) -> None:
+    """A ledger without a generation line of this run's requests measured no duplicate: the probe
+    reads unmeasured, never 0, and does not pass its budget; the verdict, not a hypothesis line,
+    then says what that makes the drill (inconclusive: its key row is unmeasured too)."""
+    from chaoslib_infer.drills.network_jitter.probes import duplicates_check
+    from chaoslib_infer.evidence.verdicts import hypothesis_failures
+
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "run").mkdir()
+    ledger = [_gen("other", T0), _gen("other", T0 + 1)]  # another client's requests only
+    (tmp_path / "lab" / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
+    (tmp_path / "run" / "records.jsonl").write_text(
+        "".join(json.dumps(rec(T0 + i, rid=r)) + "\n" for i, r in enumerate("ab"))
+    )
+    cfg = {"infer_run_dir": str(tmp_path / "run"), "infer_lab_dir": str(tmp_path / "lab")}
+    got = duplicates_check(0, cfg)
+    assert (got["value"], got["threshold"], got["result"], got["passed"]) == (
+        None,
+        0.0,
+        "unmeasured",
+        False,
+    )
+    assert got["reasons"] == [
+        "duplicate generations unmeasured: the engine ledger holds no generation line of this "
+        "run's 2 requests (duplicate_generations)"
+    ]
+    journal = {
+        "steady_states": {
+            "after": {
+                "steady_state_met": False,
+                "probes": [
+                    {
+                        "activity": {"name": "duplicate-generations-within-budget"},
+                        "tolerance_met": False,
+                        "output": got,
+                    }
+                ],
+            }
+        }
+    }
+    assert hypothesis_failures(journal) == []
+    v = judge_drill(
+        facts(
+            "network-jitter",
+            steady(T0, T0 + 30),
+            {"duplicate_generations": None, "retries": 0},
+            JITTER_GROUND,
+        )
+    )
+    assert v.state == "inconclusive", v.reasons
+    assert v.reasons == [
+        "duplicate generations is unmeasured on this target (duplicate_generations): the drill "
+        "cannot answer its question"
+    ]
+    # no budget: nothing judged, nothing failed
+    cfg["infer_criteria"] = "network-jitter:duplicate_generations=off"
+    got = duplicates_check(0, cfg)
+    assert (got["value"], got["result"], got["passed"]) == (None, "unmeasured", True)
+
+
 def test_a_second_chaos_run_in_the_same_run_dir_sets_the_old_fault_log_aside(
     tmp_path: Path,
 ) -> None:

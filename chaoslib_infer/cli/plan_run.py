@@ -280,7 +280,7 @@ def _print_own_criteria(the_plan: Any, overrides: dict[str, dict[str, Any]]) -> 
             crits = criteria_for(spec.name)
         mine = [show(c) for c in crits if c.name in own]
         click.echo(f"  {spec.name}: " + (", ".join(mine) if mine else "the common criteria only"))
-    click.echo("  every drill also: " + ", ".join(show(c) for c in COMMON[:4]) + ", ...")
+    click.echo("  every drill also: " + ", ".join(show(c) for c in COMMON))
 
 
 def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions) -> None:

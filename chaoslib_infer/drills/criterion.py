@@ -54,6 +54,8 @@ class Criterion:
         window: ``baseline``, ``fault``, ``after`` or ``drill``.
         key: the drill's question cannot be answered without it: unmeasured makes the drill
             ``inconclusive``.
+        fix: what fixes a failure of it, short, where the service's configuration does (the
+            failed row's reason names it: ``"...; fix: FIX (name)"``); None: no such fix.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Criterion:
     unit: str
     window: str
     key: bool = False
+    fix: str | None = None
 
 
 #: Shown (never judged by default) by the drills that take replicas away: node-loss,

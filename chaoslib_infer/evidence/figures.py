@@ -16,7 +16,7 @@ reference lines of the replica-count plot (``replica_lines(ground, figures)``), 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,7 +25,6 @@ from chaoslib_infer.drills.registry import DRILLS
 from chaoslib_infer.evidence.kinds import engine_fault, k8s_actions, k8s_observation, k8s_scale_out
 from chaoslib_infer.load.clientside import client_figures, read_run_summary
 from chaoslib_infer.load.records import read_records
-from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.faultcut import taken_pods
 from chaoslib_infer.measure.figkit import (
     FAULT,
@@ -66,25 +65,31 @@ __all__ = [
 ]
 
 
-def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> dict[str, Any]:
+def common_figures(
+    records: list[dict[str, Any]],
+    ledger: list[dict[str, Any]],
+    faults: Sequence[Mapping[str, Any]] = (),
+    lab_events: Sequence[Mapping[str, Any]] = (),
+    killed: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
     """Return the figures every drill reports, over the whole drill (all attempts).
 
     Keys: ``requests``, ``availability``, ``error_rate``, ``timeout_rate`` (fractions of attempted
     requests), ``p50/p95/p99/p999_e2e_s``, ``p50/p99_ttft_s`` (seconds, over successful requests,
     from the intended send), ``censored_fraction``, ``not_sent`` (requests due while the load's
-    in-flight cap was full), ``errors_by_class``, ``duplicates`` (logical requests the engine generated
-    more than once, from the generation ledger). When any attempt is a retry (``attempt > 1``)
+    in-flight cap was full), ``errors_by_class``. When any attempt is a retry (``attempt > 1``)
     also ``p99_request_e2e_s`` (P99 per logical request, first send to final end, retries
     included; seconds) and ``request_availability`` (logical requests whose final attempt
     succeeded), :func:`chaoslib_infer.measure.metrics.logical_stats`. What retries cost, in
     every drill (:func:`chaoslib_infer.measure.retrycost.retry_cost`): ``retries``,
-    ``retried_requests``, ``succeeded_after_retry`` (client), ``duplicate_generations``,
-    ``extra_generations``, ``wasted_tokens``, ``wasted_completion_tokens``,
-    ``retry_amplification``, ``generations_per_attempt`` (engine ledger; None without one).
-    :func:`drill_figures` then splits the fault's re-runs from the duplicates
-    (:func:`chaoslib_infer.measure.rerun.rerun_figures`: ``rerun_generations``,
-    ``fault_cut_generations``, ``fault_wasted_tokens``; ``duplicate_generations``,
-    ``extra_generations`` and ``wasted_tokens`` keep only what the client or gateway caused).
+    ``retried_requests``, ``succeeded_after_retry`` (client), ``retry_amplification``,
+    ``generations_per_attempt`` (engine ledger; None without one). The duplicate generations,
+    computed once, the fault's re-runs apart
+    (:func:`chaoslib_infer.measure.rerun.rerun_figures` over ``faults``, ``lab_events`` and the
+    ``killed`` pods): ``rerun_generations``, ``fault_cut_generations``,
+    ``fault_wasted_tokens``, ...; ``duplicate_generations`` (= ``duplicates``),
+    ``extra_generations``, ``wasted_tokens`` and ``wasted_completion_tokens`` count only what
+    the client or gateway caused (None, unmeasured, without a ledger line of these requests).
     When the engine answered provider errors (the ``http_error`` fault) to this drill's
     requests, also ``provider_error_answers`` and the figures of
     :func:`chaoslib_infer.measure.retryafter.provider_error_figures` (``retry_after_honoured_share``,
@@ -105,7 +110,6 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
         "censored_fraction": num(whole.get("censored_fraction")),
         "not_sent": int(whole.get("not_sent") or 0),
         "errors_by_class": whole.get("errors_by_class") or {},
-        "duplicates": int(mfig.duplicates(records, ledger)),
     }
     if any(int(r.get("attempt") or 1) > 1 for r in records):
         # with retries an attempt percentile censors the timed-out attempts and hides the wait
@@ -114,9 +118,10 @@ def common_figures(records: list[dict[str, Any]], ledger: list[dict[str, Any]]) 
         out["p99_request_e2e_s"] = num(logical.get("p99_e2e_s"))
         out["request_availability"] = num(logical.get("availability"))
         out["logical_requests"] = int(logical.get("requests") or 0)
-    cost = retry_cost(records, ledger)
-    cost.pop("duplicate_generations_without_end", None)
-    out.update(cost)
+    out.update(retry_cost(records, ledger))
+    # who paid for a second generation: the fault's re-runs apart from the client's and the
+    # gateway's duplicates (measure/rerun.py), the one count of duplicate generations
+    out.update(rerun_figures(records, ledger, faults, lab_events, killed))
     errs = provider_error_figures(ledger, {str(r.get("request_id")) for r in records})
     if errs["error_answers"]:  # the http_error engine fault answered this drill's requests
         out["provider_error_answers"] = errs.pop("error_answers")
@@ -155,13 +160,11 @@ def drill_figures(
     rpath = run_dir / "records.jsonl"
     records = read_records(rpath) if rpath.exists() else []
     faults = read_jsonl(run_dir / "faults.jsonl")
-    figures = common_figures(records, ledger)
-    # the load's own run: its in-flight cap and fill, the requests not sent, its CPU
-    figures.update(client_figures(read_run_summary(run_dir / "load.log")))
     ground: dict[str, Any] = {}
+    own: dict[str, Any] = {}  # the fault kinds' figures
+    errors: dict[str, str] = {}
     ctx = DrillContext(run_dir, records, faults, lab_events, ledger, served_after)
-    kinds = _fault_kinds(faults)
-    for kind in kinds:
+    for kind in _fault_kinds(faults):
         module = kind_module(kind)
         if module is None:
             continue
@@ -169,15 +172,18 @@ def drill_figures(
             f_fig, f_ground = module.compute(ctx)
         except Exception as exc:  # partial data (a killed run): keep the other figures
             line = next(iter(str(exc).strip().splitlines()), "")  # the verdict's reason: one line
-            figures.setdefault("figure_errors", {})[kind] = (
-                f"{type(exc).__name__}: {line}" if line else type(exc).__name__
-            )
+            errors[kind] = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
             continue
-        figures.update(f_fig)
+        own.update(f_fig)
         ground.update(f_ground)
-    # who paid for a second generation: the fault's re-runs apart from the client's and the
-    # gateway's duplicates (measure/rerun.py); replaces the drill kinds' counts of the same names
-    figures.update(rerun_figures(records, ledger, faults, lab_events, _killed_pods(ground)))
+    # the pods a Kubernetes action took (its ground truth) cut streams too: the common figures'
+    # one count of duplicate generations leaves their re-runs out
+    figures = common_figures(records, ledger, faults, lab_events, _killed_pods(ground))
+    # the load's own run: its in-flight cap and fill, the requests not sent, its CPU
+    figures.update(client_figures(read_run_summary(run_dir / "load.log")))
+    figures.update(own)
+    if errors:
+        figures["figure_errors"] = errors
     return figures, ground
 
 

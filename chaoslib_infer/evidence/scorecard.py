@@ -15,8 +15,9 @@ Definitions used:
   shown, not judged: faults are injected on purpose, and each drill's own hypothesis judges the
   steady state, which the disaster-tolerance row counts).
 - **P99**: the worst drill's P99 E2E latency over its successful requests (seconds).
-- **recovery time**: per drill the first present of ``recovery_s`` (back inside the baseline
-  bands), ``interruption_s`` (first to last user-visible failure), ``restart_s``; the worst drill.
+- **recovery time**: per drill its ``recovery_s`` (back inside the baseline bands); the worst
+  drill. A drill that measured none reads unmeasured, named in the note: never another figure
+  (an interruption or a restart time is not a recovery time).
 - **error-budget cost**: the sum over the drills of ``budget_share`` (each fault's error-budget
   cost at its expected incidents per month, over the monthly budget of the availability SLO;
   ``docs/definitions.md``, "Drill figures"): what the faults drilled, together, would spend of
@@ -58,7 +59,8 @@ P99_REFERENCE_S = 10.0
 P50_REFERENCE_S = 2.0
 #: "Recovery time: minutes at most" read as five minutes.
 RECOVERY_REFERENCE_S = 300.0
-_RECOVERY_FIGURES = ("recovery_s", "interruption_s", "restart_s")
+#: How a drill without a recovery time of its own reads (``recovery_figure``).
+RECOVERY_UNMEASURED_FIGURE = "recovery_s (unmeasured)"
 
 MODEL_QUALITY_NOTE = (
     "Out of scope: chaoslib-infer measures the inference service (latency, throughput, "
@@ -133,26 +135,17 @@ def _row(
 inf = float("inf")
 
 
-def _recovery(figures: dict[str, Any]) -> tuple[float | None, str | None]:
-    """The drill's recovery figure: ``recovery_s`` when the drill measures one (a drill that
-    measured it and never recovered gives ``(inf, "recovery_s")``: a failure, never a pass
-    read off another figure; ``(None, "recovery_s (unmeasured)")`` when its ``recovery_note``
-    says the load ended first), else ``interruption_s`` (inf when not sustained), else
-    ``restart_s``."""
-    if "recovery_s" in figures:
-        value = _num(figures.get("recovery_s"))
-        if value is None and str(figures.get("recovery_note") or "").startswith(
-            RECOVERY_UNMEASURED
-        ):
-            return None, "recovery_s (unmeasured)"
-        return (value if value is not None else float("inf")), "recovery_s"
-    for name in _RECOVERY_FIGURES[1:]:
-        value = _num(figures.get(name))
-        if value is not None:
-            if name == "interruption_s" and figures.get("interruption_sustained") is False:
-                return float("inf"), "interruption_s (never sustained)"
-            return value, name
-    return None, None
+def _recovery(figures: dict[str, Any]) -> tuple[float | None, str]:
+    """The drill's recovery time: ``(seconds, "recovery_s")`` when the drill measured one;
+    ``(inf, "recovery_s")`` when it measured it and never recovered (a failure); ``(None,
+    "recovery_s (unmeasured)")`` when its ``recovery_note`` says the load ended first, or
+    when the drill measures none: never read off another figure."""
+    if "recovery_s" not in figures:
+        return None, RECOVERY_UNMEASURED_FIGURE
+    value = _num(figures.get("recovery_s"))
+    if value is None and str(figures.get("recovery_note") or "").startswith(RECOVERY_UNMEASURED):
+        return None, RECOVERY_UNMEASURED_FIGURE
+    return (value if value is not None else float("inf")), "recovery_s"
 
 
 #: Drill states that answered their question (``deviated``: the older name of ``failed``).
@@ -179,6 +172,26 @@ def _not_judged_note(per_drill: list[dict[str, Any]]) -> str:
         return ""
     counts = ", ".join(f"{s} {grey.count(s)}" for s in sorted(set(grey)))
     return f"not judged: {len(grey)} ({counts})"
+
+
+def _recovery_row(per_drill: list[dict[str, Any]]) -> dict[str, Any]:
+    """The recovery-time row: the worst drill's ``recovery_s``; ``unmeasured`` (value None, not
+    judged) when no drill measured one, and the drills that did not named in the note."""
+    recs = [p for p in per_drill if p["recovery_s"] is not None or p["never_recovered"]]
+    missing = [
+        str(p["name"]) for p in per_drill if p["recovery_s"] is None and not p["never_recovered"]
+    ]
+    reference = f"minutes at most (<= {RECOVERY_REFERENCE_S:g} s)"
+    if not recs:
+        note = "unmeasured: no drill measured a recovery time (recovery_s)"
+        return _row("recovery time", None, "s", reference, None, note)
+    worst = max(recs, key=lambda p: inf if p["never_recovered"] else p["recovery_s"])
+    note = f"worst drill: {worst['name']} ({worst['recovery_figure']})"
+    note += ": never recovered" if worst["never_recovered"] else ""
+    if missing:
+        note += f"; unmeasured: {', '.join(missing)}"
+    passed = not worst["never_recovered"] and worst["recovery_s"] <= RECOVERY_REFERENCE_S
+    return _row("recovery time", worst["recovery_s"], "s", reference, passed, note)
 
 
 #: The faults of one game day together may spend at most this share of a month's error budget.
@@ -285,10 +298,6 @@ def build_scorecard(
 
     err_all = (total_failed / total_req) if total_req else None
     p99s = [p["p99_e2e_s"] for p in per_drill if p["p99_e2e_s"] is not None]
-    recs = [p for p in per_drill if p["recovery_s"] is not None or p["never_recovered"]]
-    worst_rec = (
-        max(recs, key=lambda p: inf if p["never_recovered"] else p["recovery_s"]) if recs else None
-    )
     # judged drills: passed or failed (inconclusive, error and aborted ones answered nothing:
     # they lower the share and keep the tiers from PASS, never count as held)
     tolerated = [p for p in per_drill if p["status"] in JUDGED]
@@ -313,21 +322,7 @@ def build_scorecard(
             (max(p99s) <= P99_REFERENCE_S) if p99s else None,
             "worst drill, successful requests",
         ),
-        _row(
-            "recovery time",
-            worst_rec["recovery_s"] if worst_rec else None,
-            "s",
-            f"minutes at most (<= {RECOVERY_REFERENCE_S:g} s)",
-            (not worst_rec["never_recovered"] and worst_rec["recovery_s"] <= RECOVERY_REFERENCE_S)
-            if worst_rec
-            else None,
-            (
-                f"worst drill: {worst_rec['name']} ({worst_rec['recovery_figure']})"
-                + (": never recovered" if worst_rec["never_recovered"] else "")
-            )
-            if worst_rec
-            else "no drill measured a recovery",
-        ),
+        _recovery_row(per_drill),
         _budget_row(per_drill),
         _row(
             "disaster tolerance",

@@ -16,7 +16,6 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .faultcut import CutAttempt
 from .metrics import percentiles_s, select, window_stats
 
 __all__ = [
@@ -203,26 +202,21 @@ def steady_ttft_p50(
     return percentiles_s(ttft, (50,))[50]
 
 
-def duplicates(
-    records: Iterable[Record],
-    ledger_entries: Iterable[Mapping[str, Any]],
-    cuts: Iterable[CutAttempt] = (),
-) -> int:
-    """Duplicate generations: logical requests the engine generated more than once, not counting
-    the generations the fault aborted (``cuts``: their re-runs are the fault's,
-    :mod:`chaoslib_infer.measure.rerun`).
+def duplicates(records: Iterable[Record], ledger_entries: Iterable[Mapping[str, Any]]) -> int:
+    """Logical requests the engine generated more than once, every generation counted (the
+    contracts.md section 4 helper). The drill's figure is not this count: a drill's
+    ``duplicate_generations`` leaves out the re-runs of the generations its fault aborted
+    (:func:`chaoslib_infer.measure.rerun.rerun_figures`, one computation for the verdict, the
+    evidence and network-jitter's probe).
 
     Args:
         records: attempt records; only their ``request_id`` values are used (the ledger may hold
             other clients' traffic, which is ignored).
         ledger_entries: engine ledger lines
             ``{"t", "event": "generation", "replica", "request_id", "pid"}`` (contracts.md §1).
-        cuts: the attempts the fault cut (:func:`chaoslib_infer.measure.faultcut.fault_cut`);
-            each distinct aborted generation is left out of its request's count.
 
     Returns:
-        Number of logical request ids of ``records`` with more than one ``generation`` entry
-        besides those the fault aborted.
+        Number of logical request ids of ``records`` with more than one ``generation`` entry.
     """
     ids = {r.get("request_id") for r in records}
     ids.discard(None)
@@ -233,9 +227,6 @@ def duplicates(
         rid = e.get("request_id")
         if isinstance(rid, str) and rid in ids:
             counts[rid] = counts.get(rid, 0) + 1
-    aborted = {(c.request_id, c.replica, c.pid, c.generation_at) for c in cuts if c.generation_at}
-    for rid, *_ in aborted:
-        counts[rid] = counts.get(rid, 0) - 1
     return sum(1 for c in counts.values() if c > 1)
 
 

@@ -65,6 +65,13 @@ def _num(v: Any) -> float | None:
     return None
 
 
+def _class_counts(names: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in names:
+        out[n] = out.get(n, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def health_disagreement(
     health_samples: Iterable[Mapping[str, Any]],
     records: Iterable[Record],
@@ -83,7 +90,9 @@ def health_disagreement(
 
     Returns:
         ``{"disagreement_s": float (seconds, all replicas), "intervals": [{"replica", "start",
-        "end" (unix s), "duration_s", "attempts", "failed"}], "by_replica": {replica: seconds},
+        "end" (unix s), "duration_s", "attempts", "failed", "failed_classes"}],
+        "failed_classes": {error class: failed attempts counted in the intervals (each once)},
+        "by_replica": {replica: seconds},
         "windows": int (windows considered), "windows_judged": int (windows with attempts),
         "windows_healthy": int (windows reported healthy)}``.
 
@@ -101,6 +110,7 @@ def health_disagreement(
             continue
         by_rep.setdefault(rep, []).append((t, bool(s.get("healthy"))))
     spans: dict[str, list[tuple[int, float, float, bool]]] = {}
+    classes: dict[int, str] = {}  # a failed attempt's error class, by its index
     mapping = replica_of or {}
     for idx, r in enumerate(records):
         rep = r.get("replica") or mapping.get(str(r.get("request_id")))
@@ -110,6 +120,8 @@ def health_disagreement(
         end = _num(r.get("end_at"))
         end = sent if end is None else max(end, sent)
         spans.setdefault(str(rep), []).append((idx, sent, end, bool(r.get("ok"))))
+        if not r.get("ok"):
+            classes[idx] = str(r.get("error_class") or "error")
 
     intervals: list[dict[str, Any]] = []
     per_rep: dict[str, float] = {}
@@ -148,13 +160,18 @@ def health_disagreement(
             i += 1
             a = t0 + i * window_s
         per_rep[rep] = total
+    counted: set[int] = set()  # the failed attempts the intervals count (each once)
     for iv in intervals:
         ids = iv.pop("_ids")
+        failed_ids = [i for i, ok in ids.items() if not ok]
+        counted.update(failed_ids)
         iv["duration_s"] = iv["end"] - iv["start"]
         iv["attempts"] = len(ids)
-        iv["failed"] = sum(1 for ok in ids.values() if not ok)
+        iv["failed"] = len(failed_ids)
+        iv["failed_classes"] = _class_counts(classes[i] for i in failed_ids)
     return {
         "disagreement_s": sum(per_rep.values()),
+        "failed_classes": _class_counts(classes[i] for i in counted),
         "intervals": intervals,
         "by_replica": per_rep,
         "windows": n_windows,

@@ -95,7 +95,10 @@ def wasted_tokens(
 
 
 def retry_cost(records: Iterable[Record], ledger: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The retry figures of one drill: what the client sent again and what the engine paid.
+    """The retry figures of one drill: what the client sent again and how many generations the
+    engine ran per attempt. The duplicate generations and their tokens are not counted here:
+    one computation leaves the fault's re-runs out of them
+    (:func:`chaoslib_infer.measure.rerun.rerun_split`).
 
     Args:
         records: the drill's attempt records (``request_id``, ``attempt``; contracts.md
@@ -109,13 +112,10 @@ def retry_cost(records: Iterable[Record], ledger: Iterable[Mapping[str, Any]]) -
         request), ``retried_requests``, ``succeeded_after_retry``
         (:func:`chaoslib_infer.measure.metrics.retry_stats`). Engine side, None (unmeasured,
         never 0) when the ledger holds no ``generation`` line for any of these requests:
-        ``duplicate_generations`` (requests generated more than once), ``extra_generations``
-        (generations beyond the first, summed), ``wasted_tokens`` and
-        ``wasted_completion_tokens`` (:func:`wasted_tokens`),
-        ``duplicate_generations_without_end``, ``retry_amplification`` (the largest, over the
-        requests, of generations / client attempts: above 1.0 something between the client and
-        the engine, the gateway, re-sent an attempt that was already generating) and
-        ``generations_per_attempt`` (all generations / all attempts).
+        ``retry_amplification`` (the largest, over the requests, of generations / client
+        attempts: above 1.0 something between the client and the engine, the gateway, re-sent
+        an attempt that was already generating) and ``generations_per_attempt`` (all
+        generations / all attempts).
     """
     recs = list(records)
     rs = retry_stats(recs)
@@ -124,33 +124,18 @@ def retry_cost(records: Iterable[Record], ledger: Iterable[Mapping[str, Any]]) -
         rid = r.get("request_id")
         if rid is not None:
             attempts[str(rid)] = attempts.get(str(rid), 0) + 1
-    ledger_list = list(ledger)
-    counts = {rid: n for rid, n in generation_counts(ledger_list).items() if rid in attempts}
+    counts = {rid: n for rid, n in generation_counts(ledger).items() if rid in attempts}
     out: dict[str, Any] = {
         "retries": int(rs["retries"]),
         "retried_requests": int(rs["retried_requests"]),
         "succeeded_after_retry": int(rs["succeeded_after_retry"]),
+        "retry_amplification": None,
+        "generations_per_attempt": None,
     }
-    if not counts:
-        out.update(
-            duplicate_generations=None,
-            extra_generations=None,
-            wasted_tokens=None,
-            wasted_completion_tokens=None,
-            duplicate_generations_without_end=0,
-            retry_amplification=None,
-            generations_per_attempt=None,
-        )
-        return out
-    waste = wasted_tokens(ledger_list, counts)
-    n_attempts = sum(attempts.values())
-    out.update(
-        duplicate_generations=sum(1 for n in counts.values() if n > 1),
-        extra_generations=sum(n - 1 for n in counts.values() if n > 1),
-        **waste,
-        retry_amplification=round(max(n / attempts[rid] for rid, n in counts.items()), 4),
-        generations_per_attempt=round(sum(counts.values()) / n_attempts, 4),
-    )
+    if counts:
+        n_attempts = sum(attempts.values())
+        out["retry_amplification"] = round(max(n / attempts[rid] for rid, n in counts.items()), 4)
+        out["generations_per_attempt"] = round(sum(counts.values()) / n_attempts, 4)
     return out
 
 

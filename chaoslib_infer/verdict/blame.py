@@ -6,9 +6,11 @@ row's reason ends with ``"; BLAME: WHO (why)"`` (:data:`BLAME`, :func:`chaoslib_
 state.reason`) where someone other than the service caused it:
 
 * ``client``: our own load's retry policy or timeouts made it (a duplicate generation of a
-  request still generating: it gave up too early; its own lag);
+  request still generating: it gave up too early; the failures a health row counts that are
+  its own attempt timeouts on a replica the fault only slowed; its own lag);
 * ``gateway``: the gateway between client and replicas (its retries re-sent a request still
-  generating, it cut a stream after its 200, it kept sending to a held replica);
+  generating, it cut a stream after its 200, it kept sending to a held replica, its health
+  checks kept a failing replica UP);
 * ``fault``: the fault itself, acting as it should (it cut streams in flight on the replica it
   took: lost unless retried, a re-run when retried, ``rerun_generations``);
 * the service (the replicas, their restarts, their capacity) held, slowed or failed the
@@ -26,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chaoslib_infer.measure.metrics import logical_outcomes
+from chaoslib_infer.measure.metrics import TIMEOUT_CLASSES, logical_outcomes
 
 from .facts import DrillFacts, num
 
@@ -44,6 +46,10 @@ GATEWAY = frozenset(
 )
 #: Rows of requests lost: the fault's when it cut streams in flight, else the service's.
 LOSS = frozenset({"availability", "availability_fault", "error_rate"})
+#: Drills whose fault slows a replica without holding its requests: a request there that timed
+#: out would have been answered, so its timeout is the client's own (shorter than the slowed
+#: answer), not a failure of the replica.
+SLOWING = frozenset({"network-jitter"})
 
 
 def _pos(figures: Mapping[str, Any], key: str) -> bool:
@@ -51,12 +57,43 @@ def _pos(figures: Mapping[str, Any], key: str) -> bool:
     return v is not None and v > 0
 
 
+def _health_blame(drill: str, failed: Mapping[str, int]) -> str:
+    """Who made the completions fail that ``health_disagreement_s`` counts (``failed``: the
+    failed attempts by error class): the client's own timeouts on a replica the fault only
+    slowed (:data:`SLOWING`), else the gateway, whose health checks kept the replica UP."""
+    total = sum(failed.values())
+    timeouts = sum(n for c, n in failed.items() if c in TIMEOUT_CLASSES)
+    classes = ", ".join(f"{n} {c}" for c, n in sorted(failed.items()))
+    if drill in SLOWING and timeouts:
+        own = (
+            f"{timeouts} of the {total} failed completions counted are its own attempt "
+            "timeouts on the slowed replica, which was still answering"
+        )
+        if timeouts == total:
+            return f"client ({own}: an attempt timeout above the slowest generation)"
+        return (
+            f"client and gateway ({own}; {total - timeouts} were upstream failures the "
+            "gateway's health checks did not see)"
+        )
+    return (
+        f"gateway (its health checks kept the replica UP while {total} of its completions "
+        f"failed: {classes})"
+    )
+
+
 def blame_of(
-    criterion: str, drill: str, figures: Mapping[str, Any], lost: int | None = None
+    criterion: str,
+    drill: str,
+    figures: Mapping[str, Any],
+    lost: int | None = None,
+    failed: Mapping[str, int] | None = None,
 ) -> str | None:
     """Who caused a failure of ``criterion`` in ``drill`` (figures: the drill's; ``lost``: the
-    drill's failed logical requests, when known), as ``"WHO (why)"``; None when it is the
+    drill's failed logical requests, when known; ``failed``: the failed attempts the row
+    counts, by error class, when it counts some), as ``"WHO (why)"``; None when it is the
     service's (the default: no suffix)."""
+    if criterion == "health_disagreement_s" and failed:
+        return _health_blame(drill, failed)
     if criterion in RETRY_COST:
         client, gateway = _pos(figures, "retries"), _pos(figures, "gateway_retries")
         if client and gateway:
@@ -93,8 +130,13 @@ def strip_blame(reason: str) -> str:
     return reason.split(BLAME, 1)[0]
 
 
-def add_blame(rows: Sequence[dict[str, Any]], facts: DrillFacts) -> list[dict[str, Any]]:
-    """``rows`` with ``blame`` (:func:`blame_of`) on each failed row."""
+def add_blame(
+    rows: Sequence[dict[str, Any]],
+    facts: DrillFacts,
+    failed: Mapping[str, Mapping[str, int]] | None = None,
+) -> list[dict[str, Any]]:
+    """``rows`` with ``blame`` (:func:`blame_of`) on each failed row; ``failed``:
+    ``{criterion: {error class: failed attempts}}`` of the rows that count failures."""
     lost = sum(
         1 for r in logical_outcomes(list(facts.records)) if not r.get("ok") and not r.get("cut_off")
     )
@@ -102,7 +144,8 @@ def add_blame(rows: Sequence[dict[str, Any]], facts: DrillFacts) -> list[dict[st
     for r in rows:
         row = dict(r)
         if row.get("result") == "fail":
-            who = blame_of(str(row["criterion"]), facts.drill, facts.figures, lost)
+            name = str(row["criterion"])
+            who = blame_of(name, facts.drill, facts.figures, lost, (failed or {}).get(name))
             if who:
                 row["blame"] = who
         out.append(row)

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from chaoslib_infer.measure.figures import interruption, recovery_outcome
+from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED, interruption, recovery_outcome
 from chaoslib_infer.measure.health import health_disagreement
 from chaoslib_infer.measure.inflight import cut_off_timeouts
 from chaoslib_infer.measure.metrics import (
@@ -137,11 +137,13 @@ def _faulted(ground: Mapping[str, Any]) -> list[str]:
 
 def _health(
     facts: DrillFacts, records: list[dict[str, Any]], a: float, b: float
-) -> tuple[float | None, str | None]:
+) -> tuple[float | None, dict[str, int]]:
     """Health disagreement (``docs/definitions.md``, "Drill figures") of the faulted replicas in
     the fault window: the gateway's health view (HAProxy's checks in the lab's ``lb_state``
     samples: the replica's server, or its run-time detour ``<name>-...``, UP) against its
-    completions (:func:`chaoslib_infer.measure.health.health_disagreement`, 1 s windows)."""
+    completions (:func:`chaoslib_infer.measure.health.health_disagreement`, 1 s windows).
+    Returns ``(seconds, {error class: failed attempts counted})``: who caused those failures
+    is the row's blame (:func:`chaoslib_infer.verdict.blame.blame_of`)."""
     names = _faulted(facts.ground)
     states = sorted(
         (
@@ -157,7 +159,7 @@ def _health(
     before = [e for e in states if float(e["t"]) < a][-1:]
     snaps = [{**e, "t": a} for e in before] + [e for e in states if a <= float(e["t"]) <= b]
     if not names or not snaps:
-        return None, None
+        return None, {}
     snaps.append({**snaps[-1], "t": b})
     samples = [
         {
@@ -172,7 +174,7 @@ def _health(
         for n in names
     ]
     result = health_disagreement(samples, records, 1.0, replica_of=facts.replica_of)
-    return float(result["disagreement_s"]), None
+    return float(result["disagreement_s"]), dict(result["failed_classes"])
 
 
 def _survivor_share(
@@ -197,8 +199,11 @@ def _values(
     tl: Timeline,
     w: dict[str, tuple[float, float]],
     sel: Callable[[str], list[dict[str, Any]]],
+    failures: dict[str, dict[str, int]],
 ) -> dict[str, tuple[float | None, str | None]]:
-    """``{criterion name: (value, note)}``; a note with value None means ``n/a``."""
+    """``{criterion name: (value, note)}``; a note with value None means ``n/a``. ``failures``
+    receives ``{criterion: {error class: failed attempts}}`` of the rows that count failures
+    (their blame, :func:`chaoslib_infer.verdict.blame.add_blame`)."""
     fig, recs = facts.figures, facts.records
     drill = request_stats(sel("drill"), None, None)
     fault = request_stats(sel("fault"), None, None) if "fault" in w else {}
@@ -218,7 +223,8 @@ def _values(
         "health_disagreement_s": (num(fig.get("health_disagreement_s")), None),
     }
     if out["health_disagreement_s"][0] is None and "fault" in w:
-        out["health_disagreement_s"] = _health(facts, sel("fault"), *w["fault"])
+        seconds, failures["health_disagreement_s"] = _health(facts, sel("fault"), *w["fault"])
+        out["health_disagreement_s"] = (seconds, None)
     before, end = facts.serving
     out["serving_after_vs_baseline"] = (
         (end / before, None) if before and end is not None else (None, None)
@@ -243,12 +249,15 @@ def _values(
         if out[name][0] is None and num(fig.get(alias)) is not None:
             out[name] = (num(fig.get(alias)), None)
     sustained = fig.get("interruption_sustained", fig.get("interruption_settled"))
+    intr: Mapping[str, Any] = fig
     if "interruption_s" not in fig and tl.fault_at is not None:
         # no drill-specific figure (a cluster): the one shared computation over the records
         intr = interruption(recs, tl.fault_at)
         out["interruption_s"] = (float(intr["interruption_s"]), None)
         sustained = intr["sustained"]
     out["interruption_sustained"] = (num(sustained) if sustained is not None else None, None)
+    if sustained is not None and _interrupted(intr) is False:
+        out["interruption_sustained"] = (None, NO_INTERRUPTION)
     out["oom_kills"] = (num(facts.ground.get("oom_kills")), None)
     out.update(_retry_cost(facts))
     out.update(provider_error_rows(fig))
@@ -408,6 +417,23 @@ def _window_info(
     return info
 
 
+#: The sustained row's note when nothing was interrupted: nothing to sustain, never a pass.
+NO_INTERRUPTION = (
+    RECOVERY_UNMEASURED + "no interruption observed (no failed request after the fault): "
+    "nothing was seen to be sustained again"
+)
+
+
+def _interrupted(intr: Mapping[str, Any]) -> bool | None:
+    """Whether the interruption figures (:func:`chaoslib_infer.measure.figures.interruption`,
+    or a drill's figures carrying them) saw a failure after the fault: its ``first_failure_at``,
+    else its ``failed_requests``; None when they do not say."""
+    if "first_failure_at" in intr:
+        return intr["first_failure_at"] is not None
+    failed = num(intr.get("failed_requests"))
+    return None if failed is None else failed > 0
+
+
 #: The schedule-lag row's note under a closed-loop load (``DrillFacts.closed_loop``).
 CLOSED_LOOP_LAG = "not measured: a closed-loop load has no schedule (intended_at equals sent_at)"
 
@@ -436,14 +462,15 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     w = _windows(facts, tl)
     sel, crossed = _selector(facts, tl, w)
     info = _window_info(w, sel, crossed)
-    values = _values(facts, tl, w, sel) if w else {}
+    failures: dict[str, dict[str, int]] = {}  # the failures a row counts, by error class
+    values = _values(facts, tl, w, sel, failures) if w else {}
     if facts.drill == "traffic-spike":  # shedding as its own class (verdict/spike.py)
         values.update(spike_values(crits, w, sel))
     rows = [judged_row(c, *values.get(c.name, (None, None))) for c in crits]
     if "after" in w:  # an SLO rate of the after window: the binomial test (verdict/steady.py)
         judge_after_rows(rows, sel("after"), facts.window_settings)
     rows = name_lost_row(rows, sel("fault") if "fault" in w else None)
-    return tl, w, sel, info, add_blame(apply_policy(rows, facts.policy), facts)
+    return tl, w, sel, info, add_blame(apply_policy(rows, facts.policy), facts, failures)
 
 
 def _without_client_outcomes(

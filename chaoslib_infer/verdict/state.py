@@ -133,7 +133,8 @@ def judged_row(c: Criterion, value: float | None, note: str | None) -> dict[str,
     ``rows``): ``value`` None with a ``note`` reads ``n/a`` (the event the criterion is about did
     not happen), ``fail`` when the note starts with :data:`NEVER` and the criterion has a
     threshold, or ``unmeasured`` when it starts with ``"unmeasured: "`` (the data ended before the
-    figure could be shown, :data:`~chaoslib_infer.measure.figures.RECOVERY_UNMEASURED`)."""
+    figure could be shown, :data:`~chaoslib_infer.measure.figures.RECOVERY_UNMEASURED`). A
+    criterion with a ``fix`` carries it in the row (:func:`reason` names it)."""
     if value is None and note is not None:
         if note.startswith(RECOVERY_UNMEASURED):
             result = "unmeasured"
@@ -147,7 +148,7 @@ def judged_row(c: Criterion, value: float | None, note: str | None) -> dict[str,
         result = "unmeasured"
     else:
         result = "pass" if OPS[c.op](value, c.threshold) else "fail"
-    return {
+    row: dict[str, Any] = {
         "criterion": c.name,
         "label": c.label,
         "window": c.window,
@@ -159,6 +160,9 @@ def judged_row(c: Criterion, value: float | None, note: str | None) -> dict[str,
         "result": result,
         "note": note,
     }
+    if c.fix:
+        row["fix"] = c.fix
+    return row
 
 
 def reason(row: Mapping[str, Any]) -> str:
@@ -166,17 +170,19 @@ def reason(row: Mapping[str, Any]) -> str:
     broken side; a row judged by a window's binomial test, :mod:`chaoslib_infer.verdict.steady`,
     adds ``"; STATEMENT"`` before the criterion: its count, false-alarm rate and power), or
     ``"LABEL: NOTE
-    (CRITERION)"`` for a row with a note and no value; either followed by ``"; BLAME: WHO
+    (CRITERION)"`` for a row with a note and no value; a row whose criterion names a fix adds
+    ``"; fix: FIX"`` before the criterion; either followed by ``"; BLAME: WHO
     (why)"`` when the row says who caused it (``blame``, :mod:`chaoslib_infer.verdict.blame`)."""
     blame = f"; BLAME: {row['blame']}" if row.get("blame") else ""
+    fix = f"; fix: {row['fix']}" if row.get("fix") else ""
     if row["value"] is None and row.get("note"):
-        return f"{row['label']}: {row['note']} ({row['criterion']}){blame}"
+        return f"{row['label']}: {row['note']}{fix} ({row['criterion']}){blame}"
     value = format_value(row["value"], row["unit"])
     thr = format_value(row["threshold"], row["unit"])
     fails = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[row["op"]]
     statement = row.get("statement")  # a steady-state window's binomial test (verdict/steady.py)
     tested = f"; {statement}" if statement else ""
-    return f"{row['label']}: {value} {fails} {thr}{tested} ({row['criterion']}){blame}"
+    return f"{row['label']}: {value} {fails} {thr}{tested}{fix} ({row['criterion']}){blame}"
 
 
 def baseline_defects(

@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.measure import figures as mfig
 from chaoslib_infer.measure.figkit import FAULT, REMOVED, DrillContext, Marker, mark, num
 from chaoslib_infer.measure.metrics import logical_stats, retry_stats, window_stats
 from chaoslib_infer.measure.retrycost import generation_counts, wasted_tokens
@@ -112,13 +111,11 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     - ``mechanism``: ``"shim"`` or ``"netem"``.
     - ``retries``: attempt records with ``attempt > 1`` (whole run); ``retried_requests``: logical
       requests with more than one attempt.
-    - ``duplicate_generations``: logical requests of this run generated more than once by the
-      engine (attempt records against the generation ledger; exact in the lab);
-      ``duplicate_generations_during_jitter``: those whose first attempt was sent in the window;
-      ``extra_generations``: generations beyond the first, summed over this run's requests;
-      ``wasted_tokens`` (prompt + completion) and ``wasted_completion_tokens``: the tokens of
-      those extra generations (:func:`wasted_tokens`; None where the engine writes no
-      ``generation_end`` lines).
+    - ``duplicate_generations_during_jitter``: logical requests of this run generated more
+      than once by the engine whose first attempt was sent in the window. The drill's
+      ``duplicate_generations``, ``extra_generations``, ``wasted_tokens`` and
+      ``wasted_completion_tokens`` are the common figures, computed once for every drill
+      (:func:`chaoslib_infer.measure.rerun.rerun_figures`), not here.
     - ``p99_e2e_during_jitter_s``, ``p99_ttft_during_jitter_s``: attempt percentiles (seconds,
       successful attempts; ``censored_fraction_during_jitter`` beside them);
       ``p99_request_e2e_during_jitter_s``: per logical request, first send to final end (retries
@@ -163,14 +160,10 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     ]
     counts_run = generation_counts(run_ledger)
     mine = {rid: n for rid, n in counts_run.items() if rid in ids}
-    figures["duplicate_generations"] = int(mfig.duplicates(records, ctx.ledger))
     figures["duplicate_generations_during_jitter"] = sum(
         1 for rid, n in mine.items() if n > 1 and start <= first_sent.get(rid, -1.0) < w_end
     )
-    figures["extra_generations"] = sum(n - 1 for n in mine.values() if n > 1)
-    waste = wasted_tokens(run_ledger, mine)
-    figures["wasted_tokens"] = waste["wasted_tokens"]
-    figures["wasted_completion_tokens"] = waste["wasted_completion_tokens"]
+    waste = wasted_tokens(run_ledger, mine)  # ground truth: duplicates without an end line
     during = window_stats(records, start, w_end)
     logical = logical_stats(records, start, w_end)
     figures["requests_during_jitter"] = int(logical.get("requests") or 0)

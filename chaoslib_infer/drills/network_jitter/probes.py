@@ -15,9 +15,8 @@ from chaoslib.exceptions import ActivityFailed
 from chaoslib_infer import settings
 from chaoslib_infer.drills.criterion import configured_overrides
 from chaoslib_infer.load.records import read_records
-from chaoslib_infer.measure import figures as mfig
-from chaoslib_infer.measure.faultcut import fault_cut, taken_replicas
 from chaoslib_infer.measure.figkit import read_jsonl
+from chaoslib_infer.measure.rerun import rerun_figures
 
 __all__ = ["duplicates_check"]
 
@@ -31,7 +30,14 @@ def duplicates_check(
     load started) that the engine generated more than once, from the lab's generation ledger
     (definition: ``docs/definitions.md``, "Drill figures"), a re-run of a generation a fault
     aborted left out (``docs/definitions.md``, "Re-runs and duplicates"): the slowed replica
-    goes on generating, so every second generation here is the client's duplicate.
+    goes on generating, so every second generation here is the client's duplicate. The count
+    is the verdict's own ``duplicate_generations``
+    (:func:`chaoslib_infer.measure.rerun.rerun_figures`), never a second computation of it.
+
+    When the ledger holds no generation line of this run's requests the count is unmeasured,
+    never 0: the probe then fails closed under a budget (``passed`` False, ``result``
+    ``"unmeasured"``, ``judged`` False: the verdict's own ``duplicate_generations`` row, unmeasured
+    too, makes the drill inconclusive; no hypothesis line fails it on a figure nobody measured).
 
     Args:
         max_duplicates: the budget (logical requests generated more than once); a negative value
@@ -42,9 +48,11 @@ def duplicates_check(
             ``off`` meaning no budget).
 
     Returns:
-        ``{"metric": "duplicate_generations", "value" (count), "op": "<=", "threshold" (None
-        without a budget), "passed", "requests" (logical requests), "attempts", "retries"}``; use
-        the tolerance ``{"type": "jsonpath", "path": "$.passed", "expect": true}``.
+        ``{"metric": "duplicate_generations", "value" (count; None: unmeasured), "op": "<=",
+        "threshold" (None without a budget), "passed", "result" (``pass``, ``fail``,
+        ``not judged``, ``unmeasured``), "requests" (logical requests), "attempts",
+        "retries"}``, and ``"judged": False`` with ``"reasons"`` when unmeasured; use the
+        tolerance ``{"type": "jsonpath", "path": "$.passed", "expect": true}``.
 
     Raises:
         ActivityFailed: ``max_duplicates`` or the override is not a number, or the lab has no ledger file (no lab,
@@ -70,21 +78,35 @@ def duplicates_check(
     records = read_records(path) if path.exists() else []
     ids = {r.get("request_id") for r in records}
     ids.discard(None)
-    ledger = read_jsonl(ledger_path)
     # a generation the fault aborted (a replica it took; none in this drill: the slowed replica
     # goes on generating) is re-run by the fault's doing, not duplicated (measure/rerun.py)
     faults = read_jsonl(settings.faults_path(configuration))
     events = read_jsonl(settings.lab_dir(configuration) / "events.jsonl")
-    cuts = fault_cut(records, taken_replicas(faults), ledger, events)
-    count = mfig.duplicates(records, ledger, cuts)
+    count = rerun_figures(records, read_jsonl(ledger_path), faults, events)["duplicate_generations"]
     threshold = None if budget < 0 else budget
-    return {
+    out: dict[str, Any] = {
         "metric": "duplicate_generations",
         "value": count,
         "op": "<=",
         "threshold": threshold,
-        "passed": threshold is None or count <= threshold,
+        "passed": threshold is None or (count is not None and count <= threshold),
+        "result": _result(count, threshold),
         "requests": len(ids),
         "attempts": len(records),
         "retries": sum(1 for r in records if int(r.get("attempt") or 1) > 1),
     }
+    if count is None:
+        out["judged"] = False
+        out["reasons"] = [
+            f"duplicate generations unmeasured: the engine ledger holds no generation line of "
+            f"this run's {len(ids)} requests (duplicate_generations)"
+        ]
+    return out
+
+
+def _result(count: int | None, threshold: float | None) -> str:
+    if count is None:
+        return "unmeasured"
+    if threshold is None:
+        return "not judged"
+    return "pass" if count <= threshold else "fail"
