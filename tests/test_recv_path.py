@@ -28,7 +28,7 @@ GAP_S = 0.05
 
 
 def _fast() -> Any:
-    mod = chunkpath.read_module()
+    mod = chunkpath.compiled_reads()
     if mod is None:
         pytest.skip(f"{chunkpath.ENV}={os.environ.get(chunkpath.ENV)!r} chooses the pure path")
     return mod
@@ -200,6 +200,6 @@ def test_compiled_turn_calls_each_ready_handler() -> None:
 
 def test_python_env_chooses_the_pure_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(chunkpath.ENV, "python")
-    assert chunkpath.read_module() is None and kerneltime.read_module() is None
+    assert chunkpath.compiled_reads() is None and kerneltime.compiled_reads() is None
     monkeypatch.setenv(chunkpath.ENV, "compiled")
-    assert kerneltime.read_module() is not None
+    assert kerneltime.compiled_reads() is not None

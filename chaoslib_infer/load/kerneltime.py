@@ -52,7 +52,6 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from types import ModuleType
 from typing import Any
 
 from chaoslib_infer.measure import chunkpath
@@ -67,7 +66,7 @@ __all__ = [
     "rx_stamp",
     "Poller",
     "poller_for",
-    "read_module",
+    "compiled_reads",
     "recv_stamped",
     "session_summary",
     "tx_stamp",
@@ -176,8 +175,8 @@ class Poller:
         hold_stamps()
         self._handlers: dict[int, Callable[[], None]] = {}
         self.closed = False
-        fast = read_module()
-        #: ``"compiled"`` or ``"python"``: who runs a turn (:func:`read_module`)
+        fast = compiled_reads()
+        #: ``"compiled"`` or ``"python"``: who runs a turn (:func:`compiled_reads`)
         self.read_path = "compiled" if fast is not None else "python"
         if fast is not None:
             epfd, handlers, turn = self._ep.fileno(), self._handlers, fast.dispatch
@@ -265,16 +264,16 @@ def enable(sock: socket.socket, tx: bool = True) -> tuple[bool, bool]:
         return False, False
 
 
-def read_module() -> ModuleType | None:
+def compiled_reads() -> chunkpath.CompiledReads | None:
     """The compiled reads (``measure._recvfast``: :func:`recv_stamped` and a :class:`Poller`
     turn in C, issue 24) when the chunk path chosen now is the compiled one
-    (``measure.chunkpath.read_module``, ``CHAOS_INFER_CHUNK_PATH``); else None (the pure-Python
-    reads of this module).
+    (``measure.chunkpath.compiled_reads``, ``CHAOS_INFER_CHUNK_PATH``); else None (the
+    pure-Python reads of this module).
 
     Raises:
         ValueError: as ``chunkpath.parser_class`` (a bad ``CHAOS_INFER_CHUNK_PATH``).
     """
-    return chunkpath.read_module()
+    return chunkpath.compiled_reads()
 
 
 def recv_stamped(

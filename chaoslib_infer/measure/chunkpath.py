@@ -18,23 +18,42 @@ Each record names the path that parsed it (``chunk_path``: ``"compiled"`` | ``"p
 from __future__ import annotations
 
 import os
-from types import ModuleType
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from chaoslib_infer.measure.sse import StreamParser
 
-__all__ = ["ENV", "compiled_available", "parser_class", "path", "read_module"]
+__all__ = ["ENV", "CompiledReads", "compiled_available", "compiled_reads", "parser_class", "path"]
 
 #: Environment variable that chooses the chunk path (module docstring).
 ENV = "CHAOS_INFER_CHUNK_PATH"
 
 
-def _load() -> tuple[type[StreamParser] | None, ModuleType | None, str]:
+@dataclass(frozen=True)
+class CompiledReads:
+    """The compiled kernel-stamped reads (``measure/_recvfast.pyx``).
+
+    Attributes:
+        recv_stamped: ``(fd, size, floor) -> (data, t, now, stamped) | None``, the twin of
+            ``load.kerneltime.recv_stamped`` on a descriptor (its docstring: definitions).
+        dispatch: ``(epfd, handlers) -> None``, one ``load.kerneltime.Poller`` turn:
+            ``epoll_wait`` without waiting, then ``handlers[fd]()`` for each ready descriptor.
+    """
+
+    recv_stamped: Callable[[int, int, float], tuple[bytes, float, float, bool] | None]
+    dispatch: Callable[[int, dict[int, Callable[[], None]]], None]
+
+
+def _load() -> tuple[type[StreamParser] | None, CompiledReads | None, str]:
     try:
-        from chaoslib_infer.measure import _recvfast  # type: ignore[attr-defined]
+        from chaoslib_infer.measure._recvfast import (  # type: ignore[import-not-found]
+            dispatch,
+            recv_stamped,
+        )
         from chaoslib_infer.measure._ssefast import FastStreamParser  # type: ignore[import-not-found]
     except ImportError as exc:  # not built (no compiler at install) or built for another Python
         return None, None, f"{type(exc).__name__}: {exc}"
-    return FastStreamParser, _recvfast, ""
+    return FastStreamParser, CompiledReads(recv_stamped, dispatch), ""
 
 
 _COMPILED, _READS, _WHY_NOT = _load()
@@ -80,10 +99,9 @@ def path() -> str:
     return str(parser_class().chunk_path)
 
 
-def read_module() -> ModuleType | None:
-    """The compiled kernel-stamped reads (``_recvfast``: ``recv_stamped(fd, size, floor)`` and
-    ``dispatch(epfd, handlers)``, the twins of ``load.kerneltime.recv_stamped`` and a
-    ``kerneltime.Poller`` turn) when :data:`ENV` chooses the compiled path, else None.
+def compiled_reads() -> CompiledReads | None:
+    """The compiled kernel-stamped reads (:class:`CompiledReads`) when :data:`ENV` chooses the
+    compiled path, else None.
 
     Raises:
         ValueError: as :func:`parser_class`.
