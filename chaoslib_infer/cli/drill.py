@@ -12,11 +12,12 @@ from chaoslib_infer.errors import InferChaosError
 from .common import apply_gateway, experiments_dir, fail, gateway_options
 from .load_settings import apply_load_vars, load_options
 from .plan_run import PlanRunOptions, run_plan, target_options
+from .usage import OneLineGroup
 
 __all__ = ["drill"]
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
 def drill() -> None:
     """List the drills, or run one of them on its own (with the default plan's lab)."""
 

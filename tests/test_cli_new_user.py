@@ -1,0 +1,133 @@
+"""Defects a new-user trial of ``chaos-infer`` found, one section per fix.
+
+1. Click's usage errors (a bad option value, a missing argument, an unknown option or command)
+   are one line, ``chaos-infer: error: WHAT (see CMD --help)``, exit 2, on every command;
+   ``--help`` is unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from labutil import cli
+
+from chaoslib_infer.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _one_line_exit_2(stderr: str, code: int, *fragments: str) -> str:
+    """The single line on stderr (exit 2, no traceback, no ``Usage:`` block)."""
+    assert code == 2, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, stderr
+    line = lines[0]
+    assert line.startswith("chaos-infer: error: "), line
+    assert "Usage:" not in stderr and "Try '" not in stderr and "Traceback" not in stderr
+    for fragment in fragments:
+        assert fragment in line, line
+    return line
+
+
+def _invoke(*args: str) -> click.testing.Result:
+    return CliRunner().invoke(main, list(args), prog_name="chaos-infer")
+
+
+# ---- 1. usage errors: one line, exit 2 ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (
+            ("gameday", "--verdict-policy", "nonsense"),
+            (
+                "invalid value for '--verdict-policy': 'nonsense' is not one of 'default', "
+                "'strict' (see ",
+                " gameday --help)",
+            ),
+        ),
+        (
+            ("gameday", "--replicas", "0"),
+            ("invalid value for '--replicas'", "0 is not in the range", "gameday --help)"),
+        ),
+        (
+            ("gameday", "--gateway-config", "/nope.conf"),
+            ("invalid value for '--gateway-config'", "/nope.conf", "does not exist"),
+        ),
+        (
+            ("drill", "run"),
+            ("missing argument 'NAME' (see ", " drill run --help)"),
+        ),
+    ],
+)
+def test_the_trials_usage_errors_are_one_line_as_a_user_sees_them(
+    tmp_path: Path, args: tuple[str, ...], fragments: tuple[str, ...]
+) -> None:
+    # as `python -m chaoslib_infer.cli` the command's path starts so; `chaos-infer` as installed
+    proc = cli(*args, timeout=60, cwd=tmp_path)
+    line = _one_line_exit_2(proc.stderr, proc.returncode, *fragments)
+    assert ". (see" not in line, line
+    assert proc.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # refused before anything ran
+
+
+# every command and group of the CLI (arguments, then the command's path), with an option none
+# of them has
+COMMANDS = [
+    (("gameday",), "gameday"), (("drill", "run", "oom-kill"), "drill run"),
+    (("drill", "list"), "drill list"), (("drill",), "drill"), (("lab", "up"), "lab up"),
+    (("lab", "status"), "lab status"), (("lab", "down"), "lab down"), (("rollback",), "rollback"),
+    (("report", "x"), "report"), (("capacity",), "capacity"), (("alerts",), "alerts"),
+    (("schedule",), "schedule"), (("certify",), "certify"),
+    (("load", "three-phase"), "load three-phase"), (("load", "soak"), "load soak"),
+    (("load", "ceiling"), "load ceiling"), ((), ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "path"), COMMANDS, ids=lambda c: str(c))
+def test_every_command_refuses_an_unknown_option_in_one_line(
+    args: tuple[str, ...], path: str
+) -> None:
+    res = _invoke(*args, "--no-such-option")
+    where = f"(see {' '.join(('chaos-infer', path)).strip()} --help)"
+    _one_line_exit_2(res.stderr, res.exit_code, "no such option", "--no-such-option", where)
+
+
+def test_unknown_commands_and_bad_values_elsewhere_are_one_line() -> None:
+    res = _invoke("gamedya")
+    _one_line_exit_2(res.stderr, res.exit_code, "no such command 'gamedya'", "chaos-infer --help")
+    res = _invoke("drill", "runn")
+    _one_line_exit_2(
+        res.stderr, res.exit_code, "no such command 'runn'", "chaos-infer drill --help"
+    )
+    res = _invoke("capacity", "--peak-qps", "fast")
+    _one_line_exit_2(res.stderr, res.exit_code, "'--peak-qps'", "'fast' is not a valid float")
+    res = _invoke("load", "soak", "--rate")
+    _one_line_exit_2(res.stderr, res.exit_code, "option '--rate' requires an argument")
+
+
+def test_a_command_run_on_its_own_refuses_in_one_line_too() -> None:
+    from chaoslib_infer.cli.report import report
+
+    res = CliRunner().invoke(report, ["x", "--junit-inconclusive", "green"], prog_name="report")
+    _one_line_exit_2(res.stderr, res.exit_code, "'green' is not one of 'failure', 'skipped'")
+
+
+def test_help_is_clicks_unchanged() -> None:
+    for args in (("--help",), ("gameday", "--help"), ("drill", "run", "--help"), ("lab", "-h")):
+        res = _invoke(*args)
+        assert res.exit_code == 0, res.output
+        assert res.stdout.startswith("Usage: chaos-infer "), res.stdout
+        assert res.stderr == ""
+    res = _invoke("drill")  # a group without a command: its help, as Click gives it
+    assert "Usage: chaos-infer drill [OPTIONS] COMMAND [ARGS]..." in res.output
+    assert "chaos-infer: error" not in res.output
+
+
+def test_a_usage_error_from_a_subprocess_has_no_usage_block(tmp_path: Path) -> None:
+    proc = cli("lab", "up", "--replicas", "many", timeout=60, cwd=tmp_path)
+    _one_line_exit_2(
+        proc.stderr, proc.returncode, "'many' is not a valid integer", "lab up --help)"
+    )
