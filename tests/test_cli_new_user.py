@@ -3,6 +3,7 @@
 1. Click's usage errors (a bad option value, a missing argument, an unknown option or command)
    are one line, ``chaos-infer: error: WHAT (see CMD --help)``, exit 2, on every command;
    ``--help`` is unchanged.
+2. A malformed ``--criterion`` (``:warmup_ratio=3``, ``:=3``, ``a:b=``) is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -131,3 +132,36 @@ def test_a_usage_error_from_a_subprocess_has_no_usage_block(tmp_path: Path) -> N
     _one_line_exit_2(
         proc.stderr, proc.returncode, "'many' is not a valid integer", "lab up --help)"
     )
+
+
+# ---- 2. malformed --criterion shapes: one line, exit 2 ----------------------------------------
+@pytest.mark.parametrize(
+    ("item", "fragment"),
+    [
+        (":warmup_ratio=3", "(an empty drill name before ':')"),
+        (" :warmup_ratio=3", "(an empty drill name before ':')"),
+        ("oom-kill:", "expected [DRILL:]NAME=VALUE"),
+        (":=3", "(an empty criterion name)"),
+        ("oom-kill:=3", "(an empty criterion name)"),
+        ("=3", "expected [DRILL:]NAME=VALUE"),
+        ("oom-kill:warmup_ratio=", "empty value"),
+        ("a:b=", "empty value"),
+        ("oom-kill:warmup_ratio:x=3", "(one ':' at most)"),
+    ],
+)
+def test_a_malformed_criterion_is_refused_in_one_line(
+    tmp_path: Path, item: str, fragment: str
+) -> None:
+    for command in (("gameday",), ("drill", "run", "oom-kill")):
+        res = _invoke(*command, "--dry-run", "--out", str(tmp_path / "o"), "--criterion", item)
+        line = _one_line_exit_2(res.stderr, res.exit_code, "--criterion", fragment)
+        assert repr(item) in line or "empty value" in line, line
+        assert res.stdout == ""
+
+
+def test_well_formed_criteria_still_parse() -> None:
+    from chaoslib_infer.verdict import parse_override
+
+    assert parse_override("oom-kill:warmup_ratio=3") == ("oom-kill", "warmup_ratio", 3.0)
+    assert parse_override(" oom-kill : restart_s = off") == ("oom-kill", "restart_s", None)
+    assert parse_override("restart_s=20") == (None, "restart_s", 20.0)
