@@ -4,11 +4,19 @@
    are one line, ``chaos-infer: error: WHAT (see CMD --help)``, exit 2, on every command;
    ``--help`` is unchanged.
 2. A malformed ``--criterion`` (``:warmup_ratio=3``, ``:=3``, ``a:b=``) is one line, exit 2.
+3. ``drill run NAME`` ends with ``drill NAME VERDICT``, a game day with ``game day VERDICT``.
+8. A game day interrupted after a failed drill is ``ABORTED``, exit 130 (README, "Exit code").
+
+The game-day tests stub the drill run (``run_drill``) and the target's preflight: no lab, no load.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -165,3 +173,106 @@ def test_well_formed_criteria_still_parse() -> None:
     assert parse_override("oom-kill:warmup_ratio=3") == ("oom-kill", "warmup_ratio", 3.0)
     assert parse_override(" oom-kill : restart_s = off") == ("oom-kill", "restart_s", None)
     assert parse_override("restart_s=20") == (None, "restart_s", 20.0)
+
+
+# ---- 3 and 8: the last line names what ran; an interrupted game day is ABORTED, exit 130 ------
+def _stub_drills(monkeypatch: pytest.MonkeyPatch, entries: list[Any]) -> None:
+    """``run_drill`` replaced: each call returns the next entry (a callable: called, e.g. to
+    raise); ``preflight_url`` answers. No lab, no load."""
+    from chaoslib_infer import gameday
+
+    todo = list(entries)
+
+    def fake_run_drill(spec: Any, drill_dir: Path, *_a: Any, **_kw: Any) -> dict[str, Any]:
+        drill_dir.mkdir(parents=True, exist_ok=True)
+        entry = todo.pop(0)
+        if callable(entry):
+            entry = entry()
+        return {"name": spec.name, "experiment": str(spec.experiment), "figures": {}, **entry}
+
+    monkeypatch.setattr(gameday, "run_drill", fake_run_drill)
+    monkeypatch.setattr(gameday, "preflight_url", lambda url: None)
+
+
+def _tiny_plan(tmp_path: Path, n: int) -> Path:
+    exp = ROOT / "experiments" / "oom-kill.yaml"
+    plan = tmp_path / "plan.yaml"
+    drills = "".join(f"  - {{name: d{i}, experiment: {exp}}}\n" for i in range(n))
+    plan.write_text(f"name: tiny\ndrills:\n{drills}", encoding="utf-8")
+    return plan
+
+
+PASSED: dict[str, Any] = {"status": "passed", "reasons": []}
+FAILED: dict[str, Any] = {"status": "failed", "reasons": ["restart time: 40 s > 30 s"]}
+ABORTED: dict[str, Any] = {"status": "aborted", "reasons": ["stopped: the run was interrupted"]}
+
+
+@pytest.mark.parametrize(("entry", "word", "code"), [(PASSED, "PASSED", 0), (FAILED, "FAILED", 1)])
+def test_a_drill_run_ends_with_the_drills_verdict_not_the_game_days(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry: dict[str, Any], word: str, code: int
+) -> None:
+    _stub_drills(monkeypatch, [entry])
+    out = tmp_path / "d"
+    res = _invoke("drill", "run", "oom-kill", "--target", "http://127.0.0.1:9", "--out", str(out))
+    assert res.exit_code == code, res.output
+    last = res.stdout.strip().splitlines()[-1]
+    assert last == f"drill oom-kill {word}: {out / 'summary.json'}, {out / 'index.html'}"
+    assert "game day" not in res.stdout
+
+
+def test_a_game_day_still_says_game_day(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _stub_drills(monkeypatch, [PASSED, FAILED])
+    out = tmp_path / "g"
+    res = _invoke(
+        "gameday", str(_tiny_plan(tmp_path, 2)), "--target", "http://127.0.0.1:9", "--out", str(out)
+    )
+    assert res.exit_code == 1, res.output
+    last = res.stdout.strip().splitlines()[-1]
+    assert last == f"game day FAILED: {out / 'summary.json'}, {out / 'index.html'}"
+
+
+def _sigterm() -> dict[str, Any]:
+    os.kill(os.getpid(), signal.SIGTERM)  # run_gameday's handler raises KeyboardInterrupt
+    raise AssertionError("SIGTERM did not interrupt the drill")
+
+
+@pytest.mark.parametrize(
+    "second",
+    [ABORTED, _sigterm],
+    ids=["drill-aborted-by-the-signal", "signal-outside-chaoslib"],
+)
+def test_a_game_day_interrupted_after_a_failed_drill_is_aborted_exit_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second: Any
+) -> None:
+    _stub_drills(monkeypatch, [FAILED, second, PASSED])
+    out = tmp_path / "g"
+    res = _invoke(
+        "gameday", str(_tiny_plan(tmp_path, 3)), "--target", "http://127.0.0.1:9", "--out", str(out)
+    )
+    assert res.exit_code == 130, res.output
+    assert res.stdout.strip().splitlines()[-1].startswith("game day ABORTED: ")
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["complete"] is False and summary["verdict"] == "aborted"
+    assert [d["status"] for d in summary["drills"]][:1] == ["failed"]  # kept, not hidden
+    assert len(summary["drills"]) <= 2  # no drill ran after the interruption
+    assert 'class="verdict v-ABORTED"' in (out / "index.html").read_text(encoding="utf-8")
+
+
+def test_the_final_exit_code_and_verdict_word() -> None:
+    from chaoslib_infer.gameday import final_exit_code, gameday_verdict
+
+    cases = [
+        # how the loop ended, the drills' states -> exit code, verdict word
+        (130, ["failed", "aborted"], 130, "ABORTED"),
+        (130, ["passed", "failed"], 130, "ABORTED"),  # interrupted between drills
+        (130, ["passed", "aborted"], 130, "ABORTED"),
+        (0, ["passed", "failed"], 1, "FAILED"),
+        (0, ["passed", "inconclusive"], 3, "INCONCLUSIVE"),
+        (0, ["passed"], 0, "PASSED"),
+        (2, ["failed"], 1, "FAILED"),  # a failure outranks a later drill the tool could not run
+        (2, ["passed"], 2, "ERROR"),
+    ]
+    for so_far, states, code, word in cases:
+        got = final_exit_code(so_far, states)
+        assert (got, gameday_verdict(got, False)) == (code, word), (so_far, states)
+    assert gameday_verdict(final_exit_code(1, ["aborted"]), True) == "STOPPED"

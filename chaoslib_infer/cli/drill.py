@@ -102,4 +102,4 @@ def drill_run(
     )
     apply_gateway(the_plan, gateway, gateway_config)
     apply_load_vars(the_plan, load_vars or {})
-    run_plan(the_plan, out_dir or Path("drill-out") / name, opts)
+    run_plan(the_plan, out_dir or Path("drill-out") / name, opts, label=f"drill {name}")

@@ -283,9 +283,10 @@ def _print_own_criteria(the_plan: Any, overrides: dict[str, dict[str, Any]]) -> 
     click.echo("  every drill also: " + ", ".join(show(c) for c in COMMON[:4]) + ", ...")
 
 
-def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions) -> None:
+def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions, label: str = "game day") -> None:
     """Check everything that can be checked without touching anything, then run (or dry-run)
-    ``the_plan`` with ``opts`` into ``out_dir``.
+    ``the_plan`` with ``opts`` into ``out_dir``; the last line says ``LABEL VERDICT`` (``game
+    day PASSED``, ``drill oom-kill FAILED``).
 
     Refused with one line and exit 2, before anything starts: a target outside the allowlist
     (a URL, or a Kubernetes target file's context/namespace: no API call is made), a
@@ -329,7 +330,7 @@ def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions) -> None:
     with api_key_in_env(key):
         code = _validate_and_run(
             the_plan, out_dir, target_url, replicas, engine, overrides, dry_run, allow, k8s, criteria,
-            opts.junit_inconclusive,
+            opts.junit_inconclusive, label,
         )  # fmt: skip
     if code is not None:
         sys.exit(code)
@@ -373,6 +374,7 @@ def _validate_and_run(
     k8s: Any,
     criteria: list[tuple[str | None, str, float | None]],
     junit_inconclusive: str = "failure",
+    label: str = "game day",
 ) -> int | None:
     """The part of :func:`run_plan` that runs with the API key in the environment: the plan's
     experiments validated, then the dry-run print-out (None) or the preflight and the game day
@@ -413,6 +415,7 @@ def _validate_and_run(
             k8s_target=k8s,
             criteria=criteria,
             junit_inconclusive=junit_inconclusive,
+            label=label,
         )
     except InferChaosError as exc:
         fail(str(exc))
