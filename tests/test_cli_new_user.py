@@ -6,6 +6,7 @@
 2. A malformed ``--criterion`` (``:warmup_ratio=3``, ``:=3``, ``a:b=``) is one line, exit 2.
 3. ``drill run NAME`` ends with ``drill NAME VERDICT``, a game day with ``game day VERDICT``.
 8. A game day interrupted after a failed drill is ``ABORTED``, exit 130 (README, "Exit code").
+4. ``junit.xml`` writes the steady-state hypothesis in words, never a dict repr.
 
 The game-day tests stub the drill run (``run_drill``) and the target's preflight: no lab, no load.
 """
@@ -276,3 +277,66 @@ def test_the_final_exit_code_and_verdict_word() -> None:
         got = final_exit_code(so_far, states)
         assert (got, gameday_verdict(got, False)) == (code, word), (so_far, states)
     assert gameday_verdict(final_exit_code(1, ["aborted"]), True) == "STOPPED"
+
+
+# ---- 4. junit.xml writes the steady-state hypothesis in words, not a dict repr ----------------
+def _junit_text(entry: dict[str, Any]) -> str:
+    import xml.etree.ElementTree as ET
+
+    from chaoslib_infer.evidence.bundle import junit_xml
+
+    root = ET.fromstring(junit_xml({"plan": "p", "drills": [entry]}))
+    case = next(c for c in root.iter("testcase") if c.get("name") == entry["name"])
+    out = case.find("system-out")
+    assert out is not None
+    return out.text or ""
+
+
+def test_junit_writes_the_hypothesis_title_probes_and_tolerances(tmp_path: Path) -> None:
+    import yaml
+
+    from chaoslib_infer.gameday import drill_evidence
+
+    experiment = yaml.safe_load((ROOT / "experiments" / "oom-kill.yaml").read_text())
+    journal = {
+        "experiment": experiment,
+        "steady_states": {"before": {"steady_state_met": True}, "after": None},
+    }
+    drill_dir = tmp_path / "oom-kill"
+    drill_dir.mkdir()
+    entry = drill_evidence(
+        "oom-kill", "experiments/oom-kill.yaml", "OOM kill", drill_dir, journal, None,
+        {"kind": "url", "url": "http://127.0.0.1:1", "engine": "unknown", "replicas": 0},
+        1000.0, 1010.0, kind="oom-kill",
+    )  # fmt: skip
+    assert entry["hypothesis"] == {"before": True, "after": None}  # its shape is unchanged
+    title = experiment["steady-state-hypothesis"]["title"]
+    assert entry["steady_state"]["title"] == title
+    text = _junit_text(entry)
+    assert "{'" not in text and "'title'" not in text and "None" not in text, text
+    lines = text.splitlines()
+    assert (
+        f'steady-state hypothesis "{title}": before the fault held, after it not evaluated' in lines
+    )
+    probes = next(ln for ln in lines if ln.startswith("probes: "))
+    assert "availability-meets-slo ($.passed == true)" in probes
+    assert "p99-e2e-latency-meets-slo ($.passed == true)" in probes
+    assert "availability=unmeasured p99_e2e_s=unmeasured evidence=oom-kill/evidence.md" in lines
+
+
+def test_junit_of_an_older_summary_and_the_tolerance_shapes() -> None:
+    from chaoslib_infer.evidence.hypothesis import tolerance_text
+
+    old = {"name": "a", "status": "failed", "hypothesis": {"before": True, "after": False},
+           "figures": {"availability": 0.98}}  # fmt: skip
+    text = _junit_text(old)
+    assert "steady-state hypothesis: before the fault held, after it did not hold" in text
+    assert "{'" not in text and "probes:" not in text
+    assert "availability=0.98 p99_e2e_s=unmeasured" in text
+    assert tolerance_text(True) == "== true"
+    assert tolerance_text(200) == "== 200"
+    assert tolerance_text([200, 201]) == "one of [200, 201]"
+    assert tolerance_text({"type": "range", "range": [0, 1], "target": "body"}) == "body in [0, 1]"
+    assert tolerance_text({"type": "regex", "pattern": "^ok"}) == "matches ^ok"
+    assert tolerance_text({"type": "jsonpath", "path": "$.n", "expect": [1]}) == "$.n == [1]"
+    assert tolerance_text({"type": "probe", "name": "check"}) == "probe check"
