@@ -7,6 +7,7 @@
 3. ``drill run NAME`` ends with ``drill NAME VERDICT``, a game day with ``game day VERDICT``.
 8. A game day interrupted after a failed drill is ``ABORTED``, exit 130 (README, "Exit code").
 4. ``junit.xml`` writes the steady-state hypothesis in words, never a dict repr.
+5. Each ``--load-*`` help names the default the shipped drills really use (``auto`` warm-up).
 
 The game-day tests stub the drill run (``run_drill``) and the target's preflight: no lab, no load.
 """
@@ -340,3 +341,48 @@ def test_junit_of_an_older_summary_and_the_tolerance_shapes() -> None:
     assert tolerance_text({"type": "regex", "pattern": "^ok"}) == "matches ^ok"
     assert tolerance_text({"type": "jsonpath", "path": "$.n", "expect": [1]}) == "$.n == [1]"
     assert tolerance_text({"type": "probe", "name": "check"}) == "probe check"
+
+
+# ---- 5. --load-* help states the default a user of the shipped drills really gets -------------
+def _shipped_values(var: str) -> dict[str, str]:
+    """``{experiment: value as text}`` of configuration key ``var`` in every shipped experiment
+    that runs the background load (an env-typed key: its default)."""
+    import yaml
+
+    from chaoslib_infer.load.options import parse_var, setting_text
+
+    out = {}
+    for path in sorted((ROOT / "experiments").rglob("*.yaml")):
+        exp = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if not any(c.get("name") == "background-load" for c in exp.get("controls") or []):
+            continue
+        value = exp["configuration"][var]
+        if isinstance(value, dict) and value.get("type") == "env":
+            value = value.get("default")
+        name, parsed = parse_var(var, value)
+        out[str(path.relative_to(ROOT))] = setting_text(name, parsed)
+    return out
+
+
+def test_each_load_options_help_names_the_default_the_shipped_drills_use() -> None:
+    from chaoslib_infer.cli.gameday import gameday
+    from chaoslib_infer.load.options import LOAD_SETTINGS, cli_flag, setting_text
+
+    helps = {p.opts[0]: p.help or "" for p in gameday.params if isinstance(p, click.Option)}
+    for s in LOAD_SETTINGS:
+        text = " ".join(helps[cli_flag(s)].split())
+        shipped = _shipped_values(s.var)
+        assert len(shipped) >= 14, shipped  # the seven drills, lab and Kubernetes
+        table = "none" if s.default is None else setting_text(s.name, s.default)
+        if table in shipped.values():  # some shipped drill runs with the table's default
+            assert f"(default {table}; the drill's experiment may set its own)" in text, text
+        else:
+            assert f"(default {table};" not in text, text
+            for value in set(shipped.values()):
+                assert value in text, (s.name, value, text)
+    warmup = " ".join(helps["--load-warmup-s"].split())
+    assert (
+        "(default auto in the shipped drills (traffic-spike's lab experiment: 8); 6 in an "
+        "experiment that sets none)" in warmup
+    ), warmup
+    assert _shipped_values("load_warmup_s")["experiments/traffic-spike.yaml"] == "8"
