@@ -8,6 +8,7 @@
 8. A game day interrupted after a failed drill is ``ABORTED``, exit 130 (README, "Exit code").
 4. ``junit.xml`` writes the steady-state hypothesis in words, never a dict repr.
 5. Each ``--load-*`` help names the default the shipped drills really use (``auto`` warm-up).
+7. ``--dry-run`` prints the fault parameters with ``${...}`` resolved (an undefined key named).
 
 The game-day tests stub the drill run (``run_drill``) and the target's preflight: no lab, no load.
 """
@@ -386,3 +387,44 @@ def test_each_load_options_help_names_the_default_the_shipped_drills_use() -> No
         "experiment that sets none)" in warmup
     ), warmup
     assert _shipped_values("load_warmup_s")["experiments/traffic-spike.yaml"] == "8"
+
+
+# ---- 7. --dry-run prints the fault parameters resolved, as chaoslib will pass them ------------
+def _dry_run_lines(*args: str) -> list[str]:
+    res = _invoke(*args, "--dry-run")
+    assert res.exit_code == 0, res.output
+    return res.stdout.splitlines()
+
+
+def test_the_dry_run_resolves_every_placeholder_of_the_shipped_drills(tmp_path: Path) -> None:
+    lines = _dry_run_lines("gameday", "--out", str(tmp_path / "o"))
+    actions = [ln for ln in lines if ln.startswith("    action: ")]
+    assert len(actions) >= 7, lines
+    assert not [ln for ln in lines if "${" in ln], lines
+    freeze = next(ln for ln in actions if "freeze-one-replica" in ln)
+    assert "'mode': 'freeze', 'hold_s': 15" in freeze, freeze  # upstream-timeout's own values
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_dry_run_resolves_with_the_plans_vars_and_names_an_undefined_key(
+    tmp_path: Path,
+) -> None:
+    import yaml
+
+    exp = yaml.safe_load((ROOT / "experiments" / "upstream-timeout.yaml").read_text())
+    exp["method"][0]["provider"]["arguments"]["replica"] = "${nope}"
+    exp["method"][0]["pauses"] = {"after": "${hold_s}"}
+    path = tmp_path / "ut.yaml"
+    path.write_text(yaml.safe_dump(exp, sort_keys=False), encoding="utf-8")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        f"name: p\ndrills:\n  - name: upstream-timeout\n    experiment: {path}\n"
+        "    vars: {hold_s: 7, freeze_mode: sigstop}\n",
+        encoding="utf-8",
+    )
+    lines = _dry_run_lines("gameday", str(plan), "--out", str(tmp_path / "o"))
+    freeze = next(ln for ln in lines if "freeze-one-replica" in ln)
+    assert freeze == (
+        "    action: freeze-one-replica {'replica': '${nope}', 'mode': 'sigstop', 'hold_s': 7, "
+        "'ttl_s': 120} (then wait 7 s) [unresolved: ${nope} (undefined)]"
+    ), freeze

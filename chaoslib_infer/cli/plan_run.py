@@ -144,6 +144,7 @@ def check_k8s(the_plan: Any, k8s_file: Path | None, target_url: str | None, lab_
 
 def _print_dry_run(
     the_plan: Any,
+    out_dir: Path,
     target_url: str | None,
     replicas: int | None,
     engine: str | None,
@@ -181,14 +182,22 @@ def _print_dry_run(
         "SLOs (steady-state hypothesis): "
         + ", ".join(f"{f.name}={getattr(slo, f.name)}" for f in dataclasses.fields(slo))
     )
+    from .dry_run_args import drill_configuration, resolve, unresolved_note
+
+    lab_dir = out_dir / "lab" if not target_url and k8s is None else None
     for d in the_plan.drills:
         exp = yaml.safe_load(d.experiment.read_text(encoding="utf-8"))
         click.echo(f"- drill {d.name}: {exp.get('title', '')}")
+        url, k8s_file = (k8s.url, str(Path(k8s.source).resolve())) if k8s else (target_url, None)
+        config = drill_configuration(
+            exp, d.vars, overrides or {}, out_dir / d.name, lab_dir, url, k8s_file
+        )
         for act in exp.get("method", []):
-            pauses = act.get("pauses") or {}
+            args, left = resolve((act.get("provider") or {}).get("arguments") or {}, config)
+            pauses, left_p = resolve(act.get("pauses") or {}, config)
             extra = f" (then wait {pauses['after']} s)" if pauses.get("after") else ""
-            args = (act.get("provider") or {}).get("arguments") or {}
-            click.echo(f"    {act.get('type')}: {act.get('name')} {args}{extra}")
+            note = unresolved_note(sorted({*left, *left_p}), exp)
+            click.echo(f"    {act.get('type')}: {act.get('name')} {args}{extra}{note}")
         for rb in exp.get("rollbacks", []):
             click.echo(f"    rollback: {rb.get('name')}")
         _print_load_settings(exp, d.vars)
@@ -388,7 +397,7 @@ def _validate_and_run(
         fail(str(exc))
         return None
     if dry_run:
-        _print_dry_run(the_plan, target_url, replicas, engine, overrides, k8s, criteria)
+        _print_dry_run(the_plan, out_dir, target_url, replicas, engine, overrides, k8s, criteria)
         return None
     try:
         if k8s is not None:  # one cheap API call: unreachable/forbidden refuses before any load
