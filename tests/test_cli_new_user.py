@@ -9,6 +9,8 @@
 4. ``junit.xml`` writes the steady-state hypothesis in words, never a dict repr.
 5. Each ``--load-*`` help names the default the shipped drills really use (``auto`` warm-up).
 7. ``--dry-run`` prints the fault parameters with ``${...}`` resolved (an undefined key named).
+6. An ``--out`` folder that holds files is refused with one line before anything runs (a killed
+   run's folder with faults to undo excepted); ``--dry-run`` says so.
 
 The game-day tests stub the drill run (``run_drill``) and the target's preflight: no lab, no load.
 """
@@ -428,3 +430,69 @@ def test_the_dry_run_resolves_with_the_plans_vars_and_names_an_undefined_key(
         "    action: freeze-one-replica {'replica': '${nope}', 'mode': 'sigstop', 'hold_s': 7, "
         "'ttl_s': 120} (then wait 7 s) [unresolved: ${nope} (undefined)]"
     ), freeze
+
+
+# ---- 6. an --out folder that holds files is refused before anything runs ----------------------
+DEAD_URL = "http://127.0.0.1:1"
+
+
+@pytest.mark.parametrize("command", [("gameday",), ("drill", "run", "oom-kill")])
+def test_a_non_empty_out_folder_is_refused_in_one_line_and_left_alone(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    out = tmp_path / "old"
+    (out / "oom-kill").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine\n")
+    (out / "oom-kill" / "records.jsonl").write_text("{}\n")
+    out.chmod(0o755)
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    # an unreachable target: the folder is refused first, before the preflight or a lab
+    res = _invoke(*command, "--target", DEAD_URL, "--out", str(out))
+    _one_line_exit_2(
+        res.stderr, res.exit_code,
+        f"--out {out}: folder is not empty (2 files); choose a new folder",
+    )  # fmt: skip
+    assert res.stdout == ""
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+    assert out.stat().st_mode & 0o777 == 0o755  # not made private under its owner's feet
+
+
+def test_an_empty_out_folder_is_used_and_a_dry_run_only_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "full" / "x").mkdir(parents=True)
+    (tmp_path / "full" / "x" / "one").write_text("1")
+    lines = _dry_run_lines("gameday", "--out", str(tmp_path / "full"))
+    assert lines[0] == (
+        f"--out {tmp_path / 'full'}: folder is not empty (1 file); choose a new folder "
+        "(a real run refuses it)"
+    )
+    assert lines[-1] == "dry run: nothing was started or changed"
+    _stub_drills(monkeypatch, [PASSED])
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)  # folders only: no file to mistake for evidence
+    res = _invoke("drill", "run", "oom-kill", "--target", "http://127.0.0.1:9", "--out", str(empty))
+    assert res.exit_code == 0, res.output
+    assert (empty / "summary.json").is_file()
+
+
+def test_a_killed_runs_folder_is_taken_up_again_to_undo_what_it_left(tmp_path: Path) -> None:
+    from chaoslib_infer.cli.out_folder import killed_run_leftovers, out_folder_refusal
+
+    done = tmp_path / "done"
+    (done / "lab").mkdir(parents=True)
+    (done / "summary.json").write_text("{}")
+    assert not killed_run_leftovers(done)
+    assert out_folder_refusal(done) == (
+        f"--out {done}: folder is not empty (1 file); choose a new folder"
+    )
+    k8s = tmp_path / "k8s"
+    (k8s / "quota-cut" / "k8s-state").mkdir(parents=True)
+    (k8s / "quota-cut" / "k8s-state" / "quota-cut.json").write_text("{}")
+    assert killed_run_leftovers(k8s) and out_folder_refusal(k8s) is None
+    lab = tmp_path / "lab-run"
+    (lab / "lab").mkdir(parents=True)
+    (lab / "lab" / "lab.json").write_text("{}")
+    (lab / "lab" / "faults.json").write_text('[{"id": "f1", "kind": "test-marker"}]')
+    assert killed_run_leftovers(lab) and out_folder_refusal(lab) is None
+    assert out_folder_refusal(tmp_path / "absent") is None

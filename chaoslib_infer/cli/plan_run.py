@@ -300,7 +300,9 @@ def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions, label: str = "g
     Refused with one line and exit 2, before anything starts: a target outside the allowlist
     (a URL, or a Kubernetes target file's context/namespace: no API call is made), a
     malformed --allow/--slo/stop condition, an experiment that does not load (named), an
-    unreadable API key file, a key (file or ``$CHAOS_INFER_API_KEY``) under 8 characters; on a real run also an unreachable target and, on Kubernetes, a
+    unreadable API key file, a key (file or ``$CHAOS_INFER_API_KEY``) under 8 characters; on a
+    real run also an ``--out`` folder that holds files (:mod:`.out_folder`; a killed run's
+    folder with something to undo excepted), an unreachable target and, on Kubernetes, a
     node-level drill whose node runs pods of other namespaces
     (:func:`chaoslib_infer.k8s_preflight.check_plan`).
     """
@@ -390,13 +392,21 @@ def _validate_and_run(
     (its exit code). Exits 2 with one line on an error of the library."""
     from chaoslib_infer.gameday import run_gameday, validate_plan
 
+    from .out_folder import out_folder_refusal
+
     try:
         validate_plan(the_plan)  # after the key: experiments may reference $CHAOS_INFER_API_KEY
         prepare_out_dir(out_dir, create=False)
     except InferChaosError as exc:
         fail(str(exc))
         return None
+    reused = out_folder_refusal(out_dir)  # old files would pass for this run's evidence
+    if reused and not dry_run:
+        fail(reused)
+        return None
     if dry_run:
+        if reused:
+            click.echo(f"{reused} (a real run refuses it)")
         _print_dry_run(the_plan, out_dir, target_url, replicas, engine, overrides, k8s, criteria)
         return None
     try:
