@@ -78,6 +78,7 @@ __all__ = [
     "default_plan_path",
     "gameday_verdict",
     "drill_evidence",
+    "final_exit_code",
     "headline",
     "load_drill_experiment",
     "preflight_url",
@@ -197,6 +198,7 @@ def run_gameday(
     k8s_target: Any = None,
     criteria: list[tuple[str | None, str, float | None]] | None = None,
     junit_inconclusive: str = JUNIT_INCONCLUSIVE_DEFAULT,
+    label: str = "game day",
 ) -> int:
     """Run every drill of ``plan`` and write the evidence bundle to ``out_dir``.
 
@@ -225,6 +227,8 @@ def run_gameday(
             (default) or ``skipped`` (``--junit-inconclusive``;
             :func:`chaoslib_infer.evidence.bundle.junit_xml`), recorded in ``summary.json``
             (``junit_inconclusive``) so ``chaos-infer report`` writes it the same way.
+        label: what the last line calls the run, ``LABEL VERDICT: ...`` (``game day``;
+            ``drill NAME`` for ``chaos-infer drill run NAME``).
 
     Returns:
         The exit code (see the module docstring).
@@ -360,11 +364,7 @@ def run_gameday(
                 break
         else:
             summary["complete"] = True
-        states = [str(d["status"]) for d in summary["drills"]]
-        if "failed" in states:  # a failure (residue included) outranks how the run ended
-            exit_code = EXIT_DEVIATED
-        elif exit_code == EXIT_OK:
-            exit_code = verdict_exit_code(states)
+        exit_code = final_exit_code(exit_code, [str(d["status"]) for d in summary["drills"]])
     except KeyboardInterrupt:
         progress("interrupted: rollbacks played; taking the lab down")
         exit_code = EXIT_INTERRUPTED
@@ -389,8 +389,30 @@ def run_gameday(
             redact.scrub_tree(out_dir, secrets)
             write_manifest(out_dir)
             run_lock.close()
-    progress(f"game day {verdict}: {out_dir / 'summary.json'}, {out_dir / 'index.html'}")
+    progress(f"{label} {verdict}: {out_dir / 'summary.json'}, {out_dir / 'index.html'}")
     return exit_code
+
+
+def final_exit_code(so_far: int, states: list[str]) -> int:
+    """The game day's exit code once its loop of drills has ended.
+
+    Args:
+        so_far: how the loop ended: :data:`EXIT_INTERRUPTED` (a drill aborted by Ctrl-C /
+            SIGTERM: the game day is incomplete), :data:`EXIT_ERROR` (a drill the tool could
+            not run), :data:`EXIT_DEVIATED` (a stop condition tripped) or :data:`EXIT_OK`.
+        states: the drills' states, in order.
+
+    Returns:
+        130 for an interrupted game day whatever its earlier drills said (it is aborted, its
+        verdict ``ABORTED``: README, "Exit code"); else 1 when a drill failed (a failure, residue
+        included, outranks an error); else ``so_far`` when the loop stopped early, or the
+        drills' own code (:func:`chaoslib_infer.verdict.exit_code`).
+    """
+    if so_far == EXIT_INTERRUPTED:
+        return EXIT_INTERRUPTED
+    if "failed" in states:
+        return EXIT_DEVIATED
+    return verdict_exit_code(states) if so_far == EXIT_OK else so_far
 
 
 def gameday_verdict(exit_code: int, stopped: bool) -> str:

@@ -19,6 +19,7 @@ from chaoslib_infer.controls.guard import read_stop_condition
 from chaoslib_infer.controls.load import LOAD_ERROR_FILE, WARMUP_FILE
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.figures import drill_figures, read_jsonl, unix_time
+from chaoslib_infer.evidence.hypothesis import steady_state_outline
 from chaoslib_infer.evidence.journal import failed_activities, hypothesis_results
 from chaoslib_infer.evidence.plots import drill_plots
 from chaoslib_infer.evidence.render import render_drill
@@ -276,6 +277,7 @@ def drill_evidence(
         "criteria_overrides": dict(criteria or {}),
         "verdict_policy": (policy or VerdictPolicy()).as_dict(),
         "hypothesis": hyp,
+        "steady_state": steady_state_outline(journal),
         "started_at": started if isinstance(started, str) else iso(started),
         "ended_at": ended if isinstance(ended, str) else iso(ended),
         "figures": figures,

@@ -11,11 +11,12 @@ from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.outdir import prepare_out_dir
 
 from .common import fail
+from .usage import OneLineCommand
 
 __all__ = ["certify"]
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 @click.option(
     "--target", "targets", multiple=True, metavar="FILE",
     type=click.Path(path_type=Path, dir_okay=False),

@@ -12,11 +12,12 @@ from chaoslib_infer.errors import InferChaosError
 from .common import apply_gateway, experiments_dir, fail, gateway_options
 from .load_settings import apply_load_vars, load_options
 from .plan_run import PlanRunOptions, run_plan, target_options
+from .usage import OneLineGroup
 
 __all__ = ["drill"]
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
 def drill() -> None:
     """List the drills, or run one of them on its own (with the default plan's lab)."""
 
@@ -101,4 +102,4 @@ def drill_run(
     )
     apply_gateway(the_plan, gateway, gateway_config)
     apply_load_vars(the_plan, load_vars or {})
-    run_plan(the_plan, out_dir or Path("drill-out") / name, opts)
+    run_plan(the_plan, out_dir or Path("drill-out") / name, opts, label=f"drill {name}")

@@ -12,11 +12,12 @@ from chaoslib_infer.errors import InferChaosError
 from .common import apply_gateway, fail, gateway_options
 from .load_settings import apply_load_vars, load_options
 from .plan_run import PlanRunOptions, run_plan, target_options
+from .usage import OneLineCommand
 
 __all__ = ["gameday"]
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 @click.argument("plan", required=False, type=click.Path(path_type=Path))
 @click.option(
     "--out",

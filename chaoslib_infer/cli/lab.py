@@ -11,11 +11,12 @@ import click
 from chaoslib_infer.errors import ConfigError, InferChaosError
 
 from .common import DEFAULT_LAB_DIR, fail, gateway_options
+from .usage import OneLineGroup
 
 __all__ = ["describe_engine_fault", "lab", "lab_down", "lab_status", "lab_up", "lab_up_kwargs"]
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
 def lab() -> None:
     """Bring the local lab up, inspect it, take it down.
 

@@ -28,6 +28,7 @@ from typing import Any
 import click
 
 from .common import packed_options
+from .usage import OneLineGroup
 
 __all__ = ["load_group"]
 
@@ -244,7 +245,7 @@ def _check_trace(trace: str | None, speed: float, workers: int) -> None:
         _fail(str(exc))
 
 
-@click.group("load")
+@click.group("load", cls=OneLineGroup)
 def load_group() -> None:
     """Measurement runs: three-phase load test, realistic soak, client ceiling."""
 

@@ -16,7 +16,7 @@ import click
 
 from .common import fail
 
-__all__ = ["apply_load_vars", "load_options"]
+__all__ = ["apply_load_vars", "default_help", "load_options"]
 
 
 def load_options(func: Any) -> Any:
@@ -43,16 +43,24 @@ def load_options(func: Any) -> Any:
 
     command: Any = packed
     for setting in reversed(LOAD_SETTINGS):
-        default = "none" if setting.default is None else _text(setting.name, setting.default)
         command = click.option(
             cli_flag(setting),
             setting.var,
             default=None,
             metavar=setting.metavar,
-            help=f"Load setting {setting.name}: {setting.help} (default {default}; the drill's "
-            f"experiment may set its own). Every drill; docs/definitions.md, 'Load settings'.",
+            help=f"Load setting {setting.name}: {setting.help} ({default_help(setting)}). Every "
+            "drill; docs/definitions.md, 'Load settings'.",
         )(command)
     return command
+
+
+def default_help(setting: Any) -> str:
+    """What ``--help`` says of a load setting's default: the table's, or, where no shipped
+    drill runs with it, what the shipped drills set first (``LoadSetting.shipped``)."""
+    default = "none" if setting.default is None else _text(setting.name, setting.default)
+    if setting.shipped:
+        return f"default {setting.shipped}; {default} in an experiment that sets none"
+    return f"default {default}; the drill's experiment may set its own"
 
 
 def _text(name: str, value: Any) -> str:

@@ -144,6 +144,7 @@ def check_k8s(the_plan: Any, k8s_file: Path | None, target_url: str | None, lab_
 
 def _print_dry_run(
     the_plan: Any,
+    out_dir: Path,
     target_url: str | None,
     replicas: int | None,
     engine: str | None,
@@ -181,14 +182,22 @@ def _print_dry_run(
         "SLOs (steady-state hypothesis): "
         + ", ".join(f"{f.name}={getattr(slo, f.name)}" for f in dataclasses.fields(slo))
     )
+    from .dry_run_args import drill_configuration, resolve, unresolved_note
+
+    lab_dir = out_dir / "lab" if not target_url and k8s is None else None
     for d in the_plan.drills:
         exp = yaml.safe_load(d.experiment.read_text(encoding="utf-8"))
         click.echo(f"- drill {d.name}: {exp.get('title', '')}")
+        url, k8s_file = (k8s.url, str(Path(k8s.source).resolve())) if k8s else (target_url, None)
+        config = drill_configuration(
+            exp, d.vars, overrides or {}, out_dir / d.name, lab_dir, url, k8s_file
+        )
         for act in exp.get("method", []):
-            pauses = act.get("pauses") or {}
+            args, left = resolve((act.get("provider") or {}).get("arguments") or {}, config)
+            pauses, left_p = resolve(act.get("pauses") or {}, config)
             extra = f" (then wait {pauses['after']} s)" if pauses.get("after") else ""
-            args = (act.get("provider") or {}).get("arguments") or {}
-            click.echo(f"    {act.get('type')}: {act.get('name')} {args}{extra}")
+            note = unresolved_note(sorted({*left, *left_p}), exp)
+            click.echo(f"    {act.get('type')}: {act.get('name')} {args}{extra}{note}")
         for rb in exp.get("rollbacks", []):
             click.echo(f"    rollback: {rb.get('name')}")
         _print_load_settings(exp, d.vars)
@@ -283,14 +292,17 @@ def _print_own_criteria(the_plan: Any, overrides: dict[str, dict[str, Any]]) -> 
     click.echo("  every drill also: " + ", ".join(show(c) for c in COMMON))
 
 
-def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions) -> None:
+def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions, label: str = "game day") -> None:
     """Check everything that can be checked without touching anything, then run (or dry-run)
-    ``the_plan`` with ``opts`` into ``out_dir``.
+    ``the_plan`` with ``opts`` into ``out_dir``; the last line says ``LABEL VERDICT`` (``game
+    day PASSED``, ``drill oom-kill FAILED``).
 
     Refused with one line and exit 2, before anything starts: a target outside the allowlist
     (a URL, or a Kubernetes target file's context/namespace: no API call is made), a
     malformed --allow/--slo/stop condition, an experiment that does not load (named), an
-    unreadable API key file, a key (file or ``$CHAOS_INFER_API_KEY``) under 8 characters; on a real run also an unreachable target and, on Kubernetes, a
+    unreadable API key file, a key (file or ``$CHAOS_INFER_API_KEY``) under 8 characters; on a
+    real run also an ``--out`` folder that holds files (:mod:`.out_folder`; a killed run's
+    folder with something to undo excepted), an unreachable target and, on Kubernetes, a
     node-level drill whose node runs pods of other namespaces
     (:func:`chaoslib_infer.k8s_preflight.check_plan`).
     """
@@ -329,7 +341,7 @@ def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions) -> None:
     with api_key_in_env(key):
         code = _validate_and_run(
             the_plan, out_dir, target_url, replicas, engine, overrides, dry_run, allow, k8s, criteria,
-            opts.junit_inconclusive,
+            opts.junit_inconclusive, label,
         )  # fmt: skip
     if code is not None:
         sys.exit(code)
@@ -373,11 +385,14 @@ def _validate_and_run(
     k8s: Any,
     criteria: list[tuple[str | None, str, float | None]],
     junit_inconclusive: str = "failure",
+    label: str = "game day",
 ) -> int | None:
     """The part of :func:`run_plan` that runs with the API key in the environment: the plan's
     experiments validated, then the dry-run print-out (None) or the preflight and the game day
     (its exit code). Exits 2 with one line on an error of the library."""
     from chaoslib_infer.gameday import run_gameday, validate_plan
+
+    from .out_folder import out_folder_refusal
 
     try:
         validate_plan(the_plan)  # after the key: experiments may reference $CHAOS_INFER_API_KEY
@@ -385,8 +400,14 @@ def _validate_and_run(
     except InferChaosError as exc:
         fail(str(exc))
         return None
+    reused = out_folder_refusal(out_dir)  # old files would pass for this run's evidence
+    if reused and not dry_run:
+        fail(reused)
+        return None
     if dry_run:
-        _print_dry_run(the_plan, target_url, replicas, engine, overrides, k8s, criteria)
+        if reused:
+            click.echo(f"{reused} (a real run refuses it)")
+        _print_dry_run(the_plan, out_dir, target_url, replicas, engine, overrides, k8s, criteria)
         return None
     try:
         if k8s is not None:  # one cheap API call: unreachable/forbidden refuses before any load
@@ -413,6 +434,7 @@ def _validate_and_run(
             k8s_target=k8s,
             criteria=criteria,
             junit_inconclusive=junit_inconclusive,
+            label=label,
         )
     except InferChaosError as exc:
         fail(str(exc))

@@ -10,11 +10,12 @@ import click
 from chaoslib_infer.errors import InferChaosError
 
 from .common import fail
+from .usage import OneLineCommand
 
 __all__ = ["report"]
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.option(
     "--runbooks",

@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 
 from .common import DEFAULT_LAB_DIR
+from .usage import OneLineCommand
 
 __all__ = ["rollback"]
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 @click.option(
     "--state-dir",
     type=click.Path(path_type=Path),

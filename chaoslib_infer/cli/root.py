@@ -6,10 +6,15 @@ import click
 
 from chaoslib_infer import __version__
 
+from .usage import OneLineGroup
+
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=OneLineGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="chaos-infer")
 def main() -> None:
     """Chaos and disaster-recovery drills for LLM inference services.

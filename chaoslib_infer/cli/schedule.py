@@ -10,11 +10,12 @@ from chaoslib_infer import __version__
 from chaoslib_infer.errors import InferChaosError
 
 from .common import fail
+from .usage import OneLineCommand
 
 __all__ = ["schedule"]
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 @click.option(
     "--cron",
     required=True,

@@ -7,11 +7,12 @@ from pathlib import Path
 import click
 
 from .common import fail
+from .usage import OneLineCommand
 
 __all__ = ["alerts", "capacity"]
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 @click.option(
     "--peak-qps", type=float, required=True, help="Peak requests/s of the busiest 10 minutes."
 )
@@ -45,7 +46,7 @@ def capacity(peak_qps: float, latency_s: float, concurrency: float, redundancy: 
     click.echo(str(cap.instances))
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 @click.option(
     "--target-p99",
     "target_p99_s",

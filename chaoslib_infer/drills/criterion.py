@@ -179,13 +179,22 @@ def parse_override(text: str) -> tuple[str | None, str, float | None]:
         ``(drill or None, name, threshold or None)``.
 
     Raises:
-        ValueError: no ``=``, an empty name, or a value that is neither a finite number of 0 or
-            more nor ``off`` (:func:`threshold_value`).
+        ValueError: no ``=``, an empty name, an empty drill before a ``:`` (``:NAME=VALUE``),
+            more than one ``:``, or a value that is neither a finite number of 0 or more nor
+            ``off`` (:func:`threshold_value`).
     """
     key, sep, value = text.partition("=")
+    shape = f"criterion {text!r}: expected [DRILL:]NAME=VALUE"
     if not sep or not key.strip():
-        raise ValueError(f"criterion {text!r}: expected [DRILL:]NAME=VALUE")
-    drill, _, name = key.strip().rpartition(":")
+        raise ValueError(shape)
+    drill, colon, name = (part.strip() for part in key.strip().partition(":"))
+    if not colon:
+        drill, name = "", drill
+    if not name or (colon and not drill):
+        what = "an empty criterion name" if not name else "an empty drill name before ':'"
+        raise ValueError(f"{shape} ({what})")
+    if ":" in name:
+        raise ValueError(f"{shape} (one ':' at most)")
     return (drill or None, name, threshold_value(name, value))
 
 

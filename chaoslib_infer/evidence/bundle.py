@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.evidence.hypothesis import hypothesis_lines
 from chaoslib_infer.evidence.render import write_atomic
 from chaoslib_infer.safety.redact import child_env
 
@@ -57,9 +58,12 @@ def junit_xml(summary: dict[str, Any], inconclusive: str | None = None) -> str:
     ``<skipped>`` with ``inconclusive="skipped"`` (:func:`junit_inconclusive`: the argument,
     else the run's recorded choice); ``error``, ``aborted`` and ``incomplete`` drills are
     ``<error>``. The message is the verdict's first reason (``inconclusive: ...`` for an
-    inconclusive drill); the element's text holds every reason, one per line, then the key
-    figures and the evidence path. A game day that failed before (or between) its drills adds an
-    ``<error>`` case, so it never reads as green.
+    inconclusive drill); the element's text holds every reason, one per line, then the
+    steady-state hypothesis in words (its title, whether it held before and after the fault, its
+    probes and their tolerances: :func:`~chaoslib_infer.evidence.hypothesis.hypothesis_lines`),
+    then the key figures (``unmeasured`` when nobody measured them) and the evidence path. A
+    game day that failed before (or between) its drills adds an ``<error>`` case, so it never
+    reads as green.
 
     Raises:
         ValueError: ``inconclusive`` (or the recorded choice) is not one of
@@ -99,8 +103,9 @@ def junit_xml(summary: dict[str, Any], inconclusive: str | None = None) -> str:
         detail = "\n".join(
             [
                 *reasons,
-                f"hypothesis={d.get('hypothesis')} availability={figures.get('availability')} "
-                f"p99_e2e_s={figures.get('p99_e2e_s')} evidence={d.get('evidence')}",
+                *hypothesis_lines(d),
+                f"availability={_figure(figures.get('availability'))} "
+                f"p99_e2e_s={_figure(figures.get('p99_e2e_s'))} evidence={d.get('evidence')}",
             ]
         )
         status = str(d.get("status"))
@@ -117,6 +122,11 @@ def junit_xml(summary: dict[str, Any], inconclusive: str | None = None) -> str:
             ET.SubElement(case, "error", message=message, type=status).text = detail
         ET.SubElement(case, "system-out").text = detail
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def _figure(value: Any) -> str:
+    """A figure in ``junit.xml``: ``unmeasured`` when nobody measured it, never ``None``."""
+    return "unmeasured" if value is None else str(value)
 
 
 def _version(dist: str) -> str | None:

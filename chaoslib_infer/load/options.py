@@ -225,6 +225,9 @@ class LoadSetting:
         metavar: how the command line shows its value.
         flag: the load generator's flag (``python -m chaoslib_infer.load``), or None when the
             setting is the control's own (``warmup_s``).
+        shipped: what the shipped drills' experiments set, where none of them runs with
+            ``default`` (``--help`` says it first: a user of ``gameday`` gets that, not
+            ``default``, which only an experiment that sets nothing gets); None: ``default``.
     """
 
     name: str
@@ -233,6 +236,7 @@ class LoadSetting:
     help: str
     metavar: str
     flag: str | None
+    shipped: str | None = None
 
     @property
     def var(self) -> str:
@@ -300,7 +304,8 @@ LOAD_SETTINGS: tuple[LoadSetting, ...] = (
     LoadSetting("warmup_s", _positive_or_auto, 6.0,
                 "seconds the load runs before the first steady-state hypothesis; auto: long "
                 "enough for a baseline that catches a 2 % defect (docs/definitions.md, 'Windows "
-                "with stated error rates')", "S|auto", None),
+                "with stated error rates')", "S|auto", None,
+                "auto in the shipped drills (traffic-spike's lab experiment: 8)"),
 )  # fmt: skip
 
 _BY_NAME = {s.name: s for s in LOAD_SETTINGS}
