@@ -53,8 +53,9 @@ def _refuse(exc: click.UsageError, command_path: str) -> NoReturn:
     raise AssertionError("unreachable")  # fail() exits
 
 
-class OneLineCommand(click.Command):
-    """A command whose usage errors are one line and exit 2 (module docstring)."""
+class _OneLine:
+    """Click's ``make_context`` and ``invoke`` with a usage error refused in one line; mixed into
+    a :class:`click.Command` or :class:`click.Group` (before it, so these run first)."""
 
     def make_context(
         self,
@@ -65,42 +66,26 @@ class OneLineCommand(click.Command):
     ) -> click.Context:
         """Click's, with a usage error refused in one line."""
         try:
-            return super().make_context(info_name, args, parent=parent, **extra)
+            return super().make_context(info_name, args, parent=parent, **extra)  # type: ignore[misc]
         except click.UsageError as exc:
             _refuse(exc, _path(parent, info_name))
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Click's, with a usage error from the command's body refused in one line."""
+        """Click's (a group's: an unknown command, a subcommand's arguments), with a usage error
+        from the command's body refused in one line."""
         try:
-            return super().invoke(ctx)
+            return super().invoke(ctx)  # type: ignore[misc]
         except click.UsageError as exc:
             _refuse(exc, ctx.command_path)
 
 
-class OneLineGroup(click.Group):
+class OneLineCommand(_OneLine, click.Command):
+    """A command whose usage errors are one line and exit 2 (module docstring)."""
+
+
+class OneLineGroup(_OneLine, click.Group):
     """A group whose usage errors (its own and its commands') are one line and exit 2; its
     commands and subgroups are :class:`OneLineCommand` / :class:`OneLineGroup` by default."""
 
     command_class = OneLineCommand
     group_class = type  # a subgroup: this same class
-
-    def make_context(
-        self,
-        info_name: str | None,
-        args: list[str],
-        parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:
-        """Click's, with a usage error refused in one line."""
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except click.UsageError as exc:
-            _refuse(exc, _path(parent, info_name))
-
-    def invoke(self, ctx: click.Context) -> Any:
-        """Click's (an unknown command, a subcommand's arguments), with a usage error refused in
-        one line."""
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            _refuse(exc, ctx.command_path)

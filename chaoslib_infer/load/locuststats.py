@@ -181,14 +181,7 @@ class _Agg:
     def add(self, sec: _Second) -> None:
         """Add one second's records (compacted first)."""
         sec.compact(self.h["e2e"])
-        self.n += sec.n
-        self.failed += sec.failed
-        self.sum_ms += sec.sum_ms
-        if sec.min_ms is not None:
-            self.min_ms = sec.min_ms if self.min_ms is None else min(self.min_ms, sec.min_ms)
-        self.max_ms = max(self.max_ms, sec.max_ms)
-        self.chars += sec.chars
-        self.tokens += sec.tokens
+        _add_counts(self, sec)
         for name, counts in sec.buckets.items():
             h = self.h[name]
             for v, c in counts.items():
@@ -353,10 +346,8 @@ def write_locust_stats(
     return out
 
 
-def _merge(into: _Second, other: _Second, layout: HdrHistogram) -> None:
-    """Add ``other``'s records to ``into`` (both compacted)."""
-    into.compact(layout)
-    other.compact(layout)
+def _add_counts(into: _Agg | _Second, other: _Second) -> None:
+    """Add ``other``'s counts and sums (not its values) to ``into``."""
     into.n += other.n
     into.failed += other.failed
     into.sum_ms += other.sum_ms
@@ -365,6 +356,13 @@ def _merge(into: _Second, other: _Second, layout: HdrHistogram) -> None:
     into.max_ms = max(into.max_ms, other.max_ms)
     into.chars += other.chars
     into.tokens += other.tokens
+
+
+def _merge(into: _Second, other: _Second, layout: HdrHistogram) -> None:
+    """Add ``other``'s records to ``into`` (both compacted)."""
+    into.compact(layout)
+    other.compact(layout)
+    _add_counts(into, other)
     for name, counts in other.buckets.items():
         mine = into.buckets[name]
         for v, c in counts.items():
