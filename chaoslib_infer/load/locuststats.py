@@ -101,7 +101,8 @@ def _utc(t: float) -> str:
 class _Second:
     """What the records that ended in one second add: counts and sums, and their TTFT, ITL and
     response-time values in microseconds, compacted into HDR bucket counts (``hdrbatch``) once
-    ``_RAW_MAX`` raw values wait, so memory stays a few numbers per record."""
+    ``_RAW_MAX`` raw values wait in all seconds together, so memory stays a few numbers per
+    record."""
 
     __slots__ = (
         "n", "failed", "sum_ms", "min_ms", "max_ms", "chars", "tokens", "raw", "ct", "starts",
@@ -121,7 +122,7 @@ class _Second:
         self.buckets: dict[str, dict[int, int]] = {"e2e": {}, "ttft": {}, "itl": {}}
 
     def add(self, r: dict[str, Any], ms: float) -> int:
-        """Count one record (``ms``: its response time); returns the raw values now waiting."""
+        """Count one record (``ms``: its response time); returns the raw values it added."""
         self.n += 1
         ok = bool(r.get("ok"))
         self.failed += not ok
@@ -131,16 +132,19 @@ class _Second:
         self.chars += int(r.get("text_len") or 0)
         raw = self.raw
         raw["e2e"].append(ms * _US)
+        added = 1
         if ok:
             self.tokens += int(r.get("output_tokens") or 0)
             ft = r.get("first_token_at")
             if ft is not None:
                 raw["ttft"].append((ft - r["sent_at"]) * 1e6)
+                added += 1
             ct = r.get("chunk_times") or []
             if len(ct) > 1:
                 self.starts.append(len(self.ct))
                 self.ct.extend(ct)
-        return len(raw["e2e"]) + len(raw["ttft"]) + len(self.ct)
+                added += len(ct)
+        return added
 
     def compact(self, h: HdrHistogram) -> None:
         """Move the raw values into bucket counts (``h``: the bucket layout)."""
@@ -163,7 +167,7 @@ class _Second:
             raw.clear()
 
 
-_RAW_MAX = 1 << 16  # raw values a second may hold before they are compacted
+_RAW_MAX = 1 << 18  # raw values all seconds may hold (~8 MB) before they are compacted
 
 
 class _Agg:
@@ -251,6 +255,7 @@ def write_locust_stats(
     sents, ends = array("d"), array("d")
     # per error class: [message of the first to end, count, first end, last end, its index]
     failures: dict[str, list[Any]] = {}
+    waiting, dirty = 0, set()  # raw values waiting, in the seconds that hold them
     for i, r in enumerate(iter_records(src)):
         if r.get("error_class") == "cut_off" or r.get("cut_off"):
             continue
@@ -259,11 +264,16 @@ def write_locust_stats(
             continue
         sents.append(sent)
         ends.append(end)
-        sec = seconds.get(math.floor(end))
+        sec_no = math.floor(end)
+        sec = seconds.get(sec_no)
         if sec is None:
-            sec = seconds[math.floor(end)] = _Second()
-        if sec.add(r, max((end - sent) * 1000.0, 0.0)) >= _RAW_MAX:
-            sec.compact(layout)
+            sec = seconds[sec_no] = _Second()
+        waiting += sec.add(r, max((end - sent) * 1000.0, 0.0))
+        dirty.add(sec_no)
+        if waiting >= _RAW_MAX:
+            for s in dirty:
+                seconds[s].compact(layout)
+            waiting, dirty = 0, set()
         if not r.get("ok"):
             cls = r.get("error_class") or "error"
             f = failures.get(cls)
