@@ -66,7 +66,6 @@ __all__ = [
     "rx_stamp",
     "Poller",
     "poller_for",
-    "compiled_reads",
     "recv_stamped",
     "session_summary",
     "tx_stamp",
@@ -175,9 +174,7 @@ class Poller:
         hold_stamps()
         self._handlers: dict[int, Callable[[], None]] = {}
         self.closed = False
-        fast = compiled_reads()
-        #: ``"compiled"`` or ``"python"``: who runs a turn (:func:`compiled_reads`)
-        self.read_path = "compiled" if fast is not None else "python"
+        fast = chunkpath.compiled_reads()  # the turn in C when the compiled path is chosen
         if fast is not None:
             epfd, handlers, turn = self._ep.fileno(), self._handlers, fast.dispatch
             loop.add_reader(epfd, lambda: turn(epfd, handlers))
@@ -262,18 +259,6 @@ def enable(sock: socket.socket, tx: bool = True) -> tuple[bool, bool]:
         return True, False
     except OSError:
         return False, False
-
-
-def compiled_reads() -> chunkpath.CompiledReads | None:
-    """The compiled reads (``measure._recvfast``: :func:`recv_stamped` and a :class:`Poller`
-    turn in C, issue 24) when the chunk path chosen now is the compiled one
-    (``measure.chunkpath.compiled_reads``, ``CHAOS_INFER_CHUNK_PATH``); else None (the
-    pure-Python reads of this module).
-
-    Raises:
-        ValueError: as ``chunkpath.parser_class`` (a bad ``CHAOS_INFER_CHUNK_PATH``).
-    """
-    return chunkpath.compiled_reads()
 
 
 def recv_stamped(

@@ -71,8 +71,8 @@ class RawSession:
         self.kernel_mode = kerneltime.mode()
         #: the stream parser of every attempt (``measure.chunkpath.parser_class``)
         self.parser_cls: type[StreamParser] = chunkpath.parser_class()
-        #: the compiled reads of kernel-stamped sockets (``kerneltime.compiled_reads``), or None
-        self.fast_reads = kerneltime.compiled_reads()
+        #: the compiled reads of kernel-stamped sockets (``chunkpath.compiled_reads``), or None
+        self.fast_reads = chunkpath.compiled_reads()
         #: loop lag of every read that delivered output chunks on a kernel-stamped connection
         self.lag = kerneltime.LagStats()
         #: attempts recorded with ``time_source`` "kernel" / "loop"
