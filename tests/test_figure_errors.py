@@ -100,6 +100,32 @@ def test_a_failed_figure_stays_visible_under_an_abort_and_a_residue() -> None:
     )
     assert left.state == "failed"
     assert left.reasons == ["fault left behind after the rollbacks: netem on r2", reason]
+    # interrupted with a fault left behind: aborted (the game day stops, exit 130), the
+    # residue listed, never hidden; a stop condition with a residue stays failed
+    both = judge_drill(
+        DrillFacts(
+            "network-jitter",
+            [],
+            {},
+            {},
+            journal_status="aborted",
+            errors=[reason],
+            residue=["netem on r2"],
+        )
+    )
+    assert both.state == "aborted"
+    assert both.reasons == [
+        "stopped: the run was interrupted",
+        "fault left behind after the rollbacks: netem on r2",
+        reason,
+    ]
+    tripped = judge_drill(
+        DrillFacts("network-jitter", [], {}, {}, stop_reason="P99 over 5 s", residue=["x"])
+    )
+    assert (tripped.state, tripped.reasons) == (
+        "failed",
+        ["fault left behind after the rollbacks: x"],
+    )
     # a crashed action (not a figure) is not repeated under an abort
     crashed = judge_drill(
         DrillFacts(

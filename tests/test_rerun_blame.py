@@ -281,6 +281,31 @@ def test_a_dropped_nodes_silent_stream_without_replica_header_is_found_in_the_le
     assert fig["rerun_generations"] == 1 and fig["duplicate_generations"] == 0
 
 
+def test_a_generation_finished_into_a_dropped_nodes_cut_link_is_a_rerun_not_a_duplicate() -> None:
+    """The engine wrote its last token and a ``done`` end line after its node's link was cut:
+    the answer never crossed the link (the client's stream went silent and was retried). The
+    fault aborted that generation for the client; only a ``done`` by the fault's time counts as
+    finished (a re-send of that one would be a duplicate)."""
+    nodes = [{"kind": "node-loss", "replicas": ["r0"], "fault_at": FAULT_AT}]
+    records = [
+        _rec("a", 1, "r0", 99.0, 102.0, error_class="timeout_idle"),
+        _rec("a", 2, "r1", 102.0, 102.5, ok=True, error_class=None),
+    ]
+    ledger = [
+        _gen("a", "r0", 99.01, 10),
+        _end("a", "r0", 100.03, 10),  # finished 30 ms after the cut, before the kill
+        _gen("a", "r1", 102.01, 11),
+        _end("a", "r1", 102.5, 11),
+    ]
+    fig = rerun_figures(records, ledger, nodes)  # no exit event: the kill is not recorded
+    assert (fig["rerun_generations"], fig["duplicate_generations"]) == (1, 0)
+    assert (fig["fault_cut_generations"], fig["fault_wasted_tokens"]) == (1, 50)
+    # the same line stamped before the cut: the engine had finished, the re-send is a duplicate
+    ledger[1] = _end("a", "r0", 99.98, 10)
+    fig = rerun_figures(records, ledger, nodes)
+    assert (fig["rerun_generations"], fig["duplicate_generations"]) == (0, 1)
+
+
 def _jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 

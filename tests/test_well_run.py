@@ -55,7 +55,8 @@ def _cut_by_the_fault(drill_dir: Path, lab_dir: Path) -> int:
     line of the request on that replica; sent before the fault, ended after it) that failed
     (``reset``/``truncated`` from a killed replica; ``timeout_idle`` or ``timeout_ttft`` when its
     node was dropped: the stream went silent), whose generation there the engine never ended
-    (no ``generation_end`` line: the process died under it), and that a later attempt served."""
+    (no ``generation_end`` line by the fault's time: the process died under it, or a line after
+    it was written into a cut link), and that a later attempt served."""
     faults = [json.loads(line) for line in (drill_dir / "faults.jsonl").read_text().splitlines()]
     taken = {r for f in faults for r in (f.get("replicas") or [f.get("replica")]) if r}
     fault_at = min(float(f["fault_at"]) for f in faults)
@@ -65,7 +66,11 @@ def _cut_by_the_fault(drill_dir: Path, lab_dir: Path) -> int:
         for e in ledger
         if e.get("event", "generation") == "generation"
     }
-    ended = {(e["request_id"], e["replica"]) for e in ledger if e.get("event") == "generation_end"}
+    ended = {  # finished by the fault: a line after it went into a cut link (faultcut.py)
+        (e["request_id"], e["replica"])
+        for e in ledger
+        if e.get("event") == "generation_end" and float(e["t"]) <= fault_at
+    }
     by_request: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for rec in read_records(drill_dir / "records.jsonl"):
         by_request[rec["request_id"]].append(rec)

@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 import xmlrpc.client
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.lab import haproxy as hap
@@ -273,6 +274,13 @@ def _spawn_controller(lab: Lab, fault_id: str) -> int:
     return int(proc.pid)
 
 
+def _thaw(pids: Iterable[int]) -> None:
+    """SIGCONT the process groups of ``pids`` (a failed injection froze and did not kill them)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGCONT)
+
+
 def lose_node(
     lab: Lab, node: str = "auto", down_s: float = 60.0, reschedule_after_s: float = 3.0
 ) -> dict[str, Any]:
@@ -287,8 +295,8 @@ def lose_node(
             node (the orchestrator's eviction grace period).
 
     Returns:
-        ``{"fault_id", "node", "ns", "fault_at" (unix s, network cut), "killed_at", "replicas"
-        (lost), "killed_pids", "down_s", "reschedule_after_s", "controller_pid", "spare" (the spare
+        ``{"fault_id", "node", "ns", "fault_at" (unix s: its replicas frozen, then its network
+        cut), "killed_at", "replicas" (lost), "killed_pids", "down_s", "reschedule_after_s", "controller_pid", "spare" (the spare
         node free at injection time, or None), "state_dir"}``.
 
     Raises:
@@ -340,11 +348,19 @@ def lose_node(
             "ttl_s": max(down_s, reschedule_after_s) + 30.0,
         }
     )
+    frozen = False
     try:
         controller_pid = _spawn_controller(lab, fault_id)
         _update_record(lab, fault_id, controller_pid=controller_pid)
-        netns.set_link(info["ns"], info["veth_node"], False)
+        # the node stops all at once: its replicas are frozen first (nothing they do after
+        # fault_at, a generation finished into a cut link included, can happen), then its
+        # network is cut; what they wrote before fault_at crossed the link while it was up
         fault_at = time.time()
+        frozen = True
+        for pid in pids.values():  # freeze all first: nobody runs a signal handler
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGSTOP)
+        netns.set_link(info["ns"], info["veth_node"], False)
         _update_record(lab, fault_id, fault_at=fault_at)
         record_event(
             lab,
@@ -357,15 +373,13 @@ def lose_node(
                 "fault_id": fault_id,
             },
         )
-        for pid in pids.values():  # freeze all first: nobody runs a signal handler
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGSTOP)
         proxy = rpc(lab.state_dir, 5.0)
         for replica, pid in pids.items():
             with contextlib.suppress(xmlrpc.client.Fault):  # NOT_RUNNING: already gone
                 proxy.supervisor.stopProcess(replica, False)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        frozen = False
         for replica, pid in pids.items():
             if not wait_dead(pid, 5.0):
                 raise LabError(f"replica {replica} pid {pid} survived SIGKILL")
@@ -377,10 +391,12 @@ def lose_node(
             time.sleep(0.02)
         _update_record(lab, fault_id, killed_at=killed_at)
     except (NetnsError, OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
+        _thaw(pids.values() if frozen else ())
         with contextlib.suppress(Exception):
             lab.remove_fault(fault_id)
         raise LabError(f"node loss of {name} failed and was undone: {exc}") from exc
     except BaseException:
+        _thaw(pids.values() if frozen else ())
         with contextlib.suppress(Exception):
             lab.remove_fault(fault_id)
         raise

@@ -10,11 +10,13 @@ Losing a node (:func:`lose_node`, ``Lab.lose_node``), the way a compute node dro
 
 1. the fault is recorded with ``lab.add_fault`` (kind ``node-loss``, module this one) and the
    node controller is started (see below), both *before* anything is touched;
-2. the node's network is cut (its veth set down inside the namespace): ``node_down`` event, the
-   fault time ``fault_at``;
-3. its replicas are frozen (SIGSTOP), told to stop through supervisord (so that supervisord does not
-   restart them: autorestart only applies to unexpected exits) and SIGKILLed at once: they die
-   without a chance to answer or close a connection, and their RSTs would not cross the cut link;
+2. at the fault time ``fault_at`` (``node_down`` event) its replicas are frozen (SIGSTOP) and
+   then its network is cut (its veth set down inside the namespace): the node stops at once, so
+   no generation can finish after ``fault_at`` into a link that no longer carries its answer
+   (such a finish would read as a completed generation the client re-sent);
+3. its replicas are told to stop through supervisord (so that supervisord does not restart
+   them: autorestart only applies to unexpected exits) and SIGKILLed at once: they die without
+   a chance to answer or close a connection, and their RSTs would not cross the cut link;
 4. after ``reschedule_after_s`` (the orchestrator's eviction grace period) the controller moves the
    lost replicas to a spare node: placement updated, HAProxy's server pointed at the new address
    (runtime API ``set server engines/rX addr IP port P`` + ``enable server``, and haproxy.cfg

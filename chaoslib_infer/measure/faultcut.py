@@ -11,9 +11,11 @@ An attempt is **fault-cut** when all of these hold:
   end_at``);
 * it failed as a killed replica's stream fails (``reset``, ``truncated``) or as a dropped
   node's goes silent (``timeout_idle``, ``timeout_ttft``): :data:`CUT_CLASSES`;
-* and the engine did **not** finish its generation: the ledger's ``generation_end`` line of that
-  request, replica and pid is absent, or the replica's process (that pid) died (the lab's
-  ``exit`` event) with the generation unfinished (an end line other than ``"done"``). A
+* and the engine did **not** finish its generation by the fault: the ledger's
+  ``generation_end`` line of that request, replica and pid is absent, or the replica's process
+  (that pid) died (the lab's ``exit`` event) with the generation unfinished (an end line other
+  than ``"done"``), or its ``"done"`` line is stamped after the fault took the replica (an
+  answer finished into a cut link, which the client's failed stream shows never arrived). A
   generation that went on and ended after the client gave up (a frozen replica that thawed, a
   slowed one) is not fault-cut: its re-send is a duplicate the client's timeout caused.
 
@@ -198,9 +200,12 @@ def fault_cut(
             t0, pid = gens[-1]
             done = [x for x in ends.get((rid, name, pid), []) if x[0] >= t0]
             died = deaths.get((name, pid)) if pid is not None else None
-            if any(o == "done" for _, o, _ in done):
+            if any(o == "done" and t <= at for t, o, _ in done):
                 continue  # the engine finished it: not aborted (a duplicate, if re-sent)
-            if done and died is None and not process_died:
+            # a "done" after the fault took the replica was written into a cut link (the
+            # client's stream failed): its answer never arrived, the fault aborted it
+            late = any(o == "done" for _, o, _ in done)
+            if done and not late and died is None and not process_died:
                 continue  # it ended (cancelled) in a live process: the client went away
             spent = next((s for _, _, s in done if s is not None), None)
             out.append(CutAttempt(rid, int(r.get("attempt") or 1), name, at, pid, t0, spent))

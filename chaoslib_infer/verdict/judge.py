@@ -25,7 +25,9 @@ in-flight cap was full) count against the service when the client kept up; when 
 every figure is judged without them, and without its timeouts when its lag is large against the
 deadline (:mod:`chaoslib_infer.verdict.client`), their rows reading ``n/a``.
 
-Residue wins over ``aborted`` and ``error`` (a fault left behind fails, whatever else happened).
+Residue wins over ``error`` and a stop condition (a fault left behind fails, whatever else
+happened), but not over an interrupted run (Ctrl-C, SIGTERM): that one reads ``aborted`` so the
+game day stops (exit 130), the residue listed right after ``stopped: ...``, never hidden.
 A figure kind that could not be computed (:func:`figure_error_reason`) makes the drill ``error``;
 under a residue or an abort, which outrank it, it is still listed after their reasons, so a
 failed figure never goes unseen.

@@ -257,14 +257,19 @@ def decide_state(
     """
     # a figure that could not be computed is listed under the states that outrank "error" too
     figure = [e for e in facts.errors if e.startswith(FIGURE_ERROR_PREFIX)]
-    if facts.residue:
-        residue = [f"fault left behind after the rollbacks: {r}" for r in facts.residue]
-        return "failed", [*residue, *figure]
+    residue = [f"fault left behind after the rollbacks: {r}" for r in facts.residue]
+    stopped = f"stopped: {facts.stop_reason or 'the run was interrupted'}"
+    # the load control interrupts the run when it cannot start: the tool failed, not the user
     load = [e for e in facts.errors if e.startswith(LOAD_ERROR_PREFIX)]
-    if load:  # the load control interrupts the run when it cannot start: the tool failed
+    if facts.journal_status == "aborted" and not load:  # Ctrl-C, SIGTERM: the game day stops
+        # (exit 130), a fault the rollbacks left behind listed with it, never hidden
+        return "aborted", [stopped, *residue, *figure]
+    if residue:
+        return "failed", [*residue, *figure]
+    if load:
         return "error", list(facts.errors)
-    if facts.stop_reason or facts.journal_status == "aborted":
-        return "aborted", [f"stopped: {facts.stop_reason or 'the run was interrupted'}", *figure]
+    if facts.stop_reason:
+        return "aborted", [stopped, *figure]
     if facts.errors:
         return "error", list(facts.errors)
     if not w and not facts.warmup:
