@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from verdictkit import T0, rec, steady
 
 from chaoslib_infer.verdict import DrillFacts, judge_drill
 from chaoslib_infer.verdict.confirm import (
@@ -17,34 +18,20 @@ from chaoslib_infer.verdict.confirm import (
 )
 from chaoslib_infer.verdict.timeline import Timeline, timeline
 
-T0 = 1_800_000_000.0
 AT = T0 + 10.0  # injection
 END = T0 + 20.0  # return to service
 
 
-def rec(sent: float, replica: str | None, ok: bool = True, e2e: float = 0.3) -> dict[str, Any]:
-    """One attempt record (unix s), answered by ``replica`` (None: no X-Replica-Id)."""
-    return {
-        "request_id": f"q{sent:.3f}",
-        "attempt": 1,
-        "final": True,
-        "intended_at": sent,
-        "sent_at": sent,
-        "end_at": sent + e2e,
-        "first_token_at": sent + 0.01 if ok else None,
-        "chunk_times": [sent + 0.01, sent + e2e] if ok else [],
-        "ok": ok,
-        "error_class": None if ok else "reset",
-        "status": 200 if ok else None,
-        "replica": replica,
-    }
+def cut(sent: float, replica: str | None, ok: bool = True, e2e: float = 0.3) -> dict[str, Any]:
+    """One attempt answered by ``replica`` (None: no X-Replica-Id); a failure is a reset."""
+    return rec(sent, ok, e2e, replica, error_class="reset")
 
 
 def load(
     a: float, b: float, reps: tuple[str | None, ...] = ("r0", "r1", "r2"), **kw: Any
 ) -> list[dict[str, Any]]:
     """10 requests a second, round robin over ``reps``."""
-    return [rec(a + i / 10, reps[i % len(reps)], **kw) for i in range(int((b - a) * 10))]
+    return steady(a, b, replicas=reps, error_class="reset", **kw)
 
 
 def test_a_replica_that_never_served_the_traffic_missed_it() -> None:
@@ -68,7 +55,7 @@ def test_moved_traffic_confirms_the_fault() -> None:
 def test_failed_requests_of_the_faulted_replica_or_of_no_identity_confirm_it() -> None:
     for who in ("r0", None):
         during = [
-            rec(AT + i / 10, who if i % 3 == 0 else ("r1", "r2")[i % 2], ok=i % 3 != 0)
+            cut(AT + i / 10, who if i % 3 == 0 else ("r1", "r2")[i % 2], ok=i % 3 != 0)
             for i in range(100)
         ]
         reach = traffic_reach(load(T0, AT) + during, ["r0"], AT, END)
@@ -76,7 +63,7 @@ def test_failed_requests_of_the_faulted_replica_or_of_no_identity_confirm_it() -
 
 
 def test_a_failure_on_another_replica_does_not_confirm_a_fault_on_r0() -> None:
-    during = [rec(AT + i / 10, ("r0", "r1", "r2")[i % 3], ok=i % 3 != 1) for i in range(100)]
+    during = [cut(AT + i / 10, ("r0", "r1", "r2")[i % 3], ok=i % 3 != 1) for i in range(100)]
     reach = traffic_reach(load(T0, AT) + during + load(END, T0 + 30), ["r0"], AT, END)
     assert reach.felt is False
     assert reach.why.startswith(f"{MISSED}: r0 served 34 of 100 requests before it")
@@ -86,7 +73,7 @@ def test_a_failure_on_another_replica_does_not_confirm_a_fault_on_r0() -> None:
 def test_slowed_requests_confirm_the_fault_a_small_change_does_not() -> None:
     def run(extra: float) -> Any:
         during = [
-            rec(AT + i / 10, ("r0", "r1", "r2")[i % 3], e2e=0.3 + (extra if i % 3 == 0 else 0))
+            cut(AT + i / 10, ("r0", "r1", "r2")[i % 3], e2e=0.3 + (extra if i % 3 == 0 else 0))
             for i in range(100)
         ]
         return traffic_reach(load(T0, AT) + during, ["r0"], AT, END)
@@ -113,7 +100,7 @@ def test_records_without_engine_identity_confirm_only_by_failures_or_slowdown() 
         f"{MISSED}: no request failed or slowed in the fault window; the records name no engine "
         "(no X-Replica-Id), so a move off r0 cannot be seen"
     )
-    hurt = load(T0, AT, (None,)) + [rec(AT + 1, None, ok=False)] + load(AT + 2, T0 + 30, (None,))
+    hurt = load(T0, AT, (None,)) + [cut(AT + 1, None, ok=False)] + load(AT + 2, T0 + 30, (None,))
     assert traffic_reach(hurt, ["r0"], AT, END).felt is True
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from verdictkit import JITTER_GROUND, OOM_GROUND, T0, rec, steady
 
 from chaoslib_infer.drills.network_jitter.figures import generation_counts, wasted_tokens
 from chaoslib_infer.errors import ConfigError
@@ -32,40 +33,6 @@ from chaoslib_infer.verdict.blame import strip_blame
 from chaoslib_infer.verdict.confirm import faulted_names
 from chaoslib_infer.verdict.policy import VerdictPolicy
 from chaoslib_infer.verdict.timeline import timeline
-
-T0 = 1_800_000_000.0
-
-
-def rec(
-    sent: float,
-    ok: bool = True,
-    e2e: float = 0.3,
-    replica: str = "r1",
-    error_class: str | None = None,
-    rid: str | None = None,
-    attempt: int = 1,
-) -> dict[str, Any]:
-    return {
-        "request_id": rid or f"q{sent:.3f}",
-        "attempt": attempt,
-        "final": True,
-        "intended_at": sent,
-        "sent_at": sent,
-        "end_at": sent + e2e,
-        "first_token_at": sent + 0.01 if ok else None,
-        "first_byte_at": sent + 0.005 if ok else None,
-        "chunk_times": [sent + 0.01, sent + e2e] if ok else [],
-        "ok": ok,
-        "error_class": None if ok else (error_class or "http_5xx"),
-        "status": 200 if ok else 503,
-        "replica": replica,
-    }
-
-
-def steady(a: float, b: float, rate: float = 10.0, **kw: Any) -> list[dict[str, Any]]:
-    n = int((b - a) * rate)
-    reps = ["r0", "r1", "r2"]
-    return [rec(a + i / rate, replica=reps[i % 3], **kw) for i in range(n)]
 
 
 def felt(drill: str, records: list[dict[str, Any]], ground: dict[str, Any]) -> list[dict[str, Any]]:
@@ -104,13 +71,6 @@ def facts(
     return DrillFacts(drill=drill, records=records, figures=figures, ground=ground, **kw)
 
 
-OOM_GROUND = {
-    "fault_at": T0 + 10,
-    "replica": "r0",
-    "oom_kills": 1,
-    "death_cause": "oom",
-    "replica_serving_again_at": T0 + 12,
-}
 OOM_FIG = {
     "restart_s": 2.0,
     "warmup_ratio": 3.0,
@@ -227,19 +187,6 @@ def test_fail_fast_gateway_passes_upstream_timeout() -> None:
     ground = {**HANG_GROUND, "ejected_at": T0 + 10.3, "hung_sessions": 1}
     v = judge_drill(facts("upstream-timeout", records, fig, ground))
     assert v.state == "passed", v.reasons
-
-
-JITTER_GROUND = {
-    "fault_at": T0 + 10,
-    "cleared_at": T0 + 20,
-    "mechanism": "shim",
-    "replica": "r0",
-    "generations_on_replica_in_window": 30,
-    "delay_ms": 400,
-    "jitter_ms": 300,
-    # the shim's stats file: the delay it applied on r0's connections (confirms the fault)
-    "shim": {"connections": 12, "applied_delay": {"n": 300, "mean_s": 0.41}},
-}
 
 
 @pytest.mark.parametrize(

@@ -8,42 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from verdictkit import JITTER_GROUND, OOM_GROUND, T0, rec, steady
+
 from chaoslib_infer.verdict import DrillFacts, judge_drill
 from chaoslib_infer.verdict.policy import VerdictPolicy
 from chaoslib_infer.verdict.state import reason
 
-T0 = 1_800_000_000.0
 
-
-def rec(
-    sent: float, replica: str, ok: bool = True, e2e: float = 0.3, cls: str | None = None
-) -> dict:
-    return {
-        "request_id": f"q{sent:.3f}",
-        "attempt": 1,
-        "final": True,
-        "intended_at": sent,
-        "sent_at": sent,
-        "end_at": sent + e2e,
-        "first_token_at": sent + 0.01 if ok else None,
-        "first_byte_at": sent + 0.005 if ok else None,
-        "chunk_times": [sent + 0.01, sent + e2e] if ok else [],
-        "ok": ok,
-        "error_class": None if ok else cls,
-        "status": 200 if ok else (503 if cls == "http_5xx" else None),
-        "replica": replica,
-    }
-
-
-def steady(a: float, b: float, rate: float = 10.0, moved: bool = False) -> list[dict[str, Any]]:
-    """Requests spread over r0, r1, r2; ``moved``: as an oom-kill of r0 at T0 + 10 leaves them
-    (its requests of the next 5 s served by r1: the traffic felt the fault, verdict/confirm.py)."""
-    reps = ["r0", "r1", "r2"]
-    out = [rec(a + i / rate, reps[i % 3]) for i in range(int((b - a) * rate))]
-    for r in out:
-        if moved and r["replica"] == "r0" and T0 + 10 <= r["sent_at"] < T0 + 15:
+def moved(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` as an oom-kill of r0 at T0 + 10 leaves them: its requests of the next 5 s
+    served by r1 (the traffic felt the fault, verdict/confirm.py)."""
+    for r in records:
+        if r["replica"] == "r0" and T0 + 10 <= r["sent_at"] < T0 + 15:
             r["replica"] = "r1"
-    return out
+    return records
 
 
 def rows_of(drill: str, records: list[dict], fig: dict, ground: dict, **kw: Any) -> dict:
@@ -55,16 +33,6 @@ def rows_of(drill: str, records: list[dict], fig: dict, ground: dict, **kw: Any)
 
 # -- network-jitter's health row: whose failures it counts --------------------------------------
 
-JITTER_GROUND = {
-    "fault_at": T0 + 10,
-    "cleared_at": T0 + 20,
-    "mechanism": "shim",
-    "replica": "r0",
-    "generations_on_replica_in_window": 30,
-    "delay_ms": 400,
-    "jitter_ms": 300,
-    "shim": {"connections": 12, "applied_delay": {"n": 300, "mean_s": 0.41}},
-}
 #: HAProxy kept the slowed replica's detour server UP all along
 UP = [{"event": "lb_state", "t": T0 + 1, "servers": {"r0-jitter": "UP", "r1": "UP", "r2": "UP"}}]
 #: the rows of lost requests are not what these tests are about
@@ -84,7 +52,7 @@ def _jitter_health(classes: list[str]) -> dict[str, Any]:
         if r["replica"] == "r0" and T0 + 10 <= r["sent_at"] < T0 + 20:
             cls = classes[n % len(classes)]
             e2e = 1.0 if cls.startswith("timeout_") else 0.2  # the client's 1 s attempt timeout
-            records[i] = rec(r["sent_at"], "r0", ok=False, e2e=e2e, cls=cls)
+            records[i] = rec(r["sent_at"], False, e2e, "r0", error_class=cls)
             n += 1
     fig = {"duplicate_generations": 0, "extra_generations": 0, "retries": 0}
     return rows_of(
@@ -122,19 +90,12 @@ def test_the_health_row_blames_the_gateway_when_the_replica_really_failed() -> N
 
 # -- oom-kill's warm-up reason names its fix -----------------------------------------------------
 
-OOM_GROUND = {
-    "fault_at": T0 + 10,
-    "replica": "r0",
-    "oom_kills": 1,
-    "death_cause": "oom",
-    "replica_serving_again_at": T0 + 12,
-}
 OOM_FIG = {"restart_s": 2.0, "warmup_ratio": 3.0, "interruption_s": 0.0}
 
 
 def test_the_warmup_reason_names_the_fix() -> None:
     rows = rows_of(
-        "oom-kill", steady(T0, T0 + 35, moved=True), {**OOM_FIG, "warmup_ratio": 41.1}, OOM_GROUND
+        "oom-kill", moved(steady(T0, T0 + 35)), {**OOM_FIG, "warmup_ratio": 41.1}, OOM_GROUND
     )
     assert rows["warmup_ratio"]["result"] == "fail"
     assert rows["_verdict"].reasons == [
@@ -143,7 +104,7 @@ def test_the_warmup_reason_names_the_fix() -> None:
     ]
     # a row without a fix of its own reads as before
     rows = rows_of(
-        "oom-kill", steady(T0, T0 + 35, moved=True), {**OOM_FIG, "restart_s": 31.0}, OOM_GROUND
+        "oom-kill", moved(steady(T0, T0 + 35)), {**OOM_FIG, "restart_s": 31.0}, OOM_GROUND
     )
     assert rows["_verdict"].reasons == [
         "restart (death to first request served): 31 s > 30 s (restart_s)"
@@ -157,7 +118,7 @@ def test_sustained_reads_unmeasured_when_nothing_was_interrupted() -> None:
     nothing = {**OOM_FIG, "failed_requests": 0, "interruption_sustained": True}
     rows = rows_of(
         "oom-kill",
-        steady(T0, T0 + 35, moved=True),
+        moved(steady(T0, T0 + 35)),
         {**nothing, "first_failure_at": None},
         OOM_GROUND,
     )
@@ -169,11 +130,11 @@ def test_sustained_reads_unmeasured_when_nothing_was_interrupted() -> None:
     )
     assert rows["_verdict"].state == "passed"  # not a key figure: the drill still answers
     # the figures without first_failure_at: their failed request count says so
-    rows = rows_of("oom-kill", steady(T0, T0 + 35, moved=True), nothing, OOM_GROUND)
+    rows = rows_of("oom-kill", moved(steady(T0, T0 + 35)), nothing, OOM_GROUND)
     assert rows["interruption_sustained"]["result"] == "unmeasured"
     # an interruption that was seen to end is judged
     seen = {**nothing, "failed_requests": 2, "first_failure_at": T0 + 10.1, "interruption_s": 0.4}
-    rows = rows_of("oom-kill", steady(T0, T0 + 35, moved=True), seen, OOM_GROUND)
+    rows = rows_of("oom-kill", moved(steady(T0, T0 + 35)), seen, OOM_GROUND)
     assert (rows["interruption_sustained"]["result"], rows["interruption_sustained"]["value"]) == (
         "pass",
         1.0,
@@ -183,10 +144,12 @@ def test_sustained_reads_unmeasured_when_nothing_was_interrupted() -> None:
 def test_sustained_reads_unmeasured_on_a_cluster_without_failures() -> None:
     """No drill figure (a cluster): the shared computation over the records; with no failure
     after the fault it has nothing to sustain; with one, the row is judged."""
-    rows = rows_of("oom-kill", steady(T0, T0 + 35, moved=True), {"restart_s": 2.0}, OOM_GROUND)
+    rows = rows_of("oom-kill", moved(steady(T0, T0 + 35)), {"restart_s": 2.0}, OOM_GROUND)
     assert rows["interruption_sustained"]["result"] == "unmeasured"
     assert rows["interruption_s"]["value"] == 0.0
-    records = steady(T0, T0 + 35, moved=True)
-    records[105] = rec(records[105]["sent_at"], "r0", ok=False, cls="reset")  # one lost at T0+10.5
+    records = moved(steady(T0, T0 + 35))
+    records[105] = rec(
+        records[105]["sent_at"], False, replica="r0", error_class="reset"
+    )  # one lost at T0+10.5
     rows = rows_of("oom-kill", records, {"restart_s": 2.0}, OOM_GROUND, overrides=LOSS_OFF)
     assert rows["interruption_sustained"]["result"] == "pass"
