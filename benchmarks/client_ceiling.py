@@ -120,6 +120,11 @@ def _proc_table() -> dict[int, tuple[int, float]]:
     return out
 
 
+#: run-queue wait share over which a run's figures are flagged as taken on a shared machine
+#: (quiet runs here read 1-3 %; runs beside a test run 38-45 %: benchmarks/README.md)
+SHARED_RUNQ = 0.10
+
+
 def tree_usage(root: int) -> tuple[float, float]:
     """``(cpu_s, runq_s)`` of ``root`` and all its descendants: CPU seconds used so far (reaped
     children included) and seconds spent runnable but waiting for a CPU (``/proc/PID/schedstat``
@@ -1285,6 +1290,12 @@ def _report(
     if busy:
         print(f"note: {', '.join(busy)} used < 90% of the client core: the one-core engine (or "
               "the box) capped it, so its req/s understates it; req/core-s is its capacity")  # fmt: skip
+    shared = [r.tool for r in runs if r.runq_share is not None and r.runq_share > SHARED_RUNQ]
+    if shared:
+        print(f"WARNING: {', '.join(shared)} waited for a CPU over {SHARED_RUNQ:.0%} of its window: "
+              "the machine was shared (a test run, another benchmark); a starved client reads "
+              "late and the kernel merges segments, so these figures are not comparable with a "
+              "quiet run's: run again with the box alone")  # fmt: skip
     print("runq wait: share of the window the client's processes were runnable but waited for "
         "their core, summed over processes (other work on this machine, and for a "
         "multi-process tool its own processes queueing for the one core); a high share "

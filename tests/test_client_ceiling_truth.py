@@ -93,8 +93,14 @@ def test_report_ends_with_cost_vs_floor_then_the_ratio(capsys: pytest.CaptureFix
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2:] == ["cost_vs_floor=1.600", "ratio_vs_best_peer=2.500"]
     cc._report([ours, peer], {}, [], a)
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2:] == ["cost_vs_floor=nan", "ratio_vs_best_peer=2.500"]
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-2:] == ["cost_vs_floor=nan", "ratio_vs_best_peer=2.500"]
+    assert "WARNING" not in out  # no run-queue wait measured: nothing to flag
+    # a run that waited for its CPU a third of its window was taken on a shared machine
+    ours.runq_share, peer.runq_share = 0.38, 0.02
+    cc._report([ours, peer], {}, [], a)
+    warned = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("WARNING")]
+    assert warned and warned[0].startswith("WARNING: ours waited for a CPU over 10% of its window")
 
 
 def test_closed_loop_keeps_its_concurrency_and_records_every_attempt(tmp_path: Path) -> None:
