@@ -270,6 +270,11 @@ def test_oom_kill_is_done_by_the_kernel_and_replica_serves_again(lab: Lab) -> No
 
     ev = _wait_for(restarted, 10.0, "exit/start/ready events for r1")
     assert ev["exit"]["pid"] == old and ev["exit"]["cause"] == "oom"
+    # the kill lies between the last counter read that saw none (fault_at) and the one that saw
+    # it: the engine's exit event, stamped after the kill (by supervisord's log line, to the
+    # millisecond, truncated), never reads before the fault
+    assert res["injected_at"] - 1 < res["fault_at"] <= ev["exit"]["t"] + 0.001, (res, ev["exit"])
+    assert res["fault_at"] <= res["oom_observed_at"]
     assert ev["exit"]["status"] == "signal:SIGKILL"  # exit by signal 9 from the kernel
     assert ev["exit"]["oom_kills"] >= 1
     assert ev["start"]["pid"] not in (old, res["hog_pid"])

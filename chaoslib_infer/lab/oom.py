@@ -28,8 +28,10 @@ def oom_kill(lab: Lab, replica: str, timeout_s: float = 30.0) -> dict[str, Any]:
 
     Returns:
         ``{"replica", "fault_at", "oom_kills_before", "oom_kills_after", "killed_pid",
-        "hog_pid", "cgroup", "injected_at"}``; ``fault_at`` is the unix time the OOM kill
-        was observed (the cgroup's counter rose), ``injected_at`` when the hog started.
+        "hog_pid", "cgroup", "injected_at", "oom_observed_at"}``, unix s: the cgroup's OOM
+        counter is read about every millisecond; ``fault_at`` is when the last read that saw no
+        kill began, ``oom_observed_at`` when the read that saw it returned (the kill lies
+        between them: a few ms, more on a busy machine), ``injected_at`` when the hog started.
 
     Raises:
         LabError: unknown or not running replica, a fault already active on it, or no OOM
@@ -47,6 +49,8 @@ def oom_kill(lab: Lab, replica: str, timeout_s: float = 30.0) -> dict[str, Any]:
     before = cg.oom_kills()
     (lab.state_dir / "logs").mkdir(exist_ok=True)
     env = lab_child_env()  # lab children never get the API key
+    # no kill can happen before the hog starts: the first bound on the kill's time
+    clear_at = time.time()
     with open(lab.state_dir / "logs" / "hog.log", "ab") as err:
         hog = subprocess.Popen(
             [
@@ -89,8 +93,10 @@ def oom_kill(lab: Lab, replica: str, timeout_s: float = 30.0) -> dict[str, Any]:
                 f"memory hog failed to start in {cg.path}: {tail(lab.state_dir / 'logs' / 'hog.log') or 'no output'}"
             )
         deadline = time.monotonic() + timeout_s
+        read_at = time.time()
         after = cg.oom_kills()
         while after <= before:
+            clear_at = read_at  # no kill yet when this read began
             if hog.poll() is not None:
                 raise LabError(
                     f"memory hog exited ({hog.returncode}) before any OOM kill in {replica}"
@@ -101,8 +107,12 @@ def oom_kill(lab: Lab, replica: str, timeout_s: float = 30.0) -> dict[str, Any]:
                     f"(usage {cg.usage_bytes() >> 20} MiB of {(cg.limit_bytes() or 0) >> 20} MiB); hog removed"
                 )
             time.sleep(0.001)
+            read_at = time.time()
             after = cg.oom_kills()
-        fault_at = time.time()
+        observed_at = time.time()
+        # the kill happened between the last read that saw none and this one: fault_at is the
+        # earlier bound, so the engine's death (its exit event) never reads before the fault
+        fault_at = clear_at
         # The hog's job is done: free its memory *now* rather than when it gets scheduled
         # (it exits by itself too), so the restarted engine never meets a full cgroup.
         hog.kill()
@@ -123,6 +133,7 @@ def oom_kill(lab: Lab, replica: str, timeout_s: float = 30.0) -> dict[str, Any]:
     return {
         "replica": replica,
         "fault_at": fault_at,
+        "oom_observed_at": observed_at,
         "oom_kills_before": before,
         "oom_kills_after": after,
         "killed_pid": killed_pid,

@@ -35,8 +35,9 @@ def oom_kill_replica(
         configuration: Chaos Toolkit configuration (``infer_lab_dir``, ``infer_run_dir``).
 
     Returns:
-        ``{"replica", "fault_at" (unix s), "oom_kills_before", "oom_kills_after", "killed_pid",
-        "hog_pid", "cgroup"}``.
+        ``{"replica", "fault_at" (unix s: the last read of the cgroup's OOM counter that saw no
+        kill), "oom_observed_at" (the read that saw it), "oom_kills_before", "oom_kills_after",
+        "killed_pid", "hog_pid", "cgroup", "injected_at"}``.
 
     Raises:
         ActivityFailed: no lab, unknown replica, or no OOM kill within ``timeout_s``.
