@@ -145,11 +145,19 @@ def test_every_attempt_of_every_worker_reaches_the_master(
         assert w["records_missing"] == 0 and w["reports"] >= 2
     assert sum(w["records_delivered"] for w in ws) == len(records)
     assert report["records_delivered"] == {w["worker"]: w["records_delivered"] for w in ws}
-    # Locust's own count (its master's final stats) sees every attempt but those cut at the stop
+    # ground truth: every request the server received from these workers has its record (the
+    # ones cut at the stop included), and every attempt that ended before the stop was received
+    runs = {i for w in ws for i in w["run_ids"]}
+    received = Counter(rid for rid in server.request_ids if rid[:8] in runs)
+    assert received and not received - Counter(r["request_id"] for r in records)
+    ended = Counter(r["request_id"] for r in records if r["error_class"] != "cut_off")
+    assert not ended - received
+    # Locust's own count (its master's final stats, written as it quits) misses at most the
+    # workers' last reports, which our control waits for (CI saw 16 of 18, 20 of 24): never more
     stats = json.loads((tmp_path / "run" / "locust_final.json").read_text())
     posts = [e for e in stats if e["method"] == "POST"]
     seen = [r for r in records if r["error_class"] != "cut_off"]
-    assert sum(e["num_requests"] for e in posts) == len(seen)
+    assert 0 < sum(e["num_requests"] for e in posts) <= len(seen)
     assert sum(e["num_failures"] for e in posts) == sum(not r["ok"] for r in seen)
     saved = json.loads((tmp_path / "run" / control.LOCUST_FILE).read_text())
     assert saved["note"] == control.CO_NOTE and saved["workers_lost"] == []
