@@ -265,10 +265,31 @@ def test_cli_lab_with_nodes_serves_across_namespaces_and_leaves_nothing(tmp_path
 
 @pytest.mark.lab
 @needs_lab
-def test_lose_node_reschedules_onto_spare_and_rollback_makes_lab_whole(node_lab: Lab) -> None:
+def test_lose_node_reschedules_onto_spare_and_rollback_makes_lab_whole(
+    node_lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
     lab = node_lab
     spare = lab.status()["nodes"][2]
     pids = {n: lab.replica_pid(n) for n in ("r0", "r2")}
+    # an injection that fails after the freeze (the link cannot be cut) is undone: the frozen
+    # replicas are thawed, not left stopped (state T) behind a node that looks up
+    real_set_link = netns.set_link
+
+    def no_cut(ns: str, dev: str, up: bool) -> None:
+        if not up:
+            raise netns.NetnsError("cannot cut (test)")
+        real_set_link(ns, dev, up)
+
+    monkeypatch.setattr(netns, "set_link", no_cut)
+    with pytest.raises(LabError, match="failed and was undone"):
+        lab.lose_node("auto", down_s=30, reschedule_after_s=0.5)
+    monkeypatch.setattr(netns, "set_link", real_set_link)
+    assert lab.status()["active_faults"] == []
+    for pid in pids.values():
+        assert pid and _alive(pid)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state != "T", (pid, state)
+    assert _chat(lab.url, "after-failed-injection").status_code == 200
     result = lab.lose_node("auto", down_s=30, reschedule_after_s=0.5)
     assert result["node"] == "n0" and result["replicas"] == ["r0", "r2"]
     assert result["spare"] == "n2"
