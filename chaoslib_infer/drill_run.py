@@ -176,6 +176,16 @@ def drill_policy(spec: DrillSpec, slo_overrides: dict[str, float] | None = None)
         raise ConfigError(f"drill {spec.name}: {exc}") from None
 
 
+def _journal_so_far(drill_dir: Path) -> dict[str, Any] | None:
+    """The journal the progress handler saved as the run went (``journal.json``), or None when
+    there is none (interrupted before the run started) or it cannot be read."""
+    try:
+        data = json.loads((drill_dir / "journal.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def run_drill(
     spec: DrillSpec,
     drill_dir: Path,
@@ -268,6 +278,15 @@ def run_drill(
                     ],
                 )
             )
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM where chaoslib does not catch it (a control's after-hook: the load's
+        # after window, past the rollbacks): the journal so far is on disk; the drill is judged
+        # from it as interrupted (aborted), so what it already measured is not lost
+        so_far = _journal_so_far(drill_dir)
+        if so_far is None:
+            raise
+        progress(f"drill {spec.name}: interrupted; judging what was recorded")
+        journal = {**so_far, "status": "interrupted"}
     finally:
         stop_load({"infer_run_dir": str(drill_dir)})
         from chaoslib_infer.locust.control import stop_locust

@@ -98,6 +98,7 @@ class ProgressHandler(RunEventHandler):  # type: ignore[misc]
 
     def rollbacks_completed(self, experiment: Any, journal: Any) -> None:
         self._say("rollbacks done")
+        self._save(journal)  # an interrupt after this point still finds the rollbacks on disk
 
 
 def redacting_progress(progress: Progress, secrets: list[str]) -> Progress:

@@ -5,6 +5,7 @@ chaoslib attributes the run replaces (:mod:`chaoslib_infer.chaoslib_hooks`) and 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -60,3 +61,52 @@ def test_a_drill_run_restores_the_global_state_it_changed(tmp_path: Path) -> Non
     assert chaoslib.run.exit_signals is exit_signals
     assert chaoslib.activity.time is time
     assert dict(os.environ) == env
+
+
+def after_experiment_control(**kwargs: object) -> None:
+    """A control's after-hook interrupted (Ctrl-C in the load's after window, past the
+    rollbacks): chaoslib does not catch it."""
+    raise KeyboardInterrupt
+
+
+def test_an_interrupt_past_the_rollbacks_keeps_the_drill_judged_as_aborted(tmp_path: Path) -> None:
+    """Found by a new-user trial: SIGINT in the after window left ``summary.json`` with no drill
+    entry (what the drill had measured was lost). The drill is judged from the journal saved so
+    far, rollbacks included, as aborted."""
+    experiment = {
+        "title": "interrupted after its rollbacks",
+        "description": "one action, one rollback, a control interrupted after the experiment",
+        "controls": [{"name": "interrupts", "provider": {"type": "python", "module": __name__}}],
+        "method": [
+            {
+                "type": "action",
+                "name": "noop",
+                "provider": {"type": "python", "module": __name__, "func": "noop"},
+            }
+        ],
+        "rollbacks": [
+            {
+                "type": "action",
+                "name": "undo",
+                "provider": {"type": "python", "module": __name__, "func": "noop"},
+            }
+        ],
+    }
+    path = tmp_path / "late.yaml"
+    path.write_text(yaml.safe_dump(experiment), encoding="utf-8")
+    lines: list[str] = []
+    entry = run_drill(
+        DrillSpec("late", path),
+        tmp_path / "late",
+        None,
+        "http://127.0.0.1:9",
+        {"kind": "url", "url": "http://127.0.0.1:9", "engine": "unknown", "replicas": 0},
+        {},
+        lines.append,
+    )
+    assert entry["status"] == "aborted", entry.get("reasons")
+    assert entry["reasons"][0] == "stopped: the run was interrupted"
+    assert "drill late: interrupted; judging what was recorded" in lines
+    journal = json.loads((tmp_path / "late" / "journal.json").read_text(encoding="utf-8"))
+    assert journal["status"] == "interrupted"
+    assert [r["activity"]["name"] for r in journal["rollbacks"]] == ["undo"]
