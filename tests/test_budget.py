@@ -309,3 +309,29 @@ def test_the_drill_policy_takes_the_slo_its_experiment_is_given(tmp_path: Path) 
     spec.verdict_policy = "lenient"
     with pytest.raises(ConfigError, match="drill oom-kill: verdict_policy='lenient'"):
         drill_policy(spec)
+
+
+def test_the_probe_leaves_sustained_service_to_the_verdict_until_its_window_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """Found by a new-user trial: node-loss's after-hypothesis read ``0 < 1
+    (interruption_sustained)`` (DID NOT HOLD) and the verdict, with the after window, passed it.
+    Until the records reach past the settling window after the last failure, whether service
+    was sustained is not known yet: the probe does not judge it; once they do, it does."""
+    from chaoslib_infer.activities.criteria import drill_criteria
+
+    run = tmp_path / "run"
+    run.mkdir()
+    fault = {"kind": "oom-kill", "replica": "r0", "fault_at": FAULT_AT}
+    (run / "faults.jsonl").write_text(json.dumps(fault) + "\n")
+    cfg = {"infer_run_dir": str(run), "infer_lab_dir": str(tmp_path / "no-lab")}
+
+    def probe(seconds: float) -> dict[str, Any]:
+        lines = "".join(json.dumps(r) + "\n" for r in load(seconds, outage_6s))
+        (run / "records.jsonl").write_text(lines)
+        return drill_criteria("oom-kill", "interruption_sustained", cfg)
+
+    early = probe(19)  # the last failure ends at T0 + 16.2; records to T0 + 19.2
+    assert early["result"] != "fail" and early["passed"] is True, early
+    late = probe(25)  # records to T0 + 25.2: the window after the last failure is recorded
+    assert (late["result"], late["passed"]) == ("pass", True), late

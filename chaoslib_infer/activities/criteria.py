@@ -34,6 +34,7 @@ from chaoslib_infer.evidence.figures import drill_figures, read_jsonl
 from chaoslib_infer.lab.fleet import LEDGER_FILE, Lab, LabError
 from chaoslib_infer.load.client import INFLIGHT_FILE
 from chaoslib_infer.load.records import read_records
+from chaoslib_infer.measure.figures import SETTLE_S
 from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S, judged_records, read_inflight
 from chaoslib_infer.verdict import DrillFacts, criteria_for, judge_drill
 from chaoslib_infer.verdict.policy import configured_policy
@@ -131,6 +132,18 @@ def drill_criteria(
     for c in criteria_for(drill, overrides):
         if c.window != "fault" or (criterion is not None and c.name != criterion):
             overrides[c.name] = None
+    last = figures.get("last_failure_at")
+    seen_until = max(
+        (float(r["end_at"]) for r in judged if isinstance(r.get("end_at"), int | float)),
+        default=None,
+    )
+    if (
+        not figures.get("interruption_sustained")
+        and isinstance(last, int | float)
+        and (seen_until is None or seen_until < last + SETTLE_S)
+    ):  # the records do not reach past the settling window after the last failure yet (the
+        # run goes on): the game day's verdict judges whether service was sustained
+        overrides["interruption_sustained"] = None
     facts = DrillFacts(
         drill=drill,
         records=judged,

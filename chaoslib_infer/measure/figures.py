@@ -42,8 +42,12 @@ def _fnum(v: Any) -> float | None:
     return float(v) if _num(v) else None
 
 
+#: Seconds of service without a failure after which an interruption is over (its settling window).
+SETTLE_S = 5.0
+
+
 def interruption(
-    records: Iterable[Record], fault_at: float, settle_s: float = 5.0
+    records: Iterable[Record], fault_at: float, settle_s: float = SETTLE_S
 ) -> dict[str, Any]:
     """Interruption time: first user-visible failure after the fault to the last failure before
     service is sustained again. The one computation every drill uses.
