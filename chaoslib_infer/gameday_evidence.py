@@ -322,6 +322,7 @@ BUDGET_FIGURES = ("budget_cost_s", "budget_share")
 
 _HEADLINE_KEYS = (
     "availability",
+    "request_availability",
     *BUDGET_FIGURES,
     "p99_e2e_s",
     "p99_request_e2e_s",
@@ -349,7 +350,10 @@ def headline(figures: dict[str, Any]) -> str:
     parts = []
     # with retries the attempt P99 censors timed-out attempts: say so, and show the per-request one
     retried = figures.get("p99_request_e2e_s") is not None
-    notes = {
+    notes = {  # with retries a failed attempt is not a lost request: say which is which
+        "availability": " (attempts)",
+        "request_availability": " (per request, retries included)",
+        "failed_requests": " (attempts)",
         "p99_e2e_s": " (attempts; failed ones censored)",
         "p99_request_e2e_s": " (per request, retries included)",
     }

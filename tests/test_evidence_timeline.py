@@ -322,9 +322,12 @@ def test_request_p99_includes_the_retried_wait_that_the_attempt_p99_censors() ->
     line = _headline(fig)
     assert "p99_e2e_s=0.5 (attempts; failed ones censored)" in line
     assert "p99_request_e2e_s=2.5 (per request, retries included)" in line
+    # a failed attempt a retry served is not a lost request: the console says which is which
+    assert f"availability={100 / 102:.3g} (attempts), request_availability=1 (per request" in line
     # without retries: no second P99 and no labels
     plain = common_figures(recs[:98], [])
     assert "p99_request_e2e_s" not in plain and "censored)" not in _headline(plain)
+    assert "(attempts)" not in _headline(plain) and "request_availability" not in _headline(plain)
 
 
 # -- upstream-timeout interruption ---------------------------------------------------------
