@@ -41,7 +41,7 @@ from chaoslib_infer.evidence.bundle import (
     write_manifest,
 )
 from chaoslib_infer.evidence.render import render_index, write_atomic
-from chaoslib_infer.gameday_evidence import K8S_OMITTED, drill_evidence, headline
+from chaoslib_infer.gameday_evidence import K8S_OMITTED, drill_evidence, headline, verdict_table
 from chaoslib_infer.lab import ledger
 from chaoslib_infer.lab.fleet import Lab, LabError
 from chaoslib_infer.plan import Plan
@@ -389,6 +389,9 @@ def run_gameday(
             redact.scrub_tree(out_dir, secrets)
             write_manifest(out_dir)
             run_lock.close()
+    if len(summary["drills"]) > 1:  # each drill's verdict at a glance, after the long run
+        for line in verdict_table(summary["drills"]):
+            progress(line)
     progress(f"{label} {verdict}: {out_dir / 'summary.json'}, {out_dir / 'index.html'}")
     return exit_code
 

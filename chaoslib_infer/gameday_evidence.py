@@ -33,7 +33,14 @@ from chaoslib_infer.plan import drill_kind
 from chaoslib_infer.run_progress import iso
 from chaoslib_infer.verdict.policy import VerdictPolicy
 
-__all__ = ["K8S_OMITTED", "drill_evidence", "experiment_title", "headline", "locust_load"]
+__all__ = [
+    "K8S_OMITTED",
+    "drill_evidence",
+    "experiment_title",
+    "headline",
+    "locust_load",
+    "verdict_table",
+]
 
 #: Why a Kubernetes drill's evidence has no lab ground truth (shown in its ground-truth table).
 K8S_OMITTED = (
@@ -370,6 +377,33 @@ def headline(figures: dict[str, Any]) -> str:
             f"replica_restarts={figures.get('replica_restarts')}"
         )
     return ", ".join(parts)
+
+
+def verdict_table(drills: list[dict[str, Any]], width: int = 100) -> list[str]:
+    """The game day's closing table, one line per drill: name, verdict, first reason (cut to
+    ``width`` characters with ``...``; the whole reasons are printed with each drill and kept in
+    ``summary.json``) and how many more reasons follow.
+
+    Args:
+        drills: ``summary.json``'s ``drills`` entries (``name``, ``status``, ``reasons``).
+        width: the most characters of the first reason shown.
+
+    Returns:
+        The lines, a header first; [] without drills.
+    """
+    if not drills:
+        return []
+    name_w = max(len("drill"), *(len(str(d.get("name", ""))) for d in drills))
+    out = [f"{'drill':<{name_w}}  {'verdict':<12}  first reason"]
+    for d in drills:
+        reasons = [str(r) for r in d.get("reasons") or []]
+        first = reasons[0] if reasons else ""
+        if len(first) > width:
+            first = first[: width - 3] + "..."
+        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        status = str(d.get("status", "")).upper()
+        out.append(f"{d.get('name', '')!s:<{name_w}}  {status:<12}  {first}{more}".rstrip())
+    return out
 
 
 def experiment_title(journal: dict[str, Any], experiment_path: str) -> str:

@@ -112,3 +112,23 @@ def test_index_shows_the_reasons_before_the_scorecard_with_styled_badges(
     style = page.split("</style>", 1)[0]
     for selector in (".failed", ".inconclusive", ".v-FAILED", ".v-INCONCLUSIVE"):
         assert selector in style, selector
+
+
+def test_the_game_day_closes_with_each_drills_verdict_and_first_reason() -> None:
+    """Found by a new-user trial: the verdicts were spread over ~80 lines of progress."""
+    from chaoslib_infer.gameday_evidence import verdict_table
+
+    long = "first-request TTFT / steady-state TTFT: 45.8x > 10x; fix: warm the engine " + "x" * 80
+    lines = verdict_table(
+        [
+            {"name": "node-loss", "status": "passed", "reasons": []},
+            {"name": "oom-kill", "status": "failed", "reasons": [long, "second", "third"]},
+            {"name": "quota-cut", "status": "aborted", "reasons": ["stopped: interrupted"]},
+        ]
+    )
+    assert lines[0].split() == ["drill", "verdict", "first", "reason"]
+    assert lines[1] == "node-loss  PASSED"
+    assert lines[2].startswith("oom-kill   FAILED        first-request TTFT / steady-state")
+    assert lines[2].endswith("... (+2 more)") and len(lines[2]) == 11 + 14 + 100 + len(" (+2 more)")
+    assert lines[3] == "quota-cut  ABORTED       stopped: interrupted"
+    assert verdict_table([]) == []
