@@ -232,8 +232,21 @@ def test_a_game_day_still_says_game_day(tmp_path: Path, monkeypatch: pytest.Monk
         "gameday", str(_tiny_plan(tmp_path, 2)), "--target", "http://127.0.0.1:9", "--out", str(out)
     )
     assert res.exit_code == 1, res.output
-    last = res.stdout.strip().splitlines()[-1]
-    assert last == f"game day FAILED: {out / 'summary.json'}, {out / 'index.html'}"
+    lines = res.stdout.strip().splitlines()
+    assert lines[-1] == f"game day FAILED: {out / 'summary.json'}, {out / 'index.html'}"
+    # the closing table: each drill's verdict at a glance, before the last line
+    assert lines[-4].split() == ["drill", "verdict", "first", "reason"], lines[-6:]
+    assert [ln.split()[1] for ln in lines[-3:-1]] == ["PASSED", "FAILED"], lines[-6:]
+
+
+def test_lab_status_and_down_without_a_lab_say_where_a_runs_own_lab_is(tmp_path: Path) -> None:
+    """Found by a new-user trial: after ``drill run --out D`` the lab commands looked in the
+    default folder and did not say that the run's lab is ``D/lab``."""
+    res = _invoke("lab", "status", "--state-dir", str(tmp_path / "none"))
+    _one_line_exit_2(res.stderr, res.exit_code, "no lab in", "--state-dir OUT/lab")
+    res = _invoke("lab", "down", "--state-dir", str(tmp_path / "none"))
+    assert res.exit_code == 0 and "nothing to take down" in res.stdout
+    assert "--state-dir OUT/lab" in res.stdout
 
 
 def _sigterm() -> dict[str, Any]:

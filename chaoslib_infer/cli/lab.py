@@ -267,9 +267,12 @@ def _parse_engine_args(values: tuple[str, ...]) -> dict[str, Any]:
 def lab_status(state_dir: Path, as_json: bool) -> None:
     """Show replicas (pid, health, memory, OOM kills, restarts, engine faults armed on each, as
     the engine itself reports them) and the active faults of the lab's fault ledger."""
-    from chaoslib_infer.lab.fleet import Lab, LabError
+    from chaoslib_infer.lab.fleet import LAB_FILE, Lab, LabError
     from chaoslib_infer.lab.ledger import pending_faults
 
+    if not (state_dir / LAB_FILE).exists():
+        fail(f"no lab in {state_dir}; {OWN_LAB_HINT}")
+        return
     try:
         the_lab = Lab.attach(state_dir)
         pending_faults(state_dir)  # an unreadable ledger is never shown as "0 faults": exit 2
@@ -325,6 +328,12 @@ def describe_engine_fault(fault: dict[str, Any]) -> str:
     return f"{text} ({when}, id {fault.get('id')})"
 
 
+#: where a run's own lab is: ``gameday`` and ``drill run`` bring one up in their ``--out`` folder
+OWN_LAB_HINT = (
+    "a game day or drill run keeps its own lab in OUT/lab while it runs: --state-dir OUT/lab"
+)
+
+
 @lab.command("down")
 @click.option(
     "--state-dir", type=click.Path(path_type=Path), default=DEFAULT_LAB_DIR, show_default=True
@@ -335,7 +344,7 @@ def lab_down(state_dir: Path) -> None:
     from chaoslib_infer.lab.fleet import LAB_FILE, Lab, LabError
 
     if not (state_dir / LAB_FILE).exists():
-        click.echo(f"no lab in {state_dir}: nothing to take down")
+        click.echo(f"no lab in {state_dir}: nothing to take down ({OWN_LAB_HINT})")
         return
     try:
         Lab.attach(state_dir).down()
