@@ -296,7 +296,16 @@ def run_drill(
         ctk_logger.setLevel(ctk_level)
         ctk_logger.propagate = ctk_propagate
         log_handler.close()
-        write_residue(drill_dir, residue_check(lab, drill_dir), time.time())
+        residue = residue_check(lab, drill_dir)
+        write_residue(drill_dir, residue, time.time())
+        progress(
+            f"drill {spec.name}: residue check: "
+            + (
+                f"{len(residue)} fault(s) left behind: {'; '.join(residue)}"
+                if residue
+                else "no fault left"
+            )
+        )
     ended = time.time()
     # scrubbed once, here: the journal file and every evidence file rendered from it
     journal_text = redact.redact_text(json.dumps(journal, indent=2, default=str), secrets)

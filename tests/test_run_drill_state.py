@@ -107,6 +107,7 @@ def test_an_interrupt_past_the_rollbacks_keeps_the_drill_judged_as_aborted(tmp_p
     assert entry["status"] == "aborted", entry.get("reasons")
     assert entry["reasons"][0] == "stopped: the run was interrupted"
     assert "drill late: interrupted; judging what was recorded" in lines
+    assert "drill late: residue check: no fault left" in lines  # said on the console too
     journal = json.loads((tmp_path / "late" / "journal.json").read_text(encoding="utf-8"))
     assert journal["status"] == "interrupted"
     assert [r["activity"]["name"] for r in journal["rollbacks"]] == ["undo"]
