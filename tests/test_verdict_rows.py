@@ -153,3 +153,34 @@ def test_sustained_reads_unmeasured_on_a_cluster_without_failures() -> None:
     )  # one lost at T0+10.5
     rows = rows_of("oom-kill", records, {"restart_s": 2.0}, OOM_GROUND, overrides=LOSS_OFF)
     assert rows["interruption_sustained"]["result"] == "pass"
+
+
+# -- a hypothesis probe that repeats a failed row is listed once ---------------------------------
+
+
+def test_an_after_hypothesis_line_that_repeats_a_failed_row_is_not_listed_twice() -> None:
+    """Found by a new-user trial: network-jitter's reasons ended with the after-hypothesis's
+    ``duplicate_generations = 27`` line, the first reason again."""
+    fig = {"duplicate_generations": 27, "extra_generations": 27, "retries": 30}
+    dup = (
+        "after",
+        "duplicate-generations-within-budget: duplicate_generations = 27 (<= 0.0 required, "
+        "449 requests)",
+    )
+    other = ("after", "all-replicas-in-service: replicas_in_service = 2 (3 expected)")
+    rows = rows_of(
+        "network-jitter",
+        steady(T0, T0 + 35),
+        fig,
+        JITTER_GROUND,
+        lab_events=UP,
+        overrides=LOSS_OFF,
+        hypothesis_failures=[dup, other],
+    )
+    reasons = rows["_verdict"].reasons
+    assert sum("duplicate_generations" in r for r in reasons) == 1, reasons
+    assert reasons[0].startswith("duplicate generations: 27 > 0 (duplicate_generations)")
+    assert (
+        "steady-state hypothesis after the fault deviated: all-replicas-in-service: "
+        "replicas_in_service = 2 (3 expected)"
+    ) in reasons

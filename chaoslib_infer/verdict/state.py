@@ -236,6 +236,12 @@ def client_reason(row: Mapping[str, Any], client: Mapping[str, Any]) -> str:
     )
 
 
+def _says_a_failed_row(line: str, failing: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a hypothesis probe's failure ``line`` only repeats a row already failed (it names
+    the row's criterion as ``(NAME)`` or ``NAME = VALUE``): its reason is listed once."""
+    return any(f"({r['criterion']})" in line or f"{r['criterion']} = " in line for r in failing)
+
+
 def decide_state(
     facts: DrillFacts,
     tl: Timeline,
@@ -313,9 +319,10 @@ def decide_state(
         if hard or findings:
             return "failed", [*hard, *findings, *(ALSO_INCONCLUSIVE + line for line in incon)]
         return "inconclusive", incon
-    failed = [reason(r) for r in rows if r["result"] == "fail" and r["criterion"] not in CLIENT_LAG]
+    failing = [r for r in rows if r["result"] == "fail" and r["criterion"] not in CLIENT_LAG]
+    failed = [reason(r) for r in failing]
     for phase, line in facts.hypothesis_failures:
-        if phase != "before":
+        if phase != "before" and not _says_a_failed_row(line, failing):
             failed.append(f"steady-state hypothesis {phase} the fault deviated: {line}")
     failed += findings
     if failed:
