@@ -60,15 +60,13 @@ def _jitter_health(classes: list[str]) -> dict[str, Any]:
     )["health_disagreement_s"]
 
 
-def test_the_health_row_blames_the_client_when_its_own_timeouts_are_the_failures() -> None:
+def test_the_health_row_does_not_count_the_clients_own_timeouts_on_a_slowed_replica() -> None:
+    """The slowed replica was still answering: the client's own attempt timeouts are no
+    failure its health checks could see (found by a new-user trial: the row failed with BLAME
+    client while its own words cleared the gateway). The retry-cost rows judge what they cost."""
     row = _jitter_health(["timeout_total"])
-    assert (row["result"], row["value"]) == ("fail", 9.0)
-    assert reason(row) == (
-        "gateway health UP while the faulted replica's completions fail: 9 s > 3 s "
-        "(health_disagreement_s); BLAME: client (33 of the 33 failed completions counted are "
-        "its own attempt timeouts on the slowed replica, which was still answering: an attempt "
-        "timeout above the slowest generation)"
-    )
+    assert (row["result"], row["value"]) == ("pass", 0.0)
+    assert "blame" not in row or not row["blame"]
 
 
 def test_the_health_row_blames_the_gateway_when_the_replica_really_failed() -> None:
@@ -79,12 +77,12 @@ def test_the_health_row_blames_the_gateway_when_the_replica_really_failed() -> N
         "(health_disagreement_s); BLAME: gateway (its health checks kept the replica UP while "
         "31 of its completions failed: 31 http_5xx)"
     )
+    # the client's own timeouts among them are left out: only the upstream's failures count
     both = _jitter_health(["timeout_total", "http_5xx"])
     assert both["result"] == "fail"
     assert reason(both).endswith(
-        "(health_disagreement_s); BLAME: client and gateway (17 of the 32 failed completions "
-        "counted are its own attempt timeouts on the slowed replica, which was still "
-        "answering; 15 were upstream failures the gateway's health checks did not see)"
+        "(health_disagreement_s); BLAME: gateway (its health checks kept the replica UP while "
+        "15 of its completions failed: 15 http_5xx)"
     )
 
 

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chaoslib_infer.measure.metrics import TIMEOUT_CLASSES, logical_outcomes
+from chaoslib_infer.measure.metrics import logical_outcomes
 
 from .facts import DrillFacts, num
 
-__all__ = ["BLAME", "add_blame", "blame_of", "strip_blame"]
+__all__ = ["BLAME", "SLOWING", "add_blame", "blame_of", "strip_blame"]
 
 #: How a reason line names who caused it.
 BLAME = "; BLAME: "
@@ -57,24 +57,13 @@ def _pos(figures: Mapping[str, Any], key: str) -> bool:
     return v is not None and v > 0
 
 
-def _health_blame(drill: str, failed: Mapping[str, int]) -> str:
+def _health_blame(failed: Mapping[str, int]) -> str:
     """Who made the completions fail that ``health_disagreement_s`` counts (``failed``: the
-    failed attempts by error class): the client's own timeouts on a replica the fault only
-    slowed (:data:`SLOWING`), else the gateway, whose health checks kept the replica UP."""
+    failed attempts by error class): the gateway, whose health checks kept the replica UP. In a
+    drill that only slows the replica (:data:`SLOWING`) the client's own attempt timeouts are
+    not counted (:func:`chaoslib_infer.verdict.judge`): they are no failure of the replica."""
     total = sum(failed.values())
-    timeouts = sum(n for c, n in failed.items() if c in TIMEOUT_CLASSES)
     classes = ", ".join(f"{n} {c}" for c, n in sorted(failed.items()))
-    if drill in SLOWING and timeouts:
-        own = (
-            f"{timeouts} of the {total} failed completions counted are its own attempt "
-            "timeouts on the slowed replica, which was still answering"
-        )
-        if timeouts == total:
-            return f"client ({own}: an attempt timeout above the slowest generation)"
-        return (
-            f"client and gateway ({own}; {total - timeouts} were upstream failures the "
-            "gateway's health checks did not see)"
-        )
     return (
         f"gateway (its health checks kept the replica UP while {total} of its completions "
         f"failed: {classes})"
@@ -93,7 +82,7 @@ def blame_of(
     counts, by error class, when it counts some), as ``"WHO (why)"``; None when it is the
     service's (the default: no suffix)."""
     if criterion == "health_disagreement_s" and failed:
-        return _health_blame(drill, failed)
+        return _health_blame(failed)
     if criterion in RETRY_COST:
         client, gateway = _pos(figures, "retries"), _pos(figures, "gateway_retries")
         if client and gateway:

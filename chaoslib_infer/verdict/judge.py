@@ -56,7 +56,7 @@ from chaoslib_infer.measure.retrycost import retried
 from . import client as vclient
 from .applicable import instances_held, not_happened
 from .attribution import assign, crossed_note, ttft_allowance
-from .blame import add_blame
+from .blame import SLOWING, add_blame
 from .budget import budget_values, name_lost_row
 from .confirm import confirm_by_traffic
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
@@ -143,8 +143,9 @@ def _health(
     """Health disagreement (``docs/definitions.md``, "Drill figures") of the faulted replicas in
     the fault window: the gateway's health view (HAProxy's checks in the lab's ``lb_state``
     samples: the replica's server, or its run-time detour ``<name>-...``, UP) against its
-    completions (:func:`chaoslib_infer.measure.health.health_disagreement`, 1 s windows).
-    Returns ``(seconds, {error class: failed attempts counted})``: who caused those failures
+    completions (:func:`chaoslib_infer.measure.health.health_disagreement`, 1 s windows); in a
+    drill that only slows the replica (:data:`~chaoslib_infer.verdict.blame.SLOWING`) the
+    client's own attempt timeouts are left out: the replica was answering. Returns ``(seconds, {error class: failed attempts counted})``: who caused those failures
     is the row's blame (:func:`chaoslib_infer.verdict.blame.blame_of`)."""
     names = _faulted(facts.ground)
     states = sorted(
@@ -175,6 +176,10 @@ def _health(
         for e in snaps
         for n in names
     ]
+    if facts.drill in SLOWING:  # the replica was answering, only slower: the client's own
+        # attempt timeouts are not failures its health checks could see (the retry-cost rows
+        # judge what they cost); only the upstream's own failures count
+        records = [r for r in records if r.get("ok") or r.get("error_class") not in TIMEOUT_CLASSES]
     result = health_disagreement(samples, records, 1.0, replica_of=facts.replica_of)
     return float(result["disagreement_s"]), dict(result["failed_classes"])
 
