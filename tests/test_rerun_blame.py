@@ -336,7 +336,10 @@ def test_blame_names_who_caused_each_failure() -> None:
     jitter = {"retries": 30, "gateway_retries": 0}
     assert blame_of("duplicate_generations", "network-jitter", jitter).startswith("client")
     assert blame_of("wasted_tokens", "network-jitter", {"gateway_retries": 3}).startswith("gateway")
-    assert "frozen_completed" in str(blame_of("extra_generations", "upstream-timeout", jitter))
+    frozen = str(blame_of("extra_generations", "upstream-timeout", jitter))
+    assert "frozen_completed" in frozen
+    # what a user can do about it: a retry that ends the hang pays it, wherever it is made
+    assert frozen.endswith("only a server that deduplicates request ids avoids it)")
     assert str(blame_of("hung_requests", "upstream-timeout", {})).startswith("gateway")
     assert blame_of("streams_cut_200", "oom-kill", {}) == "gateway"
     cut = {"fault_cut_lost": 2}

@@ -92,7 +92,9 @@ def blame_of(
         if drill == "upstream-timeout":
             return (
                 "client (its timeout gave up on the frozen replica, which went on generating "
-                "once thawed: frozen_completed)"
+                "once thawed: frozen_completed; the price of ending the hang by a retry, the "
+                "gateway's first-byte timeout pays it too: only a server that deduplicates "
+                "request ids avoids it)"
             )
         return (
             "client (it gave up on and re-sent requests the engine was still generating: an "
