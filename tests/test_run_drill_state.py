@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import chaoslib.activity
 import chaoslib.run
@@ -25,17 +26,29 @@ def noop() -> str:
     return "done"
 
 
+def _noop_action(name: str) -> dict[str, object]:
+    """An action called ``name`` that runs :func:`noop`."""
+    return {
+        "type": "action",
+        "name": name,
+        "provider": {"type": "python", "module": __name__, "func": "noop"},
+    }
+
+
+def _run(experiment: Path, drill_dir: Path, lines: list[str]) -> dict[str, Any]:
+    """Run the experiment as drill ``drill_dir.name`` against an unused loopback URL."""
+    url = "http://127.0.0.1:9"
+    target = {"kind": "url", "url": url, "engine": "unknown", "replicas": 0}
+    return run_drill(
+        DrillSpec(drill_dir.name, experiment), drill_dir, None, url, target, {}, lines.append
+    )
+
+
 def test_a_drill_run_restores_the_global_state_it_changed(tmp_path: Path) -> None:
     experiment = {
         "title": "no-op",
         "description": "one action that does nothing",
-        "method": [
-            {
-                "type": "action",
-                "name": "noop",
-                "provider": {"type": "python", "module": __name__, "func": "noop"},
-            }
-        ],
+        "method": [_noop_action("noop")],
     }
     path = tmp_path / "noop.yaml"
     path.write_text(yaml.safe_dump(experiment), encoding="utf-8")
@@ -45,15 +58,7 @@ def test_a_drill_run_restores_the_global_state_it_changed(tmp_path: Path) -> Non
     exit_signals = chaoslib.run.exit_signals
     env = dict(os.environ)
     lines: list[str] = []
-    entry = run_drill(
-        DrillSpec("noop", path),
-        tmp_path / "noop",
-        None,
-        "http://127.0.0.1:9",
-        {"kind": "url", "url": "http://127.0.0.1:9", "engine": "unknown", "replicas": 0},
-        {},
-        lines.append,
-    )
+    entry = _run(path, tmp_path / "noop", lines)
     assert entry["name"] == "noop" and (tmp_path / "noop" / "journal.json").is_file()
     assert "noop" in (tmp_path / "noop" / "chaostoolkit.log").read_text(encoding="utf-8")
     assert (ctk.level, ctk.propagate, list(ctk.handlers)) == before
@@ -77,33 +82,13 @@ def test_an_interrupt_past_the_rollbacks_keeps_the_drill_judged_as_aborted(tmp_p
         "title": "interrupted after its rollbacks",
         "description": "one action, one rollback, a control interrupted after the experiment",
         "controls": [{"name": "interrupts", "provider": {"type": "python", "module": __name__}}],
-        "method": [
-            {
-                "type": "action",
-                "name": "noop",
-                "provider": {"type": "python", "module": __name__, "func": "noop"},
-            }
-        ],
-        "rollbacks": [
-            {
-                "type": "action",
-                "name": "undo",
-                "provider": {"type": "python", "module": __name__, "func": "noop"},
-            }
-        ],
+        "method": [_noop_action("noop")],
+        "rollbacks": [_noop_action("undo")],
     }
     path = tmp_path / "late.yaml"
     path.write_text(yaml.safe_dump(experiment), encoding="utf-8")
     lines: list[str] = []
-    entry = run_drill(
-        DrillSpec("late", path),
-        tmp_path / "late",
-        None,
-        "http://127.0.0.1:9",
-        {"kind": "url", "url": "http://127.0.0.1:9", "engine": "unknown", "replicas": 0},
-        {},
-        lines.append,
-    )
+    entry = _run(path, tmp_path / "late", lines)
     assert entry["status"] == "aborted", entry.get("reasons")
     assert entry["reasons"][0] == "stopped: the run was interrupted"
     assert "drill late: interrupted; judging what was recorded" in lines
