@@ -296,8 +296,9 @@ def lose_node(
 
     Returns:
         ``{"fault_id", "node", "ns", "fault_at" (unix s: its replicas frozen, then its network
-        cut), "killed_at", "replicas" (lost), "killed_pids", "down_s", "reschedule_after_s", "controller_pid", "spare" (the spare
-        node free at injection time, or None), "state_dir"}``.
+        cut), "killed_at", "replicas" (lost), "killed_pids", "down_s", "reschedule_after_s",
+        "controller_pid", "spare" (the spare node free at injection time, or None),
+        "state_dir"}``.
 
     Raises:
         LabError: no nodes, unknown or already down node, a node without replicas, a replica not

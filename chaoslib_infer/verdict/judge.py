@@ -145,7 +145,8 @@ def _health(
     samples: the replica's server, or its run-time detour ``<name>-...``, UP) against its
     completions (:func:`chaoslib_infer.measure.health.health_disagreement`, 1 s windows); in a
     drill that only slows the replica (:data:`~chaoslib_infer.verdict.blame.SLOWING`) the
-    client's own attempt timeouts are left out: the replica was answering. Returns ``(seconds, {error class: failed attempts counted})``: who caused those failures
+    client's own attempt timeouts are left out: the replica was answering.
+    Returns ``(seconds, {error class: failed attempts counted})``: who caused those failures
     is the row's blame (:func:`chaoslib_infer.verdict.blame.blame_of`)."""
     names = _faulted(facts.ground)
     states = sorted(
