@@ -22,6 +22,7 @@ from chaoslib_infer.chaoslib_hooks import interrupt_on_sigterm, no_pause_after_i
 from chaoslib_infer.controls.guard import STOP_CONDITION_FILE
 from chaoslib_infer.controls.load import LOAD_ERROR_FILE, WARMUP_FILE, stop_load
 from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.evidence.journal import read_journal
 from chaoslib_infer.evidence.render import write_atomic
 from chaoslib_infer.evidence.verdicts import write_residue
 from chaoslib_infer.gameday_evidence import drill_evidence, headline
@@ -176,16 +177,6 @@ def drill_policy(spec: DrillSpec, slo_overrides: dict[str, float] | None = None)
         raise ConfigError(f"drill {spec.name}: {exc}") from None
 
 
-def _journal_so_far(drill_dir: Path) -> dict[str, Any] | None:
-    """The journal the progress handler saved as the run went (``journal.json``), or None when
-    there is none (interrupted before the run started) or it cannot be read."""
-    try:
-        data = json.loads((drill_dir / "journal.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def run_drill(
     spec: DrillSpec,
     drill_dir: Path,
@@ -281,8 +272,9 @@ def run_drill(
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM where chaoslib does not catch it (a control's after-hook: the load's
         # after window, past the rollbacks): the journal so far is on disk; the drill is judged
-        # from it as interrupted (aborted), so what it already measured is not lost
-        so_far = _journal_so_far(drill_dir)
+        # from it as interrupted (aborted), so what it already measured is not lost; none
+        # saved yet: interrupted before the run started
+        so_far = read_journal(drill_dir)
         if so_far is None:
             raise
         progress(f"drill {spec.name}: interrupted; judging what was recorded")

@@ -16,6 +16,7 @@ from typing import Any
 from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.bundle import junit_inconclusive as junit_inconclusive_choice
 from chaoslib_infer.evidence.bundle import junit_xml, write_manifest
+from chaoslib_infer.evidence.journal import read_journal
 from chaoslib_infer.evidence.render import render_index, write_atomic
 from chaoslib_infer.gameday_evidence import drill_evidence, experiment_title
 from chaoslib_infer.lab.fleet import Lab, LabError
@@ -115,12 +116,7 @@ def report_run(
         if not name or "/" in name or not drill_dir.is_dir():
             rendered.append(old)
             continue
-        try:
-            journal = json.loads((drill_dir / "journal.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            journal = {}
-        if not isinstance(journal, dict):
-            journal = {}
+        journal = read_journal(drill_dir) or {}
         if journal.get("status") not in ("completed", "failed", "aborted", "interrupted"):
             forced = "incomplete"
         experiment_path = str(old.get("experiment") or "")

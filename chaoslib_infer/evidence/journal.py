@@ -6,13 +6,35 @@ skipped) and when an action raises. The verdict of a drill is read from the jour
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-__all__ = ["drill_status", "hypothesis_results", "failed_activities", "method_findings"]
+__all__ = [
+    "JOURNAL_FILE",
+    "drill_status",
+    "hypothesis_results",
+    "failed_activities",
+    "method_findings",
+    "read_journal",
+]
+
+#: A drill's Chaos Toolkit journal in its folder (saved as the run goes, then whole at its end).
+JOURNAL_FILE = "journal.json"
 
 # how a ServiceFinding reads in the journal: Chaos Toolkit wraps it as
 # "chaoslib.exceptions.ActivityFailed: chaoslib_infer.errors.ServiceFinding: <message>"
 _FINDING = "chaoslib_infer.errors.ServiceFinding: "
+
+
+def read_journal(drill_dir: Path) -> dict[str, Any] | None:
+    """The drill's journal (``drill_dir/journal.json``), or None when there is none, it cannot
+    be read or it is not a JSON object."""
+    try:
+        data = json.loads((drill_dir / JOURNAL_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def hypothesis_results(journal: dict[str, Any]) -> dict[str, bool | None]:
