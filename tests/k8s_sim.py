@@ -26,12 +26,12 @@ import sys
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fake_k8s import ExecCall, ExecReply, FakeK8s
+from fake_k8s import ExecCall, ExecReply, FakeK8s, QuietServer
 
 from chaoslib_infer.platforms.kubernetes import scripts as S
 
@@ -429,7 +429,7 @@ class ServiceProxy:
         self.served: list[tuple[str, float]] = []
         self._next = 0
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = QuietServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
