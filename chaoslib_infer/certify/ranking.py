@@ -22,10 +22,10 @@ decision on the first of them needs
 (:func:`~chaoslib_infer.certify.significance.requests_needed`).
 
 The error rate of a pairwise decision: two 95 % intervals that do not overlap differ at about
-the 0.6 % level (equal widths, normal approximation: the difference is at least
-``1.96 sqrt(2) = 2.77`` standard errors); over the ``m`` pairs of a certification that is a
-family-wise false ranking rate of at most ``m x 0.6 %`` by Bonferroni (3 % for 3 targets, 6 %
-for 4), stated in ``docs/certification.md``.
+the 0.56 % level (equal widths, normal approximation: the difference is at least
+``1.96 sqrt(2) = 2.77`` standard errors); over the ``m = k (k - 1) / 2`` pairs of ``k`` targets
+that is a family-wise false ranking rate of at most ``m x 0.56 %`` by Bonferroni (1.7 % for 3
+targets, 3.3 % for 4), stated in ``docs/certification.md``.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def _flat_top(t: np.ndarray) -> np.ndarray:
     return np.where(a <= 0.5, 1.0, np.where(a <= 1.0, 2.0 * (1.0 - a), 0.0))
 
 
-def block_length(series: Sequence[float]) -> int:
+def block_length(series: Sequence[float] | np.ndarray) -> int:
     """The circular block bootstrap's block length for ``series`` (records in send order), by
     the rule of Politis & White (2004) as corrected by Patton, Politis & White (2009) (module
     docstring).
