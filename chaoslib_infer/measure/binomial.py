@@ -197,7 +197,10 @@ def required_requests(
     for n in range(1, MAX_REQUESTS + 1):
         if n > end:
             break
+        k_before = k
         k = _critical(n, allowance, false_alarm, start=k)  # k(n) never decreases
+        if candidate is not None and k == k_before:
+            continue  # at a fixed k the power only rises with n: only a step can dip
         if k <= n and binom_sf(k, n, d) >= power:
             if candidate is None:
                 candidate, end = n, min(MAX_REQUESTS, HORIZON * n)
