@@ -20,8 +20,9 @@ quality (tier 3) is out of scope.
 **Ranking** (:func:`chaoslib_infer.certify.ranking.rank_targets`): usable targets first (the
 conformance probe's critical checks), then stability (tier 1 verdict, failed tier-1 rows, steady
 error rate, disaster tolerance, worst P99), then performance and cost (tier 2 verdict, peak QPS,
-P50, cost); a figure measured over records decides only where its bootstrap confidence intervals
-do not overlap (:mod:`chaoslib_infer.certify.significance`), else the targets tie on it.
+P50, cost); a figure measured over records decides only where its block-bootstrap confidence
+intervals do not overlap (:mod:`chaoslib_infer.certify.significance`), else the targets tie on
+it. Every pair is compared; a target ranks one more than the targets shown better than it.
 """
 
 from __future__ import annotations

@@ -4,11 +4,27 @@ Two targets are ranked on a figure only when its confidence intervals do not ove
 overlap the figure cannot tell the targets apart ("tie" on it) and the next figure of the ranking
 order decides (``docs/certification.md``, "Scorecard and ranking").
 
-Intervals (:func:`interval`): a **percentile bootstrap over the records** (Efron & Tibshirani,
-*An Introduction to the Bootstrap*, 1993, ch. 13): :data:`RESAMPLES` resamples with
-replacement of the figure's own records, seeded (:data:`SEED`, so a report is reproducible), the
-statistic recomputed on each, the interval the ``(1 - CONFIDENCE) / 2`` and
-``(1 + CONFIDENCE) / 2`` quantiles of those values. Statistics:
+Intervals (:func:`interval`): a **percentile circular block bootstrap over the records in send
+order** (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13, for the
+percentile interval; Politis & Romano, 1992, for the circular blocks): :data:`RESAMPLES`
+resamples, each ``ceil(n / b)`` blocks of ``b`` consecutive records (wrapping at the end, so every
+record is equally likely) drawn with replacement and cut to ``n``, seeded (:data:`SEED`, so a
+report is reproducible), the statistic recomputed on each, the interval the
+``(1 - CONFIDENCE) / 2`` and ``(1 + CONFIDENCE) / 2`` quantiles of those values.
+
+Why blocks: failures and slow requests come in bursts (a replica down for 2 s fails every
+request it holds), and records resampled one by one forget it: a burst of 10 failures and 10
+spread over the run gave the same interval. Blocks keep a burst whole, so a burst's interval is
+wider (the run saw fewer independent events than records). The **block length** ``b``
+(:func:`block_length`) is chosen from the figure's own series by the automatic rule of Politis &
+White (2004) with the correction of Patton, Politis & White (2009) for the circular block
+bootstrap: the lag ``m`` after which ``K = max(5, sqrt(log10 n))`` consecutive
+autocorrelations are insignificant (``|rho| < 2 sqrt(log10(n) / n)``), the flat-top lag window
+over ``M = min(2 m, sqrt(n) + K)`` lags, ``b = (2 G^2 / D)^(1/3) n^(1/3)`` with ``G =
+sum lambda(k/M) |k| R(k)``, ``D = 4/3 (sum lambda(k/M) R(k))^2``, rounded up and kept within
+``[1, min(3 sqrt(n), n / 3)]``: the block length that minimises the error of the bootstrap's
+variance, about as long as the dependence. A series without dependence (or without variation:
+no failure at all) gets ``b = 1``, the record bootstrap. Statistics:
 
 - ``p50`` / ``p99``: that quantile (``numpy`` ``method="higher"``: an observed value) of the
   successful requests' E2E latency, seconds from when the request was due (``docs/definitions.md``);
@@ -39,6 +55,7 @@ __all__ = [
     "RESAMPLES",
     "SEED",
     "Interval",
+    "block_length",
     "e2e_values",
     "interval",
     "overlap",
@@ -66,12 +83,14 @@ class Interval:
         hi: upper bound.
         n: records it was computed from.
         stat: ``p50``, ``p99``, ``ratio`` or ``qps``.
+        block: the block length the bootstrap resampled (records; 1: record by record).
     """
 
     lo: float
     hi: float
     n: int
     stat: str
+    block: int = 1
 
     @property
     def half_width(self) -> float:
@@ -79,9 +98,58 @@ class Interval:
         return (self.hi - self.lo) / 2
 
     def to_json(self) -> dict[str, Any]:
-        """``{"lo", "hi", "n", "stat", "confidence", "resamples"}``."""
+        """``{"lo", "hi", "n", "stat", "block", "confidence", "resamples", "method"}``."""
         return {"lo": self.lo, "hi": self.hi, "n": self.n, "stat": self.stat,
-                "confidence": CONFIDENCE, "resamples": RESAMPLES}  # fmt: skip
+                "block": self.block, "confidence": CONFIDENCE, "resamples": RESAMPLES,
+                "method": "circular block bootstrap (Politis-White block length)"}  # fmt: skip
+
+
+def _flat_top(t: np.ndarray) -> np.ndarray:
+    """The flat-top lag window of Politis & Romano (1995): 1 up to 1/2, then down to 0 at 1."""
+    a = np.abs(t)
+    return np.where(a <= 0.5, 1.0, np.where(a <= 1.0, 2.0 * (1.0 - a), 0.0))
+
+
+def block_length(series: Sequence[float] | np.ndarray) -> int:
+    """The circular block bootstrap's block length for ``series`` (records in send order), by
+    the rule of Politis & White (2004) as corrected by Patton, Politis & White (2009) (module
+    docstring).
+
+    Returns:
+        Records per block, in ``[1, max(1, ceil(min(3 sqrt(n), n / 3)))]``; 1 for fewer than 8
+        values or a constant series (nothing to estimate a dependence from).
+    """
+    x = np.asarray(series, dtype=float)
+    n = int(x.size)
+    if n < 8 or float(np.ptp(x)) == 0.0:
+        return 1
+    k_n = max(5, math.ceil(math.sqrt(math.log10(n))))
+    m_max = min(n - 1, math.ceil(math.sqrt(n)) + k_n)
+    b_max = max(1, math.ceil(min(3 * math.sqrt(n), n / 3)))
+    xc = x - x.mean()
+    acv = np.array([float(xc[: n - k] @ xc[k:]) / n for k in range(m_max + 1)])
+    rho = acv[1:] / acv[0]
+    insignificant = np.abs(rho) < 2.0 * math.sqrt(math.log10(n) / n)
+    m_hat = None
+    for m in range(0, m_max - k_n + 1):  # lags m+1 .. m+k_n all insignificant
+        if insignificant[m : m + k_n].all():
+            m_hat = m
+            break
+    if m_hat is None:  # dependence to the last lag looked at: the largest significant lag
+        significant = np.nonzero(~insignificant)[0]
+        m_hat = int(significant[-1]) + 1 if significant.size else 0
+    big_m = min(2 * m_hat, m_max)
+    if big_m == 0:
+        return 1
+    lags = np.arange(-big_m, big_m + 1)
+    r = acv[np.abs(lags)]
+    lam = _flat_top(lags / big_m)
+    g = float(np.sum(lam * np.abs(lags) * r))
+    d = 4.0 / 3.0 * float(np.sum(lam * r)) ** 2
+    if d <= 0.0:
+        return 1
+    b = (2.0 * g * g / d) ** (1.0 / 3.0) * n ** (1.0 / 3.0)
+    return int(min(b_max, max(1, math.ceil(b))))
 
 
 def _due(r: Mapping[str, Any]) -> float | None:
@@ -110,11 +178,11 @@ def interval(
     durations: Sequence[float] | None = None,
     concurrency: int = 1,
 ) -> Interval | None:
-    """Bootstrap confidence interval of ``stat`` over ``values`` (module docstring).
+    """Block-bootstrap confidence interval of ``stat`` over ``values`` (module docstring).
 
     Args:
-        values: per record: E2E seconds (``p50``/``p99``), 0/1 failed (``ratio``), 0/1 ok
-            (``qps``).
+        values: per record, in send order (the blocks are runs of consecutive records): E2E
+            seconds (``p50``/``p99``), 0/1 failed (``ratio``), 0/1 ok (``qps``).
         stat: ``p50``, ``p99``, ``ratio`` or ``qps``.
         durations: ``qps`` only: each record's attempt time in seconds, same order as ``values``.
         concurrency: ``qps`` only: the step's closed-loop workers.
@@ -133,11 +201,15 @@ def interval(
     if stat == "qps" and (durations is None or len(durations) != x.size):
         raise ValueError("qps needs one duration per value")
     dur = np.asarray([float(v) for v in durations or ()], dtype=float)
+    b = block_length(x) if stat != "qps" else max(block_length(x), block_length(dur))
+    blocks = math.ceil(x.size / b)
+    offsets = np.arange(b)
     rng = np.random.default_rng(SEED)
     parts: list[Any] = []
-    batch = max(1, _BATCH_VALUES // x.size)  # resamples per batch: memory stays bounded
+    batch = max(1, _BATCH_VALUES // (blocks * b))  # resamples per batch: memory stays bounded
     for start in range(0, RESAMPLES, batch):
-        idx = rng.integers(0, x.size, size=(min(batch, RESAMPLES - start), x.size))
+        starts = rng.integers(0, x.size, size=(min(batch, RESAMPLES - start), blocks))
+        idx = ((starts[:, :, None] + offsets) % x.size).reshape(starts.shape[0], -1)[:, : x.size]
         sample = x[idx]
         if stat in _QUANTILE:
             parts.append(np.quantile(sample, _QUANTILE[stat], axis=1, method="higher"))
@@ -149,7 +221,7 @@ def interval(
     stats = np.concatenate(parts)
     alpha = (1 - CONFIDENCE) / 2
     lo, hi = np.quantile(stats, [alpha, 1 - alpha])
-    return Interval(float(lo), float(hi), int(x.size), stat)
+    return Interval(float(lo), float(hi), int(x.size), stat, b)
 
 
 def overlap(a: Interval, b: Interval) -> bool:

@@ -4,10 +4,27 @@ A window of ``n`` requests meets an SLO that allows a fraction ``a`` of bad requ
 0.999: ``a`` = 0.001 failed; error rate 0.001; timeout rate 0.005; P99 <= 10 s: 1 % of the
 successful requests over 10 s; P50 <= 2 s: half of them over 2 s) unless its count of bad
 requests ``X`` reaches ``k``: the smallest count whose **false-alarm rate** at the SLO,
-``P[X >= k | p = a]``, is at most the plan's bound (default 5 %). The window's **power** is the
+``P[X >= k | p = a]``, is at most the plan's bound (default 5 %), and never fewer than
+:data:`MIN_FAILING` where the SLO allows bad requests at all (``a > 0``). The window's **power** is the
 chance it fails a service with a defect, ``P[X >= k | p = d]``; the defect ``d`` is the plan's
 defect rate (default 2 % bad requests) or, where the SLO already allows that much (P50), the
 allowance plus it. ``docs/definitions.md``, "Windows with stated error rates".
+
+**No cliff at the floor.** With the smallest count alone, a window at 99.9 % fails on one
+failure up to 51 requests (false alarm 4.97 %) and needs two from 52 (5.07 % for one): the power
+against a 2 % defect fell from 64 % at 51 requests to 28 % at 52, right above the verdict's
+50-request floor (one more request, half the power). Any exact test on the count at a fixed
+bound steps so (a randomized test would not, but then the same records could pass or fail on a
+coin: no verdict a person can act on; a mid-p rule exceeds the bound and still steps). So one bad
+request never fails a window whose SLO allows bad requests: the power then rises with every
+request from the floor (26 % at 50) to the next step (2 -> 3 at 356 requests: 99.4 % -> 97.4 %).
+The steps above the floor are stated, figure by figure, in the docs (:func:`steps`).
+
+**Sized to stay powered** (:func:`required_requests`): the power of a count test falls a little
+at each step of ``k`` (a 0.5 % timeout rate: 89.7 % at 395 requests, 80.4 % at 396), so a size
+"first reaching 90 %" can be followed by windows that do not: the size is the fewest requests
+from which the power stays at or above the target for every larger window up to
+:data:`HORIZON` times that size.
 
 The binomial tail is the exact sum of the probability mass (no normal approximation, no scipy):
 ``P[X >= k] = sum_{i=k}^{n} C(n, i) p^i (1 - p)^(n - i)``, summed on the short side of the mean
@@ -28,12 +45,15 @@ __all__ = [
     "DEFAULT_FALSE_ALARM",
     "DEFAULT_POWER",
     "MAX_REQUESTS",
+    "MIN_FAILING",
     "WindowTest",
     "binom_sf",
     "critical_count",
     "defect_rate",
+    "power_at",
     "required_requests",
     "plan_settings",
+    "steps",
     "window_seconds",
     "judge_window",
 ]
@@ -46,6 +66,11 @@ DEFAULT_POWER = 0.9
 DEFAULT_DEFECT = 0.02
 #: :func:`required_requests` looks no further (a P50 test needs thousands).
 MAX_REQUESTS = 20_000
+#: The fewest bad requests that fail a window whose SLO allows some (module docstring).
+MIN_FAILING = 2
+#: :func:`required_requests` checks that the power stays at the target up to this many times
+#: the size it returns.
+HORIZON = 2
 #: The configuration keys (plan ``vars``) of the three settings, and their defaults.
 SETTING_KEYS = {
     "window_false_alarm": DEFAULT_FALSE_ALARM,
@@ -111,8 +136,9 @@ def binom_sf(k: int, n: int, p: float) -> float:
 def critical_count(n: int, allowance: float, false_alarm: float = DEFAULT_FALSE_ALARM) -> int:
     """The smallest count ``k`` of bad requests whose false-alarm rate at the SLO,
     ``P[X >= k | n, p = allowance]``, is at most ``false_alarm``: a window of ``n`` requests
-    fails when it holds ``k`` or more. ``n + 1`` when no count qualifies (the window cannot
-    fail at this bound: too few requests).
+    fails when it holds ``k`` or more, and ``k >= MIN_FAILING`` where ``allowance > 0`` (one bad
+    request is what such an SLO allows: module docstring, "No cliff at the floor"). ``n + 1``
+    when no count qualifies (the window cannot fail at this bound: too few requests).
 
     Raises:
         ValueError: ``n < 0``, a rate outside [0, 1].
@@ -123,7 +149,7 @@ def critical_count(n: int, allowance: float, false_alarm: float = DEFAULT_FALSE_
 
 
 def _critical(n: int, allowance: float, false_alarm: float, start: int = 1) -> int:
-    k = max(1, start)
+    k = max(MIN_FAILING if allowance > 0 else 1, start)
     while k <= n and binom_sf(k, n, allowance) > false_alarm:
         k += 1
     return k
@@ -135,6 +161,23 @@ def defect_rate(allowance: float, defect: float = DEFAULT_DEFECT) -> float:
     return min(1.0, defect if defect > allowance else allowance + defect)
 
 
+def power_at(
+    n: int,
+    allowance: float,
+    false_alarm: float = DEFAULT_FALSE_ALARM,
+    defect: float = DEFAULT_DEFECT,
+) -> float:
+    """The power of a window of ``n`` requests: ``P[X >= k | p = d]`` at its critical count
+    ``k`` (:func:`critical_count`) and the defect ``d`` (:func:`defect_rate`); 0 when the window
+    cannot fail.
+
+    Raises:
+        ValueError: ``n < 0``, a rate outside [0, 1].
+    """
+    k = critical_count(n, allowance, false_alarm)
+    return binom_sf(k, n, defect_rate(allowance, defect)) if k <= n else 0.0
+
+
 @lru_cache(maxsize=256)
 def required_requests(
     allowance: float,
@@ -142,19 +185,58 @@ def required_requests(
     power: float = DEFAULT_POWER,
     defect: float = DEFAULT_DEFECT,
 ) -> int | None:
-    """The fewest requests a window needs to catch the defect (:func:`defect_rate`) with at
-    least ``power``, judged at its own critical count (:func:`critical_count`); None beyond
-    :data:`MAX_REQUESTS`. At 99.9 % with the defaults (5 %, 90 %, 2 %): 194 requests, failing
-    at 2 failures."""
+    """The fewest requests ``n`` from which a window catches the defect (:func:`defect_rate`)
+    with at least ``power`` at every size from ``n`` to ``HORIZON x n``, each judged at its own
+    critical count (:func:`critical_count`); None beyond :data:`MAX_REQUESTS`. With the
+    defaults (5 %, 90 %, 2 %): 194 requests at 99.9 % (failing at 2 failures), 525 at a 0.5 %
+    timeout rate, 1349 for a P99 against 1 % (the module docstring's "Sized to stay powered")."""
     d = defect_rate(allowance, defect)
     if d <= allowance:
         return None
-    k = 1
+    k, candidate, end = 1, None, MAX_REQUESTS
     for n in range(1, MAX_REQUESTS + 1):
+        if n > end:
+            break
+        k_before = k
         k = _critical(n, allowance, false_alarm, start=k)  # k(n) never decreases
+        if candidate is not None and k == k_before:
+            continue  # at a fixed k the power only rises with n: only a step can dip
         if k <= n and binom_sf(k, n, d) >= power:
-            return n
-    return None
+            if candidate is None:
+                candidate, end = n, min(MAX_REQUESTS, HORIZON * n)
+        elif candidate is not None:  # a step dipped below the target: start again after it
+            candidate, end = None, MAX_REQUESTS
+    return candidate
+
+
+def steps(
+    allowance: float,
+    upto: int,
+    false_alarm: float = DEFAULT_FALSE_ALARM,
+    defect: float = DEFAULT_DEFECT,
+) -> list[tuple[int, int, float, float]]:
+    """Where the critical count steps up, for window sizes up to ``upto``: ``(n, k, power at
+    n - 1, power at n)`` for each ``n`` whose ``k`` exceeds that of ``n - 1`` (the power's dips:
+    the docs' table). Sizes where the window cannot fail are left out.
+
+    Raises:
+        ValueError: a rate outside [0, 1].
+    """
+    _check_rate("false_alarm", false_alarm)
+    _check_rate("allowance", allowance)
+    d = defect_rate(allowance, defect)
+    out: list[tuple[int, int, float, float]] = []
+    k_prev, p_prev = 0, 0.0
+    k = 1
+    for n in range(1, upto + 1):
+        k = _critical(n, allowance, false_alarm, start=k)
+        if k > n:
+            continue
+        p = binom_sf(k, n, d)
+        if k_prev and k > k_prev:
+            out.append((n, k, p_prev, p))
+        k_prev, p_prev = k, p
+    return out
 
 
 def window_seconds(
