@@ -170,7 +170,8 @@ def test_quota_cut_judges_the_replicas_that_served_against_the_quota() -> None:
     # quota 2 below a plan of 3: the operator's setting, not a failure of the quota's replicas
     assert row["value"] == 1.0 and row["result"] == "pass" and v.state == "passed", v.reasons
     assert row["note"] == (
-        "2 of the quota's 2 replicas served during the cut (HAProxy request log; plan: 3); "
+        "2 of the quota's 2 replicas served within the SLO during the cut (records, HAProxy "
+        "request log; plan: 3); "
         "load carried: r0 40, r1 78"  # r2 stopped: its share moved to r1 (test_verdict.felt)
     )
 
