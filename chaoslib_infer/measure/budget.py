@@ -10,8 +10,9 @@ request by request. Both views meet in the figure here:
   time, in seconds of full outage. The time from the fault's first request to the end of the
   load is cut into buckets of :data:`BUCKET_S` of *intended* send time (the open-loop schedule's
   due time, so a client that fell behind does not move requests between buckets), aligned on
-  the injection; each bucket adds ``failed / requests x BUCKET_S``. A bucket before the
-  injection holds the requests the fault took across it (a stream it cut) beside the others
+  the injection; each bucket adds ``failed / requests x BUCKET_S``. The span starts at the
+  injection (the seconds before the fault's first request lie between the service as it was and
+  that request). A bucket before the injection holds the requests the fault took across it (a stream it cut) beside the others
   sent then, which count in its denominator. A bucket that holds no request is not a second of
   service: it takes the failed fraction of its nearer neighbouring buckets that hold requests
   (the mean of the two at equal distance), so a full outage costs its length at any request
@@ -208,7 +209,8 @@ def budget_cost(
     failed = sum(1 for _, _, bad in ours if bad)
     if not ours:
         return BudgetCost(None, 0, 0, 0.0)
-    first, last = min(b for b, _, _ in ours), max(b for b, _, _ in rows)
+    # from the injection (or the earliest request the fault took across it) to the end
+    first, last = min(0, *(b for b, _, _ in ours)), max(b for b, _, _ in rows)
     span = (last - first + 1) * bucket_s
     if len(ours) < min_requests:
         return BudgetCost(None, len(ours), failed, span)
@@ -221,7 +223,10 @@ def budget_cost(
         if mine and is_bad:
             bad[b] = bad.get(b, 0) + 1
     frac = {b: bad.get(b, 0) / n for b, n in totals.items()}
-    series, low, high = _filled(frac, first, last)
+    # the seconds from the injection to the fault's first request lie between the service as it
+    # was before the fault (its baseline failures are not the fault's: 0) and that request
+    known = frac if first in frac else {first - 1: 0.0, **frac}
+    series, low, high = _filled(known, first, last)
     estimate = sum(series) * bucket_s
     lo, hi = low * bucket_s, high * bucket_s
     empty = (last - first + 1 - len(totals)) * bucket_s
@@ -231,8 +236,8 @@ def budget_cost(
 
 def _filled(frac: Mapping[int, float], first: int, last: int) -> tuple[list[float], float, float]:
     """The failed fraction of every bucket from ``first`` to ``last``: those holding requests as
-    measured, an empty one from its nearer measured neighbour (the mean at equal distance; the
-    one neighbour at the span's edge). Returns ``(series, low, high)``: ``low``/``high`` the sum
+    measured (``frac``, which may hold one known bucket before ``first``), an empty one from its
+    nearer measured neighbour (the mean at equal distance; the one neighbour at an edge). Returns ``(series, low, high)``: ``low``/``high`` the sum
     with each empty bucket at the better/worse of its two neighbours (its bound)."""
     known = sorted(frac)
     series: list[float] = []

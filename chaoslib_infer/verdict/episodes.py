@@ -4,8 +4,8 @@ figures": interruption time; :mod:`chaoslib_infer.measure.episodes`).
 ``interruption_s`` is the time out of SLO summed over every episode from the injection to the end
 of the load; its label says how many episodes there were, when each was (seconds after the
 injection) and the longest, so a failed row's reason names a second collapse as such:
-``"interruption (time out of SLO): 2 episodes (+0.0 to +0.3 s, +6.3 to +31.3 s after the
-injection), longest 25 s: 25.3 s > 10 s (interruption_s)"``.
+``"interruption (time out of SLO): 2 episodes (+0.1 s, +6.3 to +31.2 s after the injection),
+longest 24.9 s: 24.9 s > 10 s (interruption_s)"`` (an episode of one failure: its time alone).
 """
 
 from __future__ import annotations
@@ -46,7 +46,10 @@ def _label(eps: Mapping[str, Any]) -> str | None:
         return None
     n = int(count)
     longest = num(eps.get("longest_episode_s")) or 0.0
-    listed = ", ".join(f"+{a:.1f} to +{b:.1f} s" for a, b in spans[:LISTED])
+    listed = ", ".join(
+        f"+{a:.1f} s" if f"{a:.1f}" == f"{b:.1f}" else f"+{a:.1f} to +{b:.1f} s"
+        for a, b in spans[:LISTED]
+    )
     more = f" and {n - LISTED} more" if n > LISTED else ""
     word = "episode" if n == 1 else "episodes"
     return (
