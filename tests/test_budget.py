@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from chaoslib_infer.cli import main
-from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.drills.interruption import interruption_figures
+from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.measure.budget import (
     COST_TOLERANCE_S,
     budget_cost,

@@ -13,13 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from verdictkit import JITTER_GROUND, T0, rec
 
 from chaoslib_infer.drills.interruption import interruption_figures
 from chaoslib_infer.measure.episodes import episodes
 from chaoslib_infer.measure.figures import interruption
 from chaoslib_infer.verdict import DrillFacts, judge_drill
 from chaoslib_infer.verdict.blame import strip_blame
-from verdictkit import JITTER_GROUND, T0, rec
 
 FAULT_AT = T0 + 10
 RATE = 8.0  # requests/s
