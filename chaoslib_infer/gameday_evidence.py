@@ -325,7 +325,7 @@ def _warmup_finding(drill_dir: Path) -> str | None:
 
 
 #: The verdict's error-budget figures copied into a drill's figures (``verdict/budget.py``).
-BUDGET_FIGURES = ("budget_cost_s", "budget_share")
+BUDGET_FIGURES = ("budget_cost_s", "budget_share", "burn_rate_5m", "burn_rate_1h", "fast_burn_page")
 
 _HEADLINE_KEYS = (
     "availability",

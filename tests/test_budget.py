@@ -8,6 +8,7 @@ share's arithmetic, which rows each policy judges and how they read, and where t
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,16 @@ import pytest
 from click.testing import CliRunner
 
 from chaoslib_infer.cli import main
+from chaoslib_infer.drills.interruption import interruption_figures
 from chaoslib_infer.errors import ConfigError
-from chaoslib_infer.measure.budget import budget_cost, budget_share, monthly_budget_s
+from chaoslib_infer.measure.budget import (
+    COST_TOLERANCE_S,
+    budget_cost,
+    budget_share,
+    burn_rates,
+    monthly_budget_s,
+)
+from chaoslib_infer.measure.figures import interruption
 from chaoslib_infer.plan import load_plan
 from chaoslib_infer.verdict import DrillFacts, judge_drill
 from chaoslib_infer.verdict.blame import strip_blame
@@ -36,13 +45,16 @@ OOM_GROUND = {
     "death_cause": "oom",
     "replica_serving_again_at": T0 + 12,
 }
-OOM_FIG = {
-    "restart_s": 2.0,
-    "warmup_ratio": 3.0,
-    "interruption_s": 0.0,
-    "interruption_sustained": 1,
-}
+#: oom-kill's own figures but the interruption, which :func:`oom` computes from the records as
+#: the room does (``drills/oom_kill/figures.py``): never hard-coded
+OOM_FIG = {"restart_s": 2.0, "warmup_ratio": 3.0}
 STRICT = VerdictPolicy("strict")
+
+
+def oom(records: list[dict[str, Any]], **kw: Any) -> DrillFacts:
+    """oom-kill's facts over ``records``, its interruption figures computed from them."""
+    fig = {**OOM_FIG, **interruption_figures(interruption(records, FAULT_AT))}
+    return DrillFacts("oom-kill", records, fig, OOM_GROUND, **kw)
 
 
 def rec(sent: float, replica: str, ok: bool = True, **kw: Any) -> dict[str, Any]:
@@ -97,6 +109,96 @@ def test_a_6_s_outage_costs_6_s_and_a_hang_of_minutes_costs_60() -> None:
     assert long.span_s == 190.0  # from the injection to the end of the load
 
 
+def outage_at(rate: float, poisson: int | None = None, phase: float = 0.0) -> list[dict[str, Any]]:
+    """Requests at ``rate`` per second from T0 + ``phase`` to T0 + 130 s (evenly spaced, or
+    Poisson arrivals of seed ``poisson``), every one due from +10 s to +70 s failing: a 60 s
+    outage from the injection on."""
+    out, t, rnd = [], phase, random.Random(poisson)
+    while t < 130:
+        out.append(rec(T0 + t, ("r0", "r1", "r2")[len(out) % 3], ok=not 10 <= t < 70))
+        t += rnd.expovariate(rate) if poisson is not None else 1 / rate
+    return out
+
+
+@pytest.mark.parametrize(
+    ("rate", "poisson"), [(8.0, None), (1.0, None), (0.2, None), (8.0, 1), (1.0, 1), (1.0, 2)]
+)
+def test_a_full_outage_costs_its_length_at_any_rate(rate: float, poisson: int | None) -> None:
+    """A second without a request is not a second of service: a 60 s outage costs 60 s within
+    the stated tolerance at 8, 1 and 0.2 requests/s (before, empty seconds cost nothing: 37.5 s
+    at 1 request/s of Poisson arrivals, 11 s at 0.2)."""
+    cost = budget_cost(outage_at(rate, poisson), FAULT_AT)
+    assert cost.cost_s is not None
+    assert abs(cost.cost_s - 60.0) <= COST_TOLERANCE_S
+    assert cost.cost_low_s is not None and cost.cost_high_s is not None
+    assert cost.cost_low_s <= 60.0 <= cost.cost_high_s
+    assert cost.cost_high_s - cost.cost_low_s <= 2 * COST_TOLERANCE_S
+
+
+def test_a_rate_too_low_to_measure_the_cost_is_unmeasured_with_its_bound() -> None:
+    # 0.1 requests/s, 5 s after the injection: 6 requests in the outage, its first 5 s and the
+    # 9 s after its last failed request unknown
+    cost = budget_cost(outage_at(0.1, phase=5.0), FAULT_AT)
+    assert cost.cost_s is None and cost.estimate_s == pytest.approx(58.0)
+    assert (cost.cost_low_s, cost.cost_high_s) == (pytest.approx(51.0), pytest.approx(65.0))
+    v = judge_drill(oom(outage_at(0.1, phase=5.0)))
+    got = rows(v)
+    for name in ("budget_cost_s", "budget_share", "burn_rate_5m", "burn_rate_1h"):
+        assert (got[name]["value"], got[name]["result"]) == (None, "unmeasured"), name
+    assert got["budget_share"]["note"] == (
+        "unmeasured: the requests were too sparse to measure the cost: between 51 and 65 s of "
+        "full outage (104 of the 116 s from the injection to the end of the load held no "
+        "request; measured within +/- 5 s only)"
+    )
+
+
+@pytest.mark.parametrize("rate", [8.0, 1.0, 0.2])
+def test_the_verdict_charges_a_full_outage_its_length_at_any_rate(rate: float) -> None:
+    """The same 60 s outage through the judge: 60 s of budget, 2.3 % of the month's, FAILED on
+    the share at every rate; the peak burn rates beside it, and the fast-burn page fired
+    (16.7x over the hour, 200x over 5 minutes)."""
+    v = judge_drill(oom(outage_at(rate)))
+    got = rows(v)
+    assert got["budget_cost_s"]["value"] == pytest.approx(60.0, abs=COST_TOLERANCE_S)
+    assert got["budget_share"]["result"] == "fail"
+    assert v.state == "failed"
+    assert any(strip_blame(r).endswith("(budget_share)") for r in v.reasons), v.reasons
+    assert got["burn_rate_5m"]["value"] == pytest.approx(200.0, rel=0.1)
+    assert got["burn_rate_1h"]["value"] == pytest.approx(16.7, rel=0.1)
+    assert (got["fast_burn_page"]["value"], got["fast_burn_page"]["result"]) == (
+        1.0,
+        "not judged",
+    )
+
+
+def test_burn_rates_and_the_fast_burn_page() -> None:
+    """burn rate = failed fraction over the window / (1 - SLO), the service burning nothing
+    outside the fault; the SRE workbook's page needs both the hour and the 5 minutes above
+    14.4x."""
+    # a 6 s outage: 20x over 5 minutes, 1.67x over the hour: no page
+    six = burn_rates([1.0] * 6 + [0.0] * 50, 0.999)
+    assert (six.peak_5m, six.peak_1h, six.fast_burn_page) == (
+        pytest.approx(20.0),
+        pytest.approx(6 / 3.6),
+        False,
+    )
+    # 52 s: 2 % of the budget (51.84 s) within the hour, the last 5 minutes burning: paged
+    assert burn_rates([1.0] * 52, 0.999).fast_burn_page is True
+    assert burn_rates([1.0] * 51, 0.999).fast_burn_page is False
+    # a third of the requests failing for 10 minutes: 333x over any 5 minutes, 55.6x the hour
+    third = burn_rates([1 / 3] * 600, 0.999)
+    assert third.peak_5m == pytest.approx(1000 / 3) and third.peak_1h == pytest.approx(200 / 3.6)
+    assert third.fast_burn_page is True
+    v = judge_drill(oom(load(60, outage_6s)))
+    got = rows(v)
+    assert got["burn_rate_5m"]["value"] == pytest.approx(20.0)
+    assert got["fast_burn_page"]["value"] == 0.0
+    assert got["fast_burn_page"]["note"] == (
+        "the SRE workbook's fast-burn page: burn rate above 14.4x over both the last hour "
+        "(1.67x at its peak) and the last 5 minutes (20x at its peak)"
+    )
+
+
 def test_the_share_is_the_cost_at_its_frequency_over_the_month_of_the_slo() -> None:
     assert monthly_budget_s(0.999) == pytest.approx(2592.0)  # 0.1 % of 30 days
     assert monthly_budget_s(0.9999) == pytest.approx(259.2)
@@ -120,7 +222,7 @@ def test_too_few_requests_is_unmeasured_never_0_and_cut_off_ones_are_left_out() 
     records.append(rec(FAULT_AT + 9.6, "r2", ok=False, cut_off=True, error_class="cut_off"))
     assert budget_cost(records, FAULT_AT).cost_s == pytest.approx(1.0)
     # the verdict's row: unmeasured with its reason when the fault's requests are too few
-    v = judge_drill(DrillFacts("oom-kill", load(10.5), OOM_FIG, OOM_GROUND))
+    v = judge_drill(oom(load(10.5)))
     row = rows(v)["budget_share"]
     assert (row["value"], row["result"]) == (None, "unmeasured")
     # 5 sent after the injection and the 2 on the wire at it (9.8 and 9.9 s, 0.3 s long)
@@ -131,7 +233,7 @@ def test_too_few_requests_is_unmeasured_never_0_and_cut_off_ones_are_left_out() 
 
 def test_the_default_policy_judges_the_short_outage_by_its_cost_and_strict_by_zero_loss() -> None:
     records = load(60, outage_6s)
-    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND))
+    v = judge_drill(oom(records))
     got = rows(v)
     assert v.state == "passed", v.reasons
     assert "verdict policy: default" in v.notes
@@ -156,7 +258,7 @@ def test_the_default_policy_judges_the_short_outage_by_its_cost_and_strict_by_ze
         assert got[name]["result"] == "not judged", name
         assert got[name]["note"].startswith("not judged under policy default: "), name
     # strict: no request may be lost to the fault; the rows fail with value and threshold
-    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND, policy=STRICT))
+    v = judge_drill(oom(records, policy=STRICT))
     got = rows(v)
     assert v.state == "failed"
     assert "verdict policy: strict" in v.notes
@@ -169,21 +271,34 @@ def test_the_default_policy_judges_the_short_outage_by_its_cost_and_strict_by_ze
     assert got["budget_share"]["result"] == "pass"  # judged under both policies
 
 
-def test_a_hang_of_minutes_fails_the_default_policy_on_its_budget_share() -> None:
+def test_a_hang_of_minutes_fails_on_its_budget_and_on_its_time_out_of_slo() -> None:
+    """A replica failing every request it gets for 3 minutes (a third of all), never ejected:
+    FAILED on its budget share and on its time out of SLO, the interruption computed from the
+    records (it was hard-coded to 0 here before, and the hang read PASSED at a lower
+    frequency)."""
     records = load(200, hang_3min)
-    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND))
+    v = judge_drill(oom(records))
     assert v.state == "failed"
-    assert v.reasons == [
+    reasons = [strip_blame(r) for r in v.reasons]
+    assert (
         "share of the monthly error budget the fault burns: 0.02315 > 0.02 (budget_share)"
-    ]
-    # the plan expects it twice a year: the same hang is worth 1.2 % of a month's budget
+    ) in reasons
+    hang = (
+        "interruption (time out of SLO): 1 episode (+0.5 to +180.2 s after the injection), "
+        "longest 180 s: 180 s > 10 s (interruption_s)"
+    )
+    assert hang in reasons, reasons
+    # the plan expects it twice a year: the same hang is worth 1.2 % of a month's budget, and
+    # still fails: 3 minutes out of SLO is an outage whatever its frequency
     rare = make_policy("default", incidents_per_month=1 / 6)
-    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND, policy=rare))
-    assert rows(v)["budget_share"]["value"] == pytest.approx(60 / 6 / 2592)
-    assert v.state == "passed", v.reasons
+    v = judge_drill(oom(records, policy=rare))
+    got = rows(v)
+    assert got["budget_share"]["value"] == pytest.approx(60 / 6 / 2592)
+    assert got["budget_share"]["result"] == "pass"
+    assert v.state == "failed" and hang in [strip_blame(r) for r in v.reasons], v.reasons
     # a criterion override moves the threshold like any other
-    v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND), {"budget_share": 0.05})
-    assert v.state == "passed", v.reasons
+    v = judge_drill(oom(records), {"budget_share": 0.05})
+    assert rows(v)["budget_share"]["result"] == "pass"
 
 
 def test_the_drill_own_question_stays_strict_under_the_default_policy() -> None:

@@ -211,13 +211,18 @@ def test_interruption_known_burst() -> None:
         rec(r["sent_at"], ok=False, cls="reset") if fault + 0.5 <= r["sent_at"] < fault + 2.5 else r
         for r in recs
     ]
-    # a lone failure 10 s later (after a settled window) is not part of the interruption
+    # a lone failure 10 s later (after a settled window) is a second episode, of 0 s
     recs.append(rec(fault + 12.05, ok=False, cls="http_5xx"))
     got = interruption(recs, fault, settle_s=5.0)
     assert got["first_failure_at"] == pytest.approx(fault + 0.6)
-    assert got["last_failure_at"] == pytest.approx(fault + 2.5)
-    assert got["interruption_s"] == pytest.approx(1.9)
-    assert got["failed_requests"] == 20 and got["sustained"] is True
+    assert got["last_failure_at"] == pytest.approx(fault + 12.15)
+    assert got["interruption_s"] == pytest.approx(1.9)  # 1.9 s + 0 s out of SLO
+    assert got["failed_requests"] == 21 and got["sustained"] is True
+    assert (got["episodes"], got["longest_episode_s"]) == (2, pytest.approx(1.9))
+    assert got["episode_spans"] == [
+        [pytest.approx(0.6), pytest.approx(2.5)],
+        [pytest.approx(12.15), pytest.approx(12.15)],
+    ]
 
 
 def test_interruption_intermittent_failures_extend_it() -> None:
@@ -239,6 +244,9 @@ def test_interruption_none_and_unsettled() -> None:
         "first_failure_at": None,
         "last_failure_at": None,
         "sustained": True,
+        "episodes": 0,
+        "longest_episode_s": 0.0,
+        "episode_spans": [],
     }
     # failures until the data ends: not sustained, last failure is the last one seen
     recs = steady(T0, T0 + 5) + [rec(T0 + 5 + i * 0.1, ok=False) for i in range(10)]

@@ -170,7 +170,8 @@ def test_quota_cut_judges_the_replicas_that_served_against_the_quota() -> None:
     # quota 2 below a plan of 3: the operator's setting, not a failure of the quota's replicas
     assert row["value"] == 1.0 and row["result"] == "pass" and v.state == "passed", v.reasons
     assert row["note"] == (
-        "2 of the quota's 2 replicas served during the cut (HAProxy request log; plan: 3); "
+        "2 of the quota's 2 replicas served within the SLO during the cut (records, HAProxy "
+        "request log; plan: 3); "
         "load carried: r0 40, r1 78"  # r2 stopped: its share moved to r1 (test_verdict.felt)
     )
 
@@ -192,6 +193,37 @@ def test_quota_cut_without_the_lab_log_counts_the_replicas_in_the_records() -> N
     recs = [rec(T0 + i / 10, replica="r0") for i in range(350)]
     v = quota_cut({"instances_serving_during_cut": None}, {}, recs)
     assert {r["criterion"]: r for r in v.rows}["instances_held"]["result"] == "fail"
+
+
+def test_quota_cut_whose_replicas_fail_every_request_fails_with_none_served() -> None:
+    """HAProxy forwarded requests to both of the quota's replicas and they failed every one
+    during the cut (issue 29 item 5: the log counted them as served, and the drill PASSED)."""
+    cut = (T0 + 10.2, T0 + 22)
+    recs = [
+        r if not cut[0] <= r["sent_at"] < cut[1] else rec(r["sent_at"], ok=False, replica=None)
+        for r in steady(T0, T0 + 35)
+    ]
+    v = quota_cut({"instances_serving_during_cut": 2}, {}, recs)
+    row = {r["criterion"]: r for r in v.rows}["instances_held"]
+    assert (row["value"], row["result"], v.state) == (0.0, "fail", "failed")
+    assert row["note"] == (
+        "0 of the quota's 2 replicas served within the SLO during the cut (no request answered "
+        "successfully within 10 s during the cut: 118 of 118 attempts failed; plan: 2)"
+    )
+    assert "replicas serving during the cut / quota: 0x < 1x (instances_held)" in v.reasons
+    # one of them answered, but every answer took 12 s (over the 10 s the SLO allows): 1 of 2
+    recs = [
+        r
+        if not cut[0] <= r["sent_at"] < cut[1]
+        else rec(r["sent_at"], e2e=12.0, replica="r1")
+        if r["replica"] == "r1"
+        else rec(r["sent_at"], replica="r0")
+        for r in steady(T0, T0 + 35)
+    ]
+    v = quota_cut({"instances_serving_during_cut": 2}, {}, recs)
+    row = {r["criterion"]: r for r in v.rows}["instances_held"]
+    assert (row["value"], row["result"]) == (0.5, "fail"), row
+    assert row["note"].startswith("1 of the quota's 2 replicas served within the SLO during")
 
 
 def test_quota_cut_without_a_quota_is_unmeasured_not_pass() -> None:

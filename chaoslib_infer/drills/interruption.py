@@ -20,9 +20,10 @@ def interruption_figures(intr: Mapping[str, Any]) -> dict[str, Any]:
         intr: :func:`chaoslib_infer.measure.figures.interruption`'s result.
 
     Returns:
-        ``{"interruption_s": seconds (0.0 when none), "failed_requests": count,
-        "interruption_sustained": bool, "first_failure_at", "last_failure_at": unix s or None}``,
-        in that order.
+        ``{"interruption_s": seconds out of SLO over every episode (0.0 when none),
+        "failed_requests": count, "interruption_sustained": bool, "first_failure_at",
+        "last_failure_at": unix s or None, "episodes": count, "longest_episode_s": seconds,
+        "episode_spans": [[start, end], ...] s after the injection}``, in that order.
     """
     return {
         "interruption_s": float(intr.get("interruption_s") or 0.0),
@@ -30,4 +31,7 @@ def interruption_figures(intr: Mapping[str, Any]) -> dict[str, Any]:
         "interruption_sustained": bool(intr.get("sustained")),
         "first_failure_at": intr.get("first_failure_at"),
         "last_failure_at": intr.get("last_failure_at"),
+        "episodes": int(intr.get("episodes") or 0),
+        "longest_episode_s": float(intr.get("longest_episode_s") or 0.0),
+        "episode_spans": list(intr.get("episode_spans") or []),
     }

@@ -16,9 +16,11 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .episodes import SETTLE_S, episodes
 from .metrics import percentiles_s, select, window_stats
 
 __all__ = [
+    "SETTLE_S",
     "duplicates",
     "interruption",
     "MIN_BUCKET_REQUESTS",
@@ -42,23 +44,14 @@ def _fnum(v: Any) -> float | None:
     return float(v) if _num(v) else None
 
 
-#: Seconds of service without a failure after which an interruption is over (its settling window).
-SETTLE_S = 5.0
-
-
 def interruption(
     records: Iterable[Record], fault_at: float, settle_s: float = SETTLE_S
 ) -> dict[str, Any]:
-    """Interruption time: first user-visible failure after the fault to the last failure before
-    service is sustained again. The one computation every drill uses.
-
-    A failure F (its ``end_at``: when the user saw it) is followed by sustained service when the
-    settling window ``(F, F + settle_s]`` holds at least one success and no failed attempt was
-    in flight in it: none with ``end_at > F`` and ``sent_at <= F + settle_s``. So a failure that
-    is still pending (a request hung on a frozen replica, visible only when the client gives up)
-    keeps the interruption open, and silence is never mistaken for health. The first such F ends
-    the interruption. Without one (the data end first), the last failure ends it and
-    ``sustained`` is False: the service was never seen to recover.
+    """Interruption time: the time out of SLO over every episode from the fault to the end of the
+    data, each from its first user-visible failure to its last failure before service is
+    sustained again (:func:`chaoslib_infer.measure.episodes.episodes`: the settling rule, a
+    pending failure keeping its episode open). The one computation every drill uses; a second
+    collapse after a brief return counts like the first.
 
     Args:
         records: attempt records (unix-second ``sent_at`` / ``end_at``; cut-off ones ignored).
@@ -67,47 +60,24 @@ def interruption(
 
     Returns:
         ``{"interruption_s", "failed_requests", "first_failure_at", "last_failure_at",
-        "sustained"}``: duration (s, 0.0 with no failure), failed attempts visible in
-        ``[first, last]``, the two times (None with no failure), and whether sustained service
-        was observed after the last failure.
+        "sustained", "episodes", "longest_episode_s", "episode_spans"}``: the time out of SLO
+        (s, the episodes' lengths summed, 0.0 with no failure), the failed attempts of every
+        episode, the first episode's first failure and the last one's last failure (None with
+        no failure), whether sustained service was observed after the last episode, the number
+        of episodes, the longest one's length (s, 0.0 with none) and ``[[start, end], ...]`` of
+        every episode in seconds after ``fault_at``.
     """
-    recs = [
-        r
-        for r in records
-        if _num(r.get("end_at")) and r["end_at"] >= fault_at and not r.get("cut_off")
-    ]
-    fails = sorted(
-        (float(r["end_at"]), float(r["sent_at"]) if _num(r.get("sent_at")) else float(r["end_at"]))
-        for r in recs
-        if not r.get("ok")
-    )
-    if not fails:
-        return {
-            "interruption_s": 0.0,
-            "failed_requests": 0,
-            "first_failure_at": None,
-            "last_failure_at": None,
-            "sustained": True,
-        }
-    succ = sorted(float(r["end_at"]) for r in recs if r.get("ok"))
-    observed_until = max(float(r["end_at"]) for r in recs)
-    last, sustained = fails[-1][0], False
-    for i, (f, _) in enumerate(fails):
-        horizon = f + settle_s
-        if any(end > f and sent <= horizon for end, sent in fails[i + 1 :]):
-            continue  # a failure visible in the window, or one in flight in it: not settled
-        if any(f < t <= horizon for t in succ) and (
-            i + 1 < len(fails) or observed_until >= horizon
-        ):
-            last, sustained = f, True
-            break
-    first = fails[0][0]
+    eps = episodes(records, fault_at, settle_s)
+    longest = eps.longest
     return {
-        "interruption_s": last - first,
-        "failed_requests": sum(1 for end, _ in fails if end <= last),
-        "first_failure_at": first,
-        "last_failure_at": last,
-        "sustained": sustained,
+        "interruption_s": eps.total_s,
+        "failed_requests": sum(e.failed for e in eps.items),
+        "first_failure_at": eps.items[0].start if eps.items else None,
+        "last_failure_at": eps.items[-1].end if eps.items else None,
+        "sustained": eps.sustained,
+        "episodes": len(eps.items),
+        "longest_episode_s": longest.length_s if longest is not None else 0.0,
+        "episode_spans": eps.spans(fault_at),
     }
 
 

@@ -5,7 +5,8 @@ A criterion about an event that did not occur reads ``n/a`` with a note saying w
 ``pass``: a node loss whose replicas had nowhere to go (none was rescheduled) has no "moved
 replicas serving again" time, and its service back to size after the rollback restored the node
 says nothing about the orchestrator. quota-cut's key row is judged on what held: the replicas that
-actually served during the cut against the quota, not the plan's own numbers.
+actually answered successfully within the SLO during the cut against the quota, not the plan's
+own numbers nor the requests the gateway forwarded.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .confirm import serving_counts
+from .criteria import COMMON
 from .facts import DrillFacts, num
 
-__all__ = ["instances_held", "no_replica_moved", "not_happened"]
+__all__ = ["SLO_E2E_S", "instances_held", "no_replica_moved", "not_happened"]
 
 Row = tuple[float | None, str | None]
+
+#: The latency within which an answer counts as served within the SLO (s): the acceptance
+#: table's P99 bound, the ``p99_e2e_s`` criterion's default ("over 10 s fails").
+SLO_E2E_S: float = next(c.threshold or 10.0 for c in COMMON if c.name == "p99_e2e_s")
 
 
 def no_replica_moved(figures: Mapping[str, Any], ground: Mapping[str, Any]) -> str | None:
@@ -69,19 +75,28 @@ def not_happened(facts: DrillFacts) -> dict[str, Row]:
     return out
 
 
+def _served_within_slo(r: Mapping[str, Any], bound_s: float) -> bool:
+    """A successful answer within the SLO's latency bound (end minus send, s)."""
+    sent, end = num(r.get("sent_at")), num(r.get("end_at"))
+    return bool(r.get("ok")) and sent is not None and end is not None and end - sent <= bound_s
+
+
 def instances_held(
     facts: DrillFacts, fault_records: Sequence[Mapping[str, Any]], since: float | None = None
 ) -> Row:
-    """quota-cut's key figure: the replicas that served during the cut over the quota, with the
-    load each carried (issue 21 items 3 and 4).
+    """quota-cut's key figure: the replicas that answered successfully within the SLO during the
+    cut over the quota, with the load each carried (issue 21 items 3 and 4, issue 29 item 5).
 
-    Served: the lab's ground truth (``instances_serving_during_cut``: the servers HAProxy's
-    request log shows forwarded requests while the cap held), else the distinct engines of the
-    fault window's successful records (``replica``: the response's ``X-Replica-Id``, else the
-    lab's ``facts.replica_of`` for the request id; on a cluster, the pods that answered), else
-    on a cluster whose records name no pod the fewest ready endpoints seen during the cut
-    (``k8s_ready_endpoints_min``). The quota: the ``instances_held`` figure (Q, as the fault
-    recorded it), else ground ``quota``, else the replicas the cluster's cut allows
+    Served: the distinct engines of the cut's attempts answered successfully within
+    :data:`SLO_E2E_S` (``replica``: the response's ``X-Replica-Id``, else the lab's
+    ``facts.replica_of`` for the request id; on a cluster, the pods that answered), no more than
+    the lab's ground truth says were sent requests (``instances_serving_during_cut``: the
+    servers HAProxy's request log shows forwarded requests while the cap held). A replica that
+    was forwarded requests and failed them did not serve: with attempts in the cut and none
+    answered within the SLO, none served. Without a record naming its replica, the HAProxy
+    log's count; on a cluster whose records name no pod the fewest ready endpoints seen during
+    the cut (``k8s_ready_endpoints_min``). The quota: the ``instances_held`` figure (Q, as the
+    fault recorded it), else ground ``quota``, else the replicas the cluster's cut allows
     (``k8s_quota_replicas_after``).
 
     Args:
@@ -91,9 +106,9 @@ def instances_held(
             sent to a replica before the cut and are not counted (None: all counted).
 
     Returns:
-        ``(served / quota, "S of the quota's Q replicas served during the cut (SOURCE; plan: P);
-        load carried: r0 41, r1 39")``; ``(None, None)`` (unmeasured) without a quota or
-        without any source of what served.
+        ``(served / quota, "S of the quota's Q replicas served within the SLO during the cut
+        (SOURCE; plan: P); load carried: r0 41, r1 39")``; ``(None, None)`` (unmeasured)
+        without a quota or without any source of what served.
     """
     fig, ground = facts.figures, facts.ground
     quota = num(fig.get("instances_held"))
@@ -102,12 +117,29 @@ def instances_held(
     if quota is None:
         quota = num(fig.get("k8s_quota_replicas_after"))
     start = since if since is not None else float("-inf")
-    counts = serving_counts(fault_records, start, float("inf"), facts.replica_of)
-    served = num(ground.get("instances_serving_during_cut"))
-    source = "HAProxy request log"
-    if served is None and counts:
+    cut = [r for r in fault_records if (num(r.get("sent_at")) or float("-inf")) >= start]
+    good = [r for r in cut if _served_within_slo(r, SLO_E2E_S)]
+    counts = serving_counts(good, start, float("inf"), facts.replica_of)
+    logged = num(ground.get("instances_serving_during_cut"))
+    served: float | None = None
+    source = ""
+    if cut and not good:
+        failed = sum(1 for r in cut if not r.get("ok"))
+        served, source = (
+            0.0,
+            (
+                f"no request answered successfully within {SLO_E2E_S:g} s during the cut: "
+                f"{failed} of {len(cut)} attempts failed"
+            ),
+        )
+    elif counts and logged is not None:
+        served = min(float(len(counts)), logged)
+        source = "records, HAProxy request log"
+    elif counts:
         served, source = float(len(counts)), "records"
-    if served is None and num(fig.get("k8s_ready_endpoints_min")) is not None:
+    elif logged is not None:
+        served, source = logged, "HAProxy request log: no successful record names its replica"
+    elif num(fig.get("k8s_ready_endpoints_min")) is not None:
         served = num(fig.get("k8s_ready_endpoints_min"))
         source = "fewest ready endpoints: no record names its pod"
     if not quota or served is None:
@@ -117,6 +149,6 @@ def instances_held(
     load = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     carried = f"; load carried: {load}" if load else ""
     return served / quota, (
-        f"{served:.0f} of the quota's {quota:.0f} replicas served during the cut "
-        f"({source}{plan}){carried}"
+        f"{served:.0f} of the quota's {quota:.0f} replicas served within the SLO during the "
+        f"cut ({source}{plan}){carried}"
     )

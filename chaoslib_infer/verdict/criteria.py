@@ -36,6 +36,7 @@ from typing import Any
 from chaoslib_infer.drills.criterion import (
     MIN_REQUESTS,
     Criterion,
+    interruption,
     overrides_for,
     parse_override,
     provider_errors,
@@ -48,6 +49,7 @@ __all__ = [
     "BUDGET",
     "COMMON",
     "DRILL_CRITERIA",
+    "EPISODES_JUDGED",
     "GATEWAY_ONLY",
     "MIN_REQUESTS",
     "Criterion",
@@ -76,7 +78,8 @@ _SLO = [
 
 #: The fault's error-budget cost (``measure/budget.py``, ``verdict/budget.py``): seconds of
 #: full outage from the injection to the end of the load (shown), and its share of the monthly
-#: budget at the plan's expected incidents per month (judged, under every policy). Default: 2 %,
+#: budget at the plan's expected incidents per month (judged, under every policy), with the peak
+#: burn rates over 5 min and 1 h and the fast-burn page beside it (shown). Default: 2 %,
 #: the SRE workbook's fast-burn page ("Alerting on SLOs": 2 % of the 30-day budget spent within
 #: an hour pages someone): a fault that costs a page's worth at its expected frequency is an
 #: incident the service did not absorb.
@@ -95,6 +98,17 @@ BUDGET: list[Criterion] = [
         "<=",
         0.02,
         "ratio",
+        "fault",
+    ),
+    # shown beside the share (measure/budget.py burn_rates): failed fraction / (1 - SLO)
+    Criterion("burn_rate_5m", "peak burn rate over 5 minutes", "<=", None, "x", "fault"),
+    Criterion("burn_rate_1h", "peak burn rate over 1 hour", "<=", None, "x", "fault"),
+    Criterion(
+        "fast_burn_page",
+        "the SRE workbook's fast-burn page (14.4x over 1 h and 5 min) would have fired",
+        "<=",
+        None,
+        "count",
         "fault",
     ),
 ]
@@ -167,11 +181,20 @@ GATEWAY_ONLY = frozenset(
 DRILL_CRITERIA: dict[str, list[Criterion]] = {name: list(d.criteria) for name, d in DRILLS.items()}
 
 
+#: Drills without interruption criteria of their own that judge every episode out of SLO like
+#: the drills that kill replicas (``interruption_s``: the time out of SLO from the injection to
+#: the end of the load, <= 10 s; ``interruption_sustained``): a jitter that turns into a
+#: collapse is an outage, not a matter of its error-budget cost alone (issue 29 item 3).
+EPISODES_JUDGED = frozenset({"network-jitter"})
+
+
 def _common_for(drill: str) -> list[Criterion]:
-    """The common criteria ``drill`` judges (its room's ``DROPPED_COMMON`` left out)."""
+    """The common criteria ``drill`` judges (its room's ``DROPPED_COMMON`` left out; the
+    interruption criteria added for :data:`EPISODES_JUDGED`)."""
     row = DRILLS.get(drill)
     dropped = row.dropped_common if row is not None else frozenset()
-    return [c for c in COMMON if c.name not in dropped]
+    extra = interruption() if drill in EPISODES_JUDGED else []
+    return [c for c in [*COMMON, *extra] if c.name not in dropped]
 
 
 def criteria_for(drill: str, overrides: Mapping[str, Any] | None = None) -> list[Criterion]:

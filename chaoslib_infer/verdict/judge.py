@@ -60,6 +60,7 @@ from .blame import SLOWING, add_blame
 from .budget import budget_values, name_lost_row
 from .confirm import confirm_by_traffic
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
+from .episodes import name_episode_row
 from .facts import STATES, DrillFacts, Verdict, format_value, num
 from .policy import apply_policy
 from .provider_errors import provider_error_rows
@@ -478,6 +479,7 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     if "after" in w:  # an SLO rate of the after window: the binomial test (verdict/steady.py)
         judge_after_rows(rows, sel("after"), facts.window_settings)
     rows = name_lost_row(rows, sel("fault") if "fault" in w else None)
+    rows = name_episode_row(rows, facts, tl.fault_at)  # every episode out of SLO, named
     return tl, w, sel, info, add_blame(apply_policy(rows, facts.policy), facts, failures)
 
 
