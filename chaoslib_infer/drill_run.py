@@ -333,15 +333,20 @@ def run_drill(
         criteria=crit,
         kind=spec.kind,
         policy=policy,
+        detect=(
+            None
+            if detection is None
+            else lambda e: apply_detection(
+                e, drill_detection(detection, e, _records(drill_dir)), drill_dir
+            )
+        ),
     )
     load_error = drill_dir / LOAD_ERROR_FILE
     if load_error.is_file():  # the load control interrupted the drill before any fault
         entry["error"] = redact.redact_text(load_error.read_text(encoding="utf-8"), secrets)
         progress(f"drill {spec.name}: load: {entry['error']}")
-    if detection is not None:
-        det = drill_detection(detection, entry, _records(drill_dir))
-        apply_detection(entry, det, drill_dir)
-        progress(f"drill {spec.name}: detection: {detection_line(det)}")
+    if entry.get("detection"):
+        progress(f"drill {spec.name}: detection: {detection_line(entry['detection'])}")
     redact.scrub_tree(drill_dir, secrets)
     figures = entry["figures"]
     stop = entry.get("stop_condition")

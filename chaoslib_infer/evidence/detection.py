@@ -33,16 +33,26 @@ from chaoslib_infer.measure.prom_api import (
 from chaoslib_infer.verdict.detection import DetectionCriteria, judge_detection
 
 __all__ = [
+    "DETECTION_FILE",
     "DetectionPlan",
     "DetectionSetup",
+    "append_detection_section",
     "apply_detection",
     "detection_line",
     "detection_markdown",
+    "detection_markers",
+    "detection_summary",
     "drill_detection",
     "plan_detection",
+    "reapply_saved_detection",
+    "scorecard_row",
     "start_detection",
 ]
 
+DETECTION_FILE = "detection.json"
+#: Timeline marker colours: an alert's condition first holding (pending), an alert firing.
+PENDING_COLOUR = "#bcbd22"
+FIRING_COLOUR = "#e377c2"
 #: The workbook's page conditions as ``(short, long, factor)``.
 PAGE_CONDITIONS: tuple[tuple[str, str, float], ...] = (("5m", "1h", 14.4), ("30m", "6h", 6.0))
 
@@ -176,6 +186,8 @@ def drill_detection(
         judged=_judged(rule_list, setup.judged_files),
     )
     return {
+        "injection_at": inj,
+        "page_conditions": [list(c) for c in setup.page],
         "prometheus": setup.url,
         "source": setup.source,
         "interval_s": setup.interval_s,
@@ -234,7 +246,8 @@ def detection_markdown(det: Mapping[str, Any]) -> list[str]:
 def apply_detection(entry: dict[str, Any], det: dict[str, Any], drill_dir: Path) -> None:
     """Put ``det`` into the drill's entry (``detection``, its figures ``time_to_detect_s`` /
     ``time_to_page_s``), fail the drill on its reasons (a passed or inconclusive drill becomes
-    failed; error and aborted stay), and write ``detection.json`` and the evidence section."""
+    failed; error and aborted stay) and write ``detection.json`` (``chaos-infer report`` reads
+    it back: :func:`reapply_saved_detection`)."""
     entry["detection"] = det
     figures = entry.setdefault("figures", {})
     figures["time_to_detect_s"] = det.get("time_to_detect_s")
@@ -244,11 +257,69 @@ def apply_detection(entry: dict[str, Any], det: dict[str, Any], drill_dir: Path)
         entry["reasons"] = [*(entry.get("reasons") or []), *reasons]
         if entry.get("status") in ("passed", "inconclusive"):
             entry["status"] = "failed"
-    (drill_dir / "detection.json").write_text(json.dumps(det, indent=2), encoding="utf-8")
+    (drill_dir / DETECTION_FILE).write_text(json.dumps(det, indent=2), encoding="utf-8")
+
+
+def reapply_saved_detection(entry: dict[str, Any], drill_dir: Path) -> None:
+    """A re-rendered drill (``chaos-infer report``) keeps the detection read after the drill:
+    ``detection.json``, when there is one, applied again (the server is long gone)."""
+    try:
+        det = json.loads((drill_dir / DETECTION_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(det, dict):
+        apply_detection(entry, det, drill_dir)
+
+
+def append_detection_section(drill_dir: Path, entry: Mapping[str, Any]) -> None:
+    """Append the "Detection" section to the drill's ``evidence.md`` (when it has one)."""
+    det = entry.get("detection")
     evidence = drill_dir / "evidence.md"
-    if evidence.is_file():
+    if isinstance(det, dict) and evidence.is_file():
         with evidence.open("a", encoding="utf-8") as fh:
             fh.write("\n".join(detection_markdown(det)) + "\n")
+
+
+def detection_markers(det: Any) -> list[tuple[float, str, str]]:
+    """Timeline markers ``(unix s, label, colour)``: each alert going pending (its condition
+    first held) and firing after the drill's start."""
+    if not isinstance(det, dict) or det.get("injection_at") is None:
+        return []
+    inj = float(det["injection_at"])
+    out: list[tuple[float, str, str]] = []
+    for a in det.get("alerts") or []:
+        if a.get("phase") == "carried over":
+            continue
+        if a.get("pending_s") is not None and a.get("pending_s") != a.get("firing_s"):
+            out.append((inj + a["pending_s"], f"{a['alert']} pending", PENDING_COLOUR))
+        if a.get("firing_s") is not None:
+            out.append((inj + a["firing_s"], f"{a['alert']} firing", FIRING_COLOUR))
+    return out
+
+
+def detection_summary(det: Mapping[str, Any]) -> str:
+    """One sentence for the runbook's Evidence section: the alert that fired first and when, or
+    the page rules that stayed silent and why."""
+    if det.get("error"):
+        return f"not read ({det['error']})"
+    parts = []
+    if det.get("detected_by"):
+        parts.append(
+            f"{det['detected_by']} fired first, {det['time_to_detect_s']:+.1f} s from the "
+            f"injection (its condition held at {det.get('condition_held_s'):+.1f} s)"
+        )
+    if det.get("paged_by") and det.get("paged_by") != det.get("detected_by"):
+        parts.append(f"paged by {det['paged_by']} at {det['time_to_page_s']:+.1f} s")
+    if not det.get("paged_by"):
+        silent = [
+            f"{r['alert']} ({r.get('why_silent', 'did not fire')})"
+            for r in det.get("rules") or []
+            if r.get("severity") == "page"
+        ]
+        parts.append("no page fired; silent page rules: " + ("; ".join(silent) or "none loaded"))
+    if det.get("baseline_alarms"):
+        parts.append("baseline alarms: " + ", ".join(a["alert"] for a in det["baseline_alarms"]))
+    return "; ".join(parts)
 
 
 @dataclass
@@ -376,3 +447,30 @@ def detection_line(det: Mapping[str, Any]) -> str:
     for reason in det.get("reasons") or []:
         text += f"; {reason}"
     return text
+
+
+def scorecard_row(drills: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The scorecard's "detection" row (tier 1): the slowest time to page over the drills that
+    paged; failed when a drill's detection failed (a silent page, a false page, a baseline
+    alarm). None when no drill read its alerts (no row)."""
+    dets = [d["detection"] for d in drills if isinstance(d.get("detection"), dict)]
+    dets = [d for d in dets if not d.get("error")]
+    if not dets:
+        return None
+    pages = [d["time_to_page_s"] for d in dets if d.get("time_to_page_s") is not None]
+    failed = [r for d in dets for r in d.get("reasons") or []]
+    count = {k: sum(1 for r in failed if k in r) for k in ("silent page", "false page", "baseline")}
+    expected = sum(1 for d in dets if d.get("page_reached"))
+    note = (
+        f"{len(pages)} of {len(dets)} drills paged ({expected} burned at a page rate); "
+        f"silent pages {count['silent page']}, false pages {count['false page']}, "
+        f"baseline alarms {count['baseline']}; slowest time to page shown"
+    )
+    return {
+        "metric": "detection",
+        "value": max(pages) if pages else None,
+        "unit": "s",
+        "reference": "pages when the budget burns at a page rate, never otherwise",
+        "passed": not failed,
+        "note": note,
+    }

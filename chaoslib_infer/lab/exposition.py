@@ -155,6 +155,13 @@ def memory_exposition(cgroups: Mapping[str, MemoryCgroup]) -> str:
     return "\n".join(out) + "\n"
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """No traceback on the game day's terminal for a scrape the scraper abandoned."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return
+
+
 class LabExporter:
     """The HTTP server of ``/metrics/lab`` and ``/metrics/client`` on ``127.0.0.1:port``.
 
@@ -178,16 +185,19 @@ class LabExporter:
                     self.send_error(404)
                     return
                 data = body.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the scraper gave up (its timeout): its next scrape counts
+                    return
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 return
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+        self._server = _QuietServer(("127.0.0.1", port), _Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="lab-exporter", daemon=True

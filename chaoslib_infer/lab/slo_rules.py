@@ -67,12 +67,16 @@ def sli_record(window: str) -> str:
 
 
 def _condition(windows: tuple[BurnWindow, ...], budget: float) -> str:
+    """Sloth's shape: ``max without (window) (ratio_short > f x budget) and max without (window)
+    (ratio_long > f x budget)``, the conditions joined by ``or`` (one alert, whichever holds)."""
     parts = [
-        f"({sli_record(w.short)} > ({w.factor:g} * {budget:.6g}) "
-        f"and {sli_record(w.long)} > ({w.factor:g} * {budget:.6g}))"
+        " and ".join(
+            f"max without (slo_window) ({sli_record(d)} > ({w.factor:g} * {budget:.6g}))"
+            for d in (w.short, w.long)
+        )
         for w in windows
     ]
-    return "\n or ".join(parts)
+    return "(" + ")\nor\n(".join(parts) + ")"
 
 
 def burn_rate_rules(
@@ -130,8 +134,7 @@ def burn_rate_rules(
         alerts.append(
             {
                 "alert": alert,
-                # ignoring(slo_window): the two windows' series differ only by that label
-                "expr": _condition(conds, budget).replace(" and ", " and ignoring(slo_window) "),
+                "expr": _condition(conds, budget),
                 "labels": {"severity": severity, "layer": "slo"},
                 "annotations": {
                     "summary": f"Availability SLO {slo:g}: error budget burning ({text})",

@@ -13,7 +13,8 @@ seen. Times in the output are seconds from the fault's injection (negative: befo
   first holding. ``time_to_page_s``: the same for alerts labelled ``severity="page"``.
 - **Baseline alarms**: alerts whose episode began (pending or firing) between the drill's start
   and the injection. An episode already active at the drill's start is reported as carried over
-  (an earlier drill's), never blamed on this one.
+  (an earlier drill's), never blamed on this one. A page alert still firing at the injection is
+  ``already_paging``: the fault found the on-call already paged.
 - Per rule: ``for_s``, whether its condition held after the injection (``condition_held_s``),
   whether the fault lasted long enough for its ``for:`` (``fault_end - condition_first_held >=
   for``), when it would have fired had the fault lasted (``would_fire_s``), and why a silent rule
@@ -51,6 +52,19 @@ _KEYWORDS = {
     "group_right",
     "inf",
     "nan",
+    # aggregation operators (followed by ``by``/``without`` before their parenthesis)
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
 }
 
 
@@ -105,38 +119,76 @@ def episodes(samples: Iterable[Mapping[str, Any]], interval_s: float) -> list[Ep
     return sorted(out, key=lambda e: e.start)
 
 
+_IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_NUMBER = re.compile(r"\d+(\.\d*)?([eE][+-]?\d+)?(ms|s|m|h|d|w|y)?|\.\d+")
+_GROUPING = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+
+
+def _close(text: str, i: int, opening: str, closing: str) -> int:
+    """Index just past the ``closing`` that matches ``text[i] == opening`` (quotes skipped)."""
+    depth, quote = 0, ""
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'`":
+            quote = ch
+        elif ch == opening:
+            depth += 1
+        elif ch == closing:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return len(text)
+
+
 def rule_selectors(query: str) -> list[str]:
     """The vector selectors of a PromQL expression (``name{...}`` or bare ``name``), in order,
     without duplicates: what must have series for the rule to ever hold."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', query)
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)
     out: list[str] = []
-    pos = 0
-    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
-        if m.start() < pos:
+    i, n = 0, len(query)
+    while i < n:
+        ch = query[i]
+        if ch in "\"'`":  # a string: past its closing quote
+            i += 1
+            while i < n and query[i] != ch:
+                i += 2 if query[i] == "\\" else 1
+            i += 1
             continue
-        name = m.group(0)
-        rest = text[m.end() :]
-        if name.lower() in _KEYWORDS or re.match(r"\s*\(", rest):
+        if ch == "[":
+            i = _close(query, i, "[", "]")
             continue
-        prev = text[: m.start()].rstrip()
-        if prev.endswith(("{", ",")) and re.match(r"\s*(=|!=|=~|!~)", rest):
-            continue  # a label name inside a selector
-        sel = name
-        brace = re.match(r"\s*\{[^}]*\}", rest)
-        if brace:
-            sel += brace.group(0).strip()
-            pos = m.end() + brace.end()
-        # put back the real label values (quotes were blanked above)
+        num = _NUMBER.match(query, i)
+        if num and (i == 0 or not (query[i - 1].isalnum() or query[i - 1] in "_:")):
+            i = num.end()
+            continue
+        m = _IDENT.match(query, i)
+        if not m:
+            i += 1
+            continue
+        name, j = m.group(0), m.end()
+        k = j
+        while k < n and query[k].isspace():
+            k += 1
+        nxt = query[k : k + 1]
+        if name.lower() in _GROUPING and nxt == "(":
+            i = _close(query, k, "(", ")")
+            continue
+        if name.lower() in _KEYWORDS or nxt == "(":
+            i = j
+            continue
+        if nxt == "{":
+            end = _close(query, k, "{", "}")
+            sel, i = name + query[k:end], end
+        else:
+            sel, i = name, j
         if sel not in out:
             out.append(sel)
-    real = []
-    for sel in out:
-        name = sel.split("{", 1)[0]
-        found = re.search(re.escape(name) + r"\s*\{[^}]*\}", query) if "{" in sel else None
-        real.append(found.group(0) if found else name)
-    return list(dict.fromkeys(real))
+    return out
 
 
 def _rel(t: float | None, origin: float) -> float | None:
@@ -186,6 +238,8 @@ def detection_figures(
             "ended_s": _rel(min(e.end, drill_end), o) if e.end <= drill_end else None,
             "active_s": round(min(e.end, drill_end) - max(e.start, drill_start), 3),
         }
+        # firing when the fault was injected (an alert that began before it): already paging
+        row["firing_at_injection"] = e.firing_at is not None and e.firing_at <= injection_at < e.end
         if e.start < drill_start - interval_s:
             row["phase"] = "carried over"
             carried.append(row)
@@ -201,6 +255,7 @@ def detection_figures(
     first = min(after_inj, key=lambda a: a["firing_s"], default=None)
     pages = [a for a in after_inj if a["severity"] == "page"]
     first_page = min(pages, key=lambda a: a["firing_s"], default=None)
+    already = [a for a in alerts if a["firing_at_injection"] and a["severity"] == "page"]
     held = round(fault_end_at - injection_at, 3)
     rule_rows = []
     for r in rules:
@@ -219,7 +274,9 @@ def detection_figures(
             "would_fire_s": None if cond is None else round(cond + for_s, 3),
             "health": r.get("health"),
         }
-        if not fired:
+        if any(a["alert"] == name for a in alerts if a["firing_at_injection"]):
+            rule_row["already_firing"] = True  # an earlier episode still firing at injection
+        elif not fired:
             why = list(missing.get(name) or [])
             if r.get("health") not in (None, "ok", "unknown"):
                 why.append(f"rule error: {r.get('lastError')}")
@@ -245,6 +302,7 @@ def detection_figures(
         "condition_held_s": first["pending_s"] if first else None,
         "time_to_page_s": first_page["firing_s"] if first_page else None,
         "paged_by": first_page["alert"] if first_page else None,
+        "already_paging": sorted({a["alert"] for a in already}),
     }
 
 

@@ -5,7 +5,7 @@ Judged by default (each can be turned off: plan ``detection: {silent_page: off, 
 
 - ``silent_page``: the fault burned the error budget at or above a page condition's rate (measured
   from the load client's own counters over the page rule's windows) and no ``severity="page"``
-  alert fired during the drill: FAILED, naming each page rule and why it stayed silent (no metric,
+  alert fired during the drill nor was still firing at the injection: FAILED, naming each page rule and why it stayed silent (no metric,
   no series for its selector, a ``for:`` longer than the condition held, the condition never held).
 - ``false_page``: the burn stayed below every page rate, yet a page alert began and fired after the
   injection: FAILED, its own reason.
@@ -100,6 +100,8 @@ def judge_detection(
         and a.get("phase") in ("fault", "after")
         and a.get("firing_s") is not None
     ]
+    # a page still firing at the injection (an earlier episode) has the fault covered
+    already = [a for a in det.get("already_paging") or [] if judged is None or a in judged]
     burn_txt = "unmeasured" if burn_peak is None else f"{burn_peak:.1f}x"
     # silent page
     margin = "the burn came within 10 % of the page rate: one evaluation's timing decides"
@@ -107,7 +109,7 @@ def judge_detection(
         why = "burn rate unmeasured" if burn_peak is None else "turned off"
         why = margin if burn_peak is not None and c.silent_page else why
         rows.append(_row("silent_page", det.get("time_to_page_s"), "not judged", why))
-    elif page_reached and not pages:
+    elif page_reached and not pages and not already:
         silent = [
             r
             for r in det.get("rules") or []
@@ -122,11 +124,12 @@ def judge_detection(
         reasons.append(reason)
         rows.append(_row("silent_page", None, "failed", reason))
     else:
-        note = (
-            f"paged by {det.get('paged_by')} at {det.get('time_to_page_s'):+.1f} s"
-            if pages
-            else f"burn peaked at {burn_txt}, below the page rate: no page expected"
-        )
+        if pages:
+            note = f"paged by {det.get('paged_by')} at {det.get('time_to_page_s'):+.1f} s"
+        elif already:
+            note = f"already paging at the injection: {', '.join(already)}"
+        else:
+            note = f"burn peaked at {burn_txt}, below the page rate: no page expected"
         rows.append(_row("silent_page", det.get("time_to_page_s"), "passed", note))
     # false page
     if burn_peak is None or not c.false_page or (marginal and pages and not page_reached):
