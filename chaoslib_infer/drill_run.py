@@ -22,12 +22,19 @@ from chaoslib_infer.chaoslib_hooks import interrupt_on_sigterm, no_pause_after_i
 from chaoslib_infer.controls.guard import STOP_CONDITION_FILE
 from chaoslib_infer.controls.load import LOAD_ERROR_FILE, WARMUP_FILE, stop_load
 from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.evidence.detection import (
+    DetectionSetup,
+    apply_detection,
+    detection_line,
+    drill_detection,
+)
 from chaoslib_infer.evidence.journal import read_journal
 from chaoslib_infer.evidence.render import write_atomic
 from chaoslib_infer.evidence.verdicts import write_residue
 from chaoslib_infer.gameday_evidence import drill_evidence, headline
 from chaoslib_infer.lab import ledger
 from chaoslib_infer.lab.fleet import Lab, LabError
+from chaoslib_infer.load.records import read_records
 from chaoslib_infer.plan import DrillSpec, Plan
 from chaoslib_infer.run_progress import Progress, ProgressHandler
 from chaoslib_infer.safety import redact
@@ -157,6 +164,11 @@ def residue_check(lab: Lab | None, drill_dir: Path) -> list[str]:
     return out
 
 
+def _records(drill_dir: Path) -> list[dict[str, Any]]:
+    path = drill_dir / "records.jsonl"
+    return list(read_records(path)) if path.is_file() else []
+
+
 def drill_policy(spec: DrillSpec, slo_overrides: dict[str, float] | None = None) -> VerdictPolicy:
     """The verdict policy of one drill: its plan's (or ``--verdict-policy``'s) name, its
     expected incidents per month, and the availability SLO whose monthly budget the fault spends
@@ -190,6 +202,7 @@ def run_drill(
     secrets: list[str] | None = None,
     criteria: dict[str, Any] | None = None,
     allow_vars: dict[str, str] | None = None,
+    detection: DetectionSetup | None = None,
 ) -> dict[str, Any]:
     """Run one drill's experiment in-process, check for residue, judge it and write its evidence.
 
@@ -211,6 +224,8 @@ def run_drill(
         allow_vars: the operator's allowlists as configuration (``infer_allow``,
             ``infer_allow_contexts``, ``infer_allow_namespaces``; see
             :mod:`chaoslib_infer.safety.allowlist`).
+        detection: where the drill's alerts are read after it (:mod:`chaoslib_infer.evidence.
+            detection`); None: not read.
 
     Returns:
         The drill's ``summary.json`` entry.
@@ -254,6 +269,8 @@ def run_drill(
     ctk_logger.addHandler(log_handler)
     ctk_logger.setLevel(logging.DEBUG)
     ctk_logger.propagate = False
+    if detection is not None and detection.exporter is not None:
+        detection.exporter.follow(drill_dir / "records.jsonl")  # the client's counters
     started = time.time()
     progress(f"drill {spec.name}: {experiment.get('title', '')}")
     journal: dict[str, Any]
@@ -316,11 +333,20 @@ def run_drill(
         criteria=crit,
         kind=spec.kind,
         policy=policy,
+        detect=(
+            None
+            if detection is None
+            else lambda e: apply_detection(
+                e, drill_detection(detection, e, _records(drill_dir)), drill_dir
+            )
+        ),
     )
     load_error = drill_dir / LOAD_ERROR_FILE
     if load_error.is_file():  # the load control interrupted the drill before any fault
         entry["error"] = redact.redact_text(load_error.read_text(encoding="utf-8"), secrets)
         progress(f"drill {spec.name}: load: {entry['error']}")
+    if entry.get("detection"):
+        progress(f"drill {spec.name}: detection: {detection_line(entry['detection'])}")
     redact.scrub_tree(drill_dir, secrets)
     figures = entry["figures"]
     stop = entry.get("stop_condition")

@@ -40,6 +40,7 @@ from chaoslib_infer.evidence.bundle import (
     tool_versions,
     write_manifest,
 )
+from chaoslib_infer.evidence.detection import plan_detection, start_detection
 from chaoslib_infer.evidence.render import render_index, write_atomic
 from chaoslib_infer.gameday_evidence import K8S_OMITTED, drill_evidence, headline, verdict_table
 from chaoslib_infer.lab import ledger
@@ -199,6 +200,8 @@ def run_gameday(
     criteria: list[tuple[str | None, str, float | None]] | None = None,
     junit_inconclusive: str = JUNIT_INCONCLUSIVE_DEFAULT,
     label: str = "game day",
+    prometheus_url: str | None = None,
+    rules: list[Path] | None = None,
 ) -> int:
     """Run every drill of ``plan`` and write the evidence bundle to ``out_dir``.
 
@@ -229,6 +232,9 @@ def run_gameday(
             (``junit_inconclusive``) so ``chaos-infer report`` writes it the same way.
         label: what the last line calls the run, ``LABEL VERDICT: ...`` (``game day``;
             ``drill NAME`` for ``chaos-infer drill run NAME``).
+        prometheus_url: read each drill's detection from this Prometheus (``--prometheus``,
+            the plan's ``detection: {prometheus: URL}``) instead of the lab's own server.
+        rules: the team's rule files loaded into the lab's Prometheus (``--rules``).
 
     Returns:
         The exit code (see the module docstring).
@@ -258,12 +264,15 @@ def run_gameday(
     check_chaoslib_hooks()  # the Ctrl-C / SIGTERM path: nothing is started on an unfit chaoslib
     validate_plan(plan)
     drill_criteria = cli_criteria(plan, criteria or [])
+    detection_plan = plan_detection(plan, prometheus_url, rules)  # bad URL/rules: exit 2 here
     secrets = redact.known_secrets()
     progress = redacting_progress(progress, secrets)
     redact.private_dir(out_dir)
     run_lock = _acquire_run_lock(out_dir)
     started = time.time()
     lab: Lab | None = None
+    monitoring: Any = None
+    detection: Any = None
     n_replicas = replicas if replicas is not None else plan.lab.replicas
     engine_name = engine or plan.lab.engine
     target = {
@@ -329,6 +338,7 @@ def run_gameday(
             except TypeError as exc:
                 raise ConfigError(f"{plan.path}: lab: {exc}") from exc
             progress(f"lab: up at {lab.url}")
+        monitoring, detection = start_detection(detection_plan, lab, slo_overrides, progress)
         for spec in plan.drills:
             if lab is not None:
                 lab.wait_healthy(60.0)
@@ -346,6 +356,7 @@ def run_gameday(
                 secrets=secrets,
                 criteria=drill_criteria[spec.name],
                 allow_vars=allow_vars,
+                detection=detection,
             )
             summary["drills"].append(entry)
             summary["in_progress"] = None
@@ -375,6 +386,8 @@ def run_gameday(
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
+            if monitoring is not None:
+                monitoring.close()
             if lab is not None:
                 progress("lab: taking down")
                 lab.down()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import yaml
 from chaoslib_infer.controls.guard import read_stop_condition
 from chaoslib_infer.controls.load import LOAD_ERROR_FILE, WARMUP_FILE
 from chaoslib_infer.errors import ConfigError
+from chaoslib_infer.evidence.detection import append_detection_section, reapply_saved_detection
 from chaoslib_infer.evidence.figures import drill_figures, read_jsonl, unix_time
 from chaoslib_infer.evidence.hypothesis import steady_state_outline
 from chaoslib_infer.evidence.journal import failed_activities, hypothesis_results
@@ -177,6 +179,7 @@ def drill_evidence(
     criteria: dict[str, Any] | None = None,
     kind: str | None = None,
     policy: VerdictPolicy | None = None,
+    detect: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Compute one drill's figures from its folder and the lab's ground truth, judge it, and write
     its evidence.
@@ -198,6 +201,9 @@ def drill_evidence(
         criteria: threshold overrides ``{criterion: value | "off"}`` (the plan's and the CLI's).
         kind: which of the seven drills it is (default :func:`chaoslib_infer.plan.drill_kind`).
         policy: the verdict policy (default: the ``default`` policy, 1 incident/month, 0.999).
+        detect: called with the entry once judged, before the plots: reads and judges the
+            drill's alerts (:mod:`chaoslib_infer.evidence.detection`); None: the drill's saved
+            ``detection.json``, if any, is applied again (a re-render).
 
     Returns:
         The drill's ``summary.json`` entry: ``status`` (the verdict state), ``reasons``,
@@ -298,6 +304,10 @@ def drill_evidence(
 
         with contextlib.suppress(OSError):
             write_locust_stats(drill_dir / "records.jsonl")
+    if detect is not None:  # the drill's alerts, read and judged (evidence.detection)
+        detect(entry)
+    else:  # chaos-infer report: the detection read after the drill, if any
+        reapply_saved_detection(entry, drill_dir)
     plots, omitted = drill_plots(name, drill_dir, records, events, entry, target, t0, t1, stop)
     render_drill(
         drill_dir,
@@ -310,6 +320,7 @@ def drill_evidence(
         omitted,
         t0,
     )
+    append_detection_section(drill_dir, entry)
     return entry
 
 

@@ -40,10 +40,9 @@ from chaoslib_infer.errors import ConfigError
 ENGINES = ("sim", "llama-cpp")
 PLATFORMS = ("lab", "kubernetes")
 #: the top-level keys of a plan; ``allow`` is read by ``safety.allowlist.plan_allow`` and
-#: ``stop_conditions`` by ``safety.guard.plan_stop_conditions``
-PLAN_KEYS = (
-    "name description platform target lab drills allow stop_conditions criteria vars".split()
-)
+#: ``stop_conditions`` by ``safety.guard.plan_stop_conditions``, ``detection`` by
+#: ``evidence.detection.plan_detection``
+PLAN_KEYS = "name description platform target lab drills allow stop_conditions criteria vars detection".split()
 #: the verdict policy keys, top level or in a drill (``chaoslib_infer.verdict.policy``)
 POLICY_KEYS = ("verdict_policy", "incidents_per_month")
 PLAN_KEYS += POLICY_KEYS

@@ -41,6 +41,9 @@ class PlanRunOptions:
             drill (``failure``, the default, or ``skipped``).
         verdict_policy: ``--verdict-policy``: ``default`` or ``strict`` for every drill (None:
             the plan's, :mod:`chaoslib_infer.verdict.policy`).
+        prometheus: ``--prometheus URL``: read each drill's alerts from this server (None: the
+            lab's own, :mod:`chaoslib_infer.evidence.detection`).
+        rules: ``--rules FILE`` items: the team's rule files for the lab's Prometheus.
     """
 
     target_url: str | None
@@ -53,6 +56,8 @@ class PlanRunOptions:
     api_key_file: Path | None
     junit_inconclusive: str = "failure"
     verdict_policy: str | None = None
+    prometheus: str | None = None
+    rules: tuple[Path, ...] = ()
 
     @property
     def k8s_file(self) -> Path | None:
@@ -341,7 +346,7 @@ def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions, label: str = "g
     with api_key_in_env(key):
         code = _validate_and_run(
             the_plan, out_dir, target_url, replicas, engine, overrides, dry_run, allow, k8s, criteria,
-            opts.junit_inconclusive, label,
+            opts.junit_inconclusive, label, opts.prometheus, list(opts.rules),
         )  # fmt: skip
     if code is not None:
         sys.exit(code)
@@ -386,6 +391,8 @@ def _validate_and_run(
     criteria: list[tuple[str | None, str, float | None]],
     junit_inconclusive: str = "failure",
     label: str = "game day",
+    prometheus: str | None = None,
+    rules: list[Path] | None = None,
 ) -> int | None:
     """The part of :func:`run_plan` that runs with the API key in the environment: the plan's
     experiments validated, then the dry-run print-out (None) or the preflight and the game day
@@ -435,6 +442,8 @@ def _validate_and_run(
             criteria=criteria,
             junit_inconclusive=junit_inconclusive,
             label=label,
+            prometheus_url=prometheus,
+            rules=rules,
         )
     except InferChaosError as exc:
         fail(str(exc))
@@ -520,6 +529,23 @@ _TARGET_OPTIONS = [
         "(budget_share), its recovery and the drill's own question; 'strict' also holds the "
         "fault window and the whole drill to the availability, error and timeout SLOs (no "
         "request may be lost). docs/definitions.md, 'Verdict policy'.",
+    ),
+    click.option(
+        "--prometheus",
+        default=None,
+        metavar="URL",
+        help="Read each drill's alerts (ALERTS) from this Prometheus instead of the lab's own "
+        "(detection: time to detect, silent and false pages; docs/definitions.md, 'Detection'). "
+        "Checked before any fault.",
+    ),
+    click.option(
+        "--rules",
+        multiple=True,
+        type=click.Path(path_type=Path, dir_okay=False),
+        metavar="FILE",
+        help="Load this Prometheus rule file (your team's alerts) into the lab's Prometheus "
+        "beside the alert table and the SLO burn-rate rules (repeatable; checked with promtool "
+        "before any fault).",
     ),
 ]
 

@@ -313,6 +313,7 @@ def drill_plots(
     Returns:
         ``(plots, omitted)``: ``[(png, caption)]`` in display order, ``[(caption, reason)]``.
     """
+    from chaoslib_infer.evidence.detection import detection_markers
     from chaoslib_infer.evidence.figures import (
         kind_module,
         read_jsonl,
@@ -324,6 +325,7 @@ def drill_plots(
     figures = entry.get("figures") or {}
     ground = entry.get("ground_truth") or {}
     markers = timeline_markers(faults, lab_events, ground, figures, t0, t1, stop)
+    markers += detection_markers(entry.get("detection"))  # alerts pending/firing (issue 31)
     sends = [float(r["sent_at"]) for r in records if isinstance(r.get("sent_at"), int | float)]
     origin = t0 if t0 is not None else (min(sends) if sends else None)
     plots: list[tuple[Path, str]] = []

@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.evidence.detection import detection_summary
 from chaoslib_infer.evidence.render import fmt, write_atomic
 
 __all__ = ["END", "START", "evidence_block", "fill_runbook_text", "fill_runbooks", "runbook_path"]
@@ -121,6 +122,8 @@ def evidence_block(
                 f"- Verdict policy: {pol['name']} ({pol.get('incidents_per_month')} "
                 f"incident(s)/month, budget of the {pol.get('slo_availability')} SLO)."
             )
+        if isinstance(d.get("detection"), dict):  # would anyone have been paged (issue 31)
+            lines.append(f"- Detection: {detection_summary(d['detection'])}.")
         if d.get("stop_condition"):
             stop = d["stop_condition"]
             lines.append(f"- Stopped by stop condition {stop.get('guard')}: {stop.get('reason')}.")

@@ -41,6 +41,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.evidence.detection import scorecard_row
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED
 
@@ -355,6 +356,10 @@ def build_scorecard(
             + (f"; {grey_note}" if grey_note else ""),
         ),
     ]
+
+    detection = scorecard_row(drills)  # the drills' alerts, where read (issue 31)
+    if detection is not None:
+        stability.append(detection)
 
     qps_values = [p["qps"] for p in per_drill if p["qps"] is not None]
     p50s = [p["p50_e2e_s"] for p in per_drill if p["p50_e2e_s"] is not None]

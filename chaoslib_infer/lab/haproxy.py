@@ -72,6 +72,15 @@ backend engines
     default-server inter 500ms fall 2 rise 2 maxconn {maxconn}{server_extra}
     http-response set-header X-Lab-Server %s
 {backend_extra}{servers}
+{metrics_frontend}"""
+
+#: HAProxy's built-in Prometheus exporter (``PROMEX`` in ``haproxy -vv``) on its own loopback
+#: port, unlogged so that scrapes never enter the request log (the ground truth).
+_METRICS_FRONTEND = """
+frontend prometheus
+    bind 127.0.0.1:{metrics_port}
+    no log
+    http-request use-service prometheus-exporter if {{ path /metrics }}
 """
 
 #: ``retry_elsewhere``: retry a request that a replica refused or answered 503 (not generated yet:
@@ -98,8 +107,12 @@ def render_config(
     maxconn: int = 32,
     health_path: str = "/health",
     retry_elsewhere: bool = False,
+    metrics_port: int | None = None,
 ) -> str:
     """Render haproxy.cfg for a frontend on 127.0.0.1:``port`` and ``(name, port)`` servers.
+
+    ``metrics_port`` adds HAProxy's Prometheus exporter on ``127.0.0.1:metrics_port/metrics``
+    (scraped by the lab's Prometheus, :mod:`chaoslib_infer.lab.prometheus_server`).
 
     ``retry_elsewhere`` adds :data:`_RETRY_BACKEND` / :data:`_RETRY_SERVER` (``Lab.up(gateway_retry=
     True)``); without it HAProxy relies on its health checks alone (``inter 500ms fall 2``).
@@ -115,6 +128,9 @@ def render_config(
         servers="\n".join(lines),
         server_extra=_RETRY_SERVER if retry_elsewhere else "",
         backend_extra=_RETRY_BACKEND if retry_elsewhere else "",
+        metrics_frontend=(
+            _METRICS_FRONTEND.format(metrics_port=metrics_port) if metrics_port else ""
+        ),
     )
 
 

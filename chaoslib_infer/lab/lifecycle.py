@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from chaoslib_infer.errors import InferChaosError
 from chaoslib_infer.lab import haproxy as hap
-from chaoslib_infer.lab import procfs, render, topology
+from chaoslib_infer.lab import procfs, prometheus_server, render, topology
 from chaoslib_infer.lab.cgroups import (
     CgroupError,
     MemoryCgroup,
@@ -184,6 +184,9 @@ def up(
         if p != port and p not in ports:
             ports.append(p)
     lane_ports = [ports.pop() for _ in range(n_lanes)]
+    metrics_port = free_port()  # HAProxy's Prometheus exporter (lab.prometheus_server)
+    while metrics_port == port or metrics_port in ports or metrics_port in lane_ports:
+        metrics_port = free_port()
 
     for name in (
         EVENTS_FILE,
@@ -222,6 +225,7 @@ def up(
             "config_path": str(Path(gateway_config).resolve()) if gateway_config else None
         },
         **({"haproxy_port": ports.pop()} if gateway != "haproxy" else {}),
+        "haproxy_metrics_port": metrics_port,
         **({"lanes": dict(zip(names, lane_ports, strict=True))} if n_lanes else {}),
         "memory_limit_bytes": memory_limit_mb << 20,
         "cgroup_version": hierarchy.version,
@@ -566,6 +570,7 @@ def down(lab: Lab) -> None:
         remove_tree(root)
     except CgroupError as exc:
         errors.append(str(exc))
+    prometheus_server.stop_in(lab.state_dir)  # the lab's Prometheus, when one was started
     for sock in (SUPERVISOR_SOCK, HAPROXY_SOCK):
         with contextlib.suppress(OSError):
             (lab.state_dir / sock).unlink()

@@ -125,6 +125,7 @@ def haproxy_cfg(meta: dict[str, Any], state_dir: Path, health_path: str) -> str:
             state_dir / HAPROXY_SOCK,
             health_path=health_path,
             retry_elsewhere=bool(meta.get("gateway_retry")),
+            metrics_port=meta.get("haproxy_metrics_port"),
         ),
         [r["name"] for r in meta["replicas"] if r.get("standby")],
     )
