@@ -26,6 +26,7 @@ from verdictkit import OOM_GROUND, T0, rec, steady
 from chaoslib_infer.activities.criteria import drill_criteria, settle_s
 from chaoslib_infer.activities.slo import slo_check
 from chaoslib_infer.evidence.figures import drill_figures
+from chaoslib_infer.evidence.render import render_drill
 from chaoslib_infer.evidence.verdicts import PROBE_DIFFERS, drill_verdict, probe_differences
 from chaoslib_infer.load.inflight import not_sent_record
 from chaoslib_infer.verdict import DrillFacts, exit_code, judge_drill
@@ -303,6 +304,26 @@ def test_the_evidence_says_the_verdict_is_final_where_the_probe_differed(tmp_pat
             "records written by its own time, while the run went on; the verdict judged every "
             "record of the run and is final"
         ]
+    # the evidence shows it under the verdict, beside "hypothesis ... after: DID NOT HOLD"
+    entry = {
+        "name": "node-loss",
+        "status": v.state,
+        "reasons": v.reasons,
+        "verdict": v.as_dict(),
+        "hypothesis": {"before": True, "after": False},
+        "experiment": "x.yaml",
+        "started_at": "a",
+        "ended_at": "b",
+        "figures": {},
+        "ground_truth": {},
+    }
+    drill = tmp_path / "drill"
+    drill.mkdir()
+    md, html = render_drill(drill, entry, {"kind": "lab"}, "t", {"before": [], "after": []}, [], [])
+    head = md.read_text().splitlines()[2:4]
+    assert head[0] == "- Verdict: **PASSED** (hypothesis before: held, after: DID NOT HOLD)"
+    assert head[1] == f"- Note: {notes[0]}"
+    assert f'<p class="note">{notes[0]}</p>' in html.read_text()
     # a probe the verdict agrees with: nothing to explain
     failing = [
         {**r, "ok": False, "error_class": "reset"} if r["sent_at"] >= NODE_FAULT_AT else r
