@@ -128,8 +128,10 @@ def drill_criteria(
 
     Raises:
         ValueError: ``drill`` is not one of the seven; an ``infer_criteria`` override is
-            malformed or names no criterion of ``drill``; a policy value is refused; ``criterion`` is not a fault-window
-            criterion of ``drill``.
+            malformed or names no criterion of ``drill``; a policy value is refused;
+            ``criterion`` is not a fault-window criterion of ``drill``; a
+            ``window_false_alarm``, ``window_power`` or ``window_defect`` is not strictly
+            between 0 and 1.
     """
     if drill not in DRILLS:
         raise ValueError(f"unknown drill {drill!r}; known: {', '.join(sorted(DRILLS))}")
