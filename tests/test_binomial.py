@@ -237,7 +237,7 @@ def test_the_baseline_holds_one_failure_in_200_and_fails_on_five_with_its_rates(
     ground, fig = dict(GOOD["oom-kill"][0]), dict(GOOD["oom-kill"][1])
     ground.update(fault_at=t0 + 20.0, replica_serving_again_at=t0 + 22.0)
     for bad, state in ((1, "passed"), (5, "failed")):
-        # 10 req/s: 200 sent before the fault, 1200 in the drill (one failure meets 99.9 %)
+        # 10 req/s: 200 sent before the fault, 1200 in the drill (one failure is not shown to break 99.9 %)
         records = steady(t0, t0 + 120)
         for r in records[:bad]:
             r.update(ok=False, error_class="http_5xx", first_token_at=None, chunk_times=[])

@@ -17,7 +17,13 @@ SLO probes judge the steady state). After the method it judges the criteria of t
 (:mod:`chaoslib_infer.verdict`) over what the run has recorded so far: the records (attempts still
 in flight past the judging deadline count as timeouts), the fault log and the lab's ground truth.
 The whole-drill and after-the-drill criteria and the residue check need the end of the run: the
-game day's verdict judges them. Thresholds: the ``infer_criteria`` configuration key
+game day's verdict judges them. The client's own lag (``send_lag_p99_s``, ``client_lag_p99_s``)
+stays judged, so the probe leaves out what a client that fell behind did itself (its not-sent
+requests, its timeouts when its lag is large), as the verdict does. Whether service was sustained
+after the last failure is judged once the records reach past the drill's own settling window
+(:func:`settle_s`), the one its figures use; before that the verdict judges it. The probe saw the
+run only up to its own time: where it and the verdict differ, the verdict is final and the
+evidence says so (:func:`chaoslib_infer.evidence.verdicts.probe_differences`). Thresholds: the ``infer_criteria`` configuration key
 (``chaos --no-version-check run --var infer_criteria=restart_s=20,warmup_ratio=off``; the game day sets it from the
 plan and ``--criterion``).
 """
@@ -25,6 +31,7 @@ plan and ``--criterion``).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from chaoslib_infer import settings
@@ -34,12 +41,14 @@ from chaoslib_infer.evidence.figures import drill_figures, read_jsonl
 from chaoslib_infer.lab.fleet import LEDGER_FILE, Lab, LabError
 from chaoslib_infer.load.client import INFLIGHT_FILE
 from chaoslib_infer.load.records import read_records
+from chaoslib_infer.measure.binomial import plan_settings
 from chaoslib_infer.measure.figures import SETTLE_S
 from chaoslib_infer.measure.inflight import DEFAULT_DEADLINE_S, judged_records, read_inflight
 from chaoslib_infer.verdict import DrillFacts, criteria_for, judge_drill
 from chaoslib_infer.verdict.policy import configured_policy
+from chaoslib_infer.verdict.state import CLIENT_LAG
 
-__all__ = ["drill_criteria"]
+__all__ = ["drill_criteria", "settle_s"]
 
 
 def _fault_criterion(drill: str, criterion: str, overrides: dict[str, Any]) -> None:
@@ -58,6 +67,34 @@ def _fault_criterion(drill: str, criterion: str, overrides: dict[str, Any]) -> N
             f"{drill}: criterion {criterion!r} is judged over the {c.window} window, which is "
             "complete only at the end of the run: the game day's verdict judges it"
         )
+
+
+def settle_s(drill: str) -> float:
+    """The settling window (s) ``drill``'s figures time sustained service with: its room's
+    ``figures.SETTLE_S`` (node-loss: 10 s), else the shared
+    :data:`chaoslib_infer.measure.figures.SETTLE_S` (5 s)."""
+    value = getattr(DRILLS[drill].figures, "SETTLE_S", SETTLE_S)
+    return float(value) if isinstance(value, int | float) else SETTLE_S
+
+
+def _settled(drill: str, figures: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the figures' ``interruption_sustained`` is as the verdict will read it: True
+    (sustained), or False once the records the figures were computed from (those ended, not
+    cut off) reach past the drill's own settling window (:func:`settle_s`) after the last
+    failure. Before that the run goes on and whether service is sustained is not known yet: the
+    game day's verdict, over every record, judges it."""
+    last = figures.get("last_failure_at")
+    if figures.get("interruption_sustained") or not isinstance(last, int | float):
+        return True
+    seen_until = max(
+        (
+            float(r["end_at"])
+            for r in records
+            if isinstance(r.get("end_at"), int | float) and not r.get("cut_off")
+        ),
+        default=None,
+    )
+    return seen_until is not None and seen_until >= float(last) + settle_s(drill)
 
 
 def drill_criteria(
@@ -80,16 +117,21 @@ def drill_criteria(
             ``infer_k8s_target`` the run is on a cluster and no local lab is read).
 
     Returns:
-        ``{"passed", "state", "reasons", "judged"}``: ``passed`` is False only when the verdict
-        of the fault window is ``failed``; ``judged`` is False before any fault was logged.
+        ``{"passed", "state", "reasons", "judged", "failed_criteria"}``: ``passed`` is False
+        only when the verdict of the fault window is ``failed``; ``judged`` is False before any
+        fault was logged; ``failed_criteria`` names the rows that failed (the evidence compares
+        them with the final verdict's, :func:`chaoslib_infer.evidence.verdicts.
+        probe_differences`).
         With ``criterion``, also its row: ``"criterion"``, ``"value"``, ``"threshold"``,
         ``"result"`` (``pass``, ``fail``, ``unmeasured``, ``not judged``, ``n/a``; ``no fault
         yet`` with value and threshold None before the fault).
 
     Raises:
         ValueError: ``drill`` is not one of the seven; an ``infer_criteria`` override is
-            malformed or names no criterion of ``drill``; a policy value is refused; ``criterion`` is not a fault-window
-            criterion of ``drill``.
+            malformed or names no criterion of ``drill``; a policy value is refused;
+            ``criterion`` is not a fault-window criterion of ``drill``; a
+            ``window_false_alarm``, ``window_power`` or ``window_defect`` is not strictly
+            between 0 and 1.
     """
     if drill not in DRILLS:
         raise ValueError(f"unknown drill {drill!r}; known: {', '.join(sorted(DRILLS))}")
@@ -128,21 +170,15 @@ def drill_criteria(
     judged = judged_records(
         records, read_inflight(path.with_name(INFLIGHT_FILE)), time.time(), deadline
     )
-    # only the fault window is complete at this point of the run
+    # only the fault window is complete at this point of the run; the client's own lag stays
+    # judged, as in the verdict: a client that fell behind has its not-sent requests (and its
+    # timeouts when its lag is large) left out, never counted against the service
     for c in criteria_for(drill, overrides):
+        if c.name in CLIENT_LAG:
+            continue
         if c.window != "fault" or (criterion is not None and c.name != criterion):
             overrides[c.name] = None
-    last = figures.get("last_failure_at")
-    seen_until = max(
-        (float(r["end_at"]) for r in judged if isinstance(r.get("end_at"), int | float)),
-        default=None,
-    )
-    if (
-        not figures.get("interruption_sustained")
-        and isinstance(last, int | float)
-        and (seen_until is None or seen_until < last + SETTLE_S)
-    ):  # the records do not reach past the settling window after the last failure yet (the
-        # run goes on): the game day's verdict judges whether service was sustained
+    if not _settled(drill, figures, records):
         overrides["interruption_sustained"] = None
     facts = DrillFacts(
         drill=drill,
@@ -151,6 +187,8 @@ def drill_criteria(
         ground=ground,
         lab_events=events,
         ledger_measured=any(e.get("event", "generation") == "generation" for e in ledger),
+        deadline_s=deadline,
+        window_settings=plan_settings(configuration),
         policy=configured_policy(configuration),
     )
     verdict = judge_drill(facts, overrides)
@@ -159,6 +197,7 @@ def drill_criteria(
         "state": verdict.state,
         "reasons": verdict.reasons,
         "judged": True,
+        "failed_criteria": [r["criterion"] for r in verdict.rows if r["result"] == "fail"],
     }
     if criterion is not None:
         row = next((r for r in verdict.rows if r["criterion"] == criterion), {})

@@ -44,6 +44,7 @@ from chaoslib_infer.measure.inflight import (
 from chaoslib_infer.measure.metrics import e2e_ok_s, logical_outcomes, select, window_stats
 from chaoslib_infer.measure.slo import Thresholds, bad_word, evaluate, window_test
 from chaoslib_infer.verdict.criteria import criteria_for
+from chaoslib_infer.verdict.state import CLIENT_LAG, client_lag_rows, reason
 
 __all__ = [
     "availability",
@@ -168,11 +169,15 @@ def _stats(
     records = read_records(path) if path.exists() else []
     now = time.time()
     judged = judged_records(records, read_inflight(inflight_path), now, deadline)
+    judged, client_info = _without_client_not_sent(
+        judged, end - float(window_s), end, configuration
+    )
     shed_info: dict[str, Any] = {}
     if shed:
         judged, shed_info = _leave_out_shed(judged, end - float(window_s), end, configuration)
     stats = logical_window(judged, end - float(window_s), end)
     stats.update(shed_info)
+    stats.update(client_info)
     done = [
         r
         for r in select(logical_outcomes(judged), end - float(window_s), end)
@@ -187,6 +192,40 @@ def _stats(
     stats["judging_wait_s"] = round(waited, 3)
     _CACHE[key] = (time.time(), stats)
     return stats
+
+
+def _without_client_not_sent(
+    records: list[dict[str, Any]], a: float, b: float, configuration: dict[str, Any] | None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``records`` without the ``not_sent`` requests of ``[a, b)`` when the client itself fell
+    behind there (its send lag or read lag P99 over the window's attempts broke
+    ``send_lag_p99_s`` / ``client_lag_p99_s``, the verdict's thresholds, overridden by
+    ``infer_criteria`` as every criterion): its own cap filled, not the service's
+    (``docs/definitions.md``, "Verdicts"). A client that kept up keeps them: an open-loop
+    request the service's held slots kept back is the service's failure.
+
+    Returns:
+        ``(records, info)``: ``info`` is {} when nothing was left out, else
+        ``{"not_sent_left_out": N, "client_fell_behind": [reason, ...]}`` (each broken lag
+        criterion as the verdict words it).
+
+    Raises:
+        ValueError: a malformed ``infer_criteria`` item.
+    """
+    window = select(records, a, b)
+    if not any(r.get("not_sent") for r in window):
+        return records, {}
+    ov = configured_overrides(configuration, "")  # the items every drill shares
+    crits = criteria_for("", {k: v for k, v in ov.items() if k in CLIENT_LAG})
+    lag = client_lag_rows(window, crits)
+    if not lag:
+        return records, {}
+    kept = [r for r in records if not (r.get("not_sent") and a <= float(r["sent_at"]) < b)]
+    info = {
+        "not_sent_left_out": len(records) - len(kept),
+        "client_fell_behind": [reason(r) for r in lag],
+    }
+    return kept, info
 
 
 def _spike_thresholds(configuration: dict[str, Any] | None) -> dict[str, float | None]:
@@ -330,8 +369,10 @@ def slo_check(
         ``requests`` are over logical requests (the verdict's unit); ``attempts`` is the
         attempts sent in the window and ``attempt_value`` the rate metric over them (None for a
         latency), shown beside, never judged (with ``shed``, also ``"shed_requests"``: the
-        requests left out); for a binomial metric also ``"test"``
-        (:meth:`~chaoslib_infer.measure.binomial.WindowTest.as_dict`: ``n``, ``bad``,
+        requests left out); where the client itself fell behind in the window, its own
+        ``not_sent`` requests are left out too, ``"not_sent_left_out"`` counting them beside
+        ``"client_fell_behind"`` (its broken lag criteria); for a binomial metric also
+        ``"test"`` (:meth:`~chaoslib_infer.measure.binomial.WindowTest.as_dict`: ``n``, ``bad``,
         ``fails_at``, ``false_alarm`` at the SLO and its bound, ``power`` against the
         ``defect`` and its target, ``needed`` requests, ``powered``) and ``"statement"`` (the
         same in one line: ``"1 failed of 64: fails at 2 or more failed of 64 (false alarm
@@ -365,6 +406,9 @@ def slo_check(
     row["pending_retries"] = stats.get("pending_retries", 0)
     if shed:
         row["shed_requests"] = stats.get("shed_requests", 0)
+    if stats.get("not_sent_left_out"):  # the client's own, not the service's
+        row["not_sent_left_out"] = stats["not_sent_left_out"]
+        row["client_fell_behind"] = stats["client_fell_behind"]
     test = (
         window_test(metric, stats, stats.get(_E2E_OK) or [], row["threshold"], test_settings)
         if row["threshold"] is not None

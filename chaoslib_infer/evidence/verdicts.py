@@ -8,19 +8,29 @@ game day right after the rollbacks) is read back here, so a re-rendered run keep
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.evidence.figures import replica_count_series
 from chaoslib_infer.evidence.journal import drill_status, failed_activities, method_findings
-from chaoslib_infer.verdict import DrillFacts, Verdict, figure_error_reason, judge_drill, timeline
+from chaoslib_infer.verdict import (
+    DrillFacts,
+    Verdict,
+    figure_error_reason,
+    format_value,
+    judge_drill,
+    timeline,
+)
 from chaoslib_infer.verdict.policy import VerdictPolicy
 
 __all__ = [
+    "PROBE_DIFFERS",
     "RESIDUE_FILE",
     "drill_verdict",
     "hypothesis_failures",
+    "probe_differences",
     "read_residue",
     "window_settings",
     "write_residue",
@@ -120,6 +130,59 @@ def hypothesis_failures(journal: Mapping[str, Any]) -> list[tuple[str, str]]:
                 line = f"{name}: {out_v!r}"[:300]
             out.append((phase, line))
     return out
+
+
+#: How a note of :func:`probe_differences` starts (the evidence shows it beside the verdict).
+PROBE_DIFFERS = "in-run probe "
+
+
+def _probe_failed(out: Mapping[str, Any]) -> list[str]:
+    """The criteria a drill-criteria probe's output failed: its ``failed_criteria``, or (older
+    journals) the ``(NAME)`` that ends each of its reasons."""
+    names = out.get("failed_criteria")
+    if isinstance(names, list):
+        return [str(n) for n in names]
+    found = (re.search(r"\(([a-z0-9_]+)\)$", str(r)) for r in out.get("reasons") or [])
+    return [m.group(1) for m in found if m]
+
+
+def probe_differences(journal: Mapping[str, Any], verdict: Verdict) -> list[str]:
+    """One note per in-run ``drill-criteria-hold`` probe (:func:`chaoslib_infer.activities.
+    criteria.drill_criteria`) whose judgement the final verdict does not share: the probe failed
+    a criterion that the verdict's row does not fail. The probe judged the records written up to
+    its own time (the run went on); the verdict judged every record of the run, and is final.
+
+    Args:
+        journal: the Chaos Toolkit journal. verdict: the drill's final verdict.
+
+    Returns:
+        ``["in-run probe NAME (hypothesis PHASE the fault) failed CRITERION on the records
+        written by then; the verdict, over every record of the run, reads it RESULT (VALUE):
+        the verdict is final"]``, one per such probe; [] when they agree.
+    """
+    rows = {r["criterion"]: r for r in verdict.rows}
+    notes = []
+    for phase in ("before", "after"):
+        entry = (journal.get("steady_states") or {}).get(phase) or {}
+        for probe in entry.get("probes") or []:
+            out = probe.get("output")
+            if not isinstance(out, dict) or not out.get("judged") or out.get("passed") is not False:
+                continue
+            differ = []
+            for name in _probe_failed(out):
+                row = rows.get(name)
+                if row is not None and row["result"] != "fail":
+                    value = format_value(row.get("value"), row.get("unit"), "no value")
+                    differ.append(f"{name}, which the verdict reads {row['result']} ({value})")
+            if differ:
+                what = "; ".join(differ)
+                name = (probe.get("activity") or {}).get("name") or "drill-criteria"
+                notes.append(
+                    f"{PROBE_DIFFERS}{name} (hypothesis {phase} the fault) failed {what}: the "
+                    "probe judged the records written by its own time, while the run went on; "
+                    "the verdict judged every record of the run and is final"
+                )
+    return notes
 
 
 def _serving(
@@ -237,4 +300,7 @@ def drill_verdict(
         window_settings=window_settings(journal) if journal else {},
         policy=policy or VerdictPolicy(),
     )
-    return judge_drill(facts, criteria)
+    verdict = judge_drill(facts, criteria)
+    if journal:  # the in-run probe's judgement, where the final verdict does not share it
+        verdict.notes.extend(probe_differences(journal, verdict))
+    return verdict

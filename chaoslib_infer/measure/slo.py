@@ -7,7 +7,9 @@ error rate below 0.1%; availability at least 99.9% ("three nines is the floor").
 A steady-state window (the baseline before the fault, the window after it) judges the rate SLOs
 and the P50/P99 latency SLOs by the exact binomial test of :mod:`chaoslib_infer.measure.binomial`
 on its count of bad requests (:func:`window_test`), not by the point estimate: one failure in 200
-requests meets 99.9 % (a service exactly at 99.9 % shows it 18 % of the time), five do not.
+requests is *not shown to break* 99.9 % (a service exactly at 99.9 % shows one or more 18 % of
+the time, so the window passes; that is no proof it meets the SLO: after 1 in 200 the failure
+rate may be as high as 2.35 %, the one-sided 95 % upper bound), two or more are.
 ``docs/definitions.md``, "Windows with stated error rates".
 """
 

@@ -20,10 +20,14 @@ from .steady import defect_reasons, slo_tests
 from .timeline import Timeline
 
 __all__ = [
+    "ALSO_FAILED",
     "ALSO_INCONCLUSIVE",
     "BEFORE_FAULT",
     "CLIENT_INDEPENDENT",
     "CLIENT_LAG",
+    "CLIENT_VIEW",
+    "SCHEDULE_DEPENDENT",
+    "WARMUP_LAG",
     "FIGURE_ERROR_PREFIX",
     "LOAD_ERROR_PREFIX",
     "LOAD_LOST_PREFIX",
@@ -38,6 +42,7 @@ __all__ = [
     "judged_row",
     "reason",
     "request_stats",
+    "client_lag_rows",
 ]
 
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -51,14 +56,24 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 CLIENT_LAG = frozenset({"send_lag_p99_s", "client_lag_p99_s"})
 #: Criteria whose failure is evidence that does not depend on the client's schedule (timeouts,
 #: 5xx and every other failed answer, wrong or empty content, requests the service held past the
-#: cap, duplicates, a service that ended smaller): they fail the drill even when another reason
-#: would make it inconclusive, which is then listed beside (:data:`ALSO_INCONCLUSIVE`). Latency
-#: and the figures timed from it (recovery, interruption, scale-out) are not among them: a client
-#: that fell behind makes them suspect. With a client that fell behind, the rates are judged
-#: without the requests it did not send, and without its timeouts when its lag is large against
-#: the deadline (:mod:`chaoslib_infer.verdict.client`), so they hold the service's failures only.
+#: cap, duplicates, a service that ended smaller, and the rows measured from the lab's ground
+#: truth: a replica's restart, its replacement serving, every replica serving again, the
+#: gateway's health view against the replica's completions, the longest wait the service held a
+#: request, the replicas that served during a quota cut): they fail the drill even when another
+#: reason would make it inconclusive, which is then listed beside (:data:`ALSO_INCONCLUSIVE`).
+#: Latency and the figures timed from it (recovery, interruption, scale-out) are not among them:
+#: a client that fell behind makes them suspect. With a client that fell behind, the rates are
+#: judged without the requests it did not send, and without its timeouts when its lag is large
+#: against the deadline (:mod:`chaoslib_infer.verdict.client`), so they hold the service's
+#: failures only.
 CLIENT_INDEPENDENT = frozenset(
     {
+        "restart_s",
+        "replacement_serving_s",
+        "all_serving_s",
+        "health_disagreement_s",
+        "max_wait_s",
+        "instances_held",
         "availability",
         "availability_fault",
         "availability_after",
@@ -82,6 +97,28 @@ CLIENT_INDEPENDENT = frozenset(
         "serving_after_vs_baseline",
     }
 )
+#: The SLO metrics a steady-state probe measures from the client's side (``slo_check``'s
+#: ``metric``: its line in :attr:`DrillFacts.hypothesis_failures` reads ``"NAME: METRIC =
+#: VALUE ..."``): with a client that fell behind, such a deviation measured the client too.
+CLIENT_VIEW = (
+    "availability",
+    "error_rate",
+    "timeout_rate",
+    "p50_e2e_s",
+    "p95_e2e_s",
+    "p99_e2e_s",
+)
+#: How a failed row that depends on the client's schedule reads among the reasons of a drill
+#: that something else makes inconclusive: listed, never dropped, but not judged against the
+#: service.
+SCHEDULE_DEPENDENT = (
+    " (timed by the client: not judged against the service while the drill is inconclusive)"
+)
+#: How a reason reads after a defect before the fault (:data:`BEFORE_FAULT`): listed, never
+#: hidden by it, and never blamed on the fault alone.
+ALSO_FAILED = "also failed (the defect before the fault may account for it): "
+#: How a client that fell behind in the load's warm-up starts its inconclusive reason.
+WARMUP_LAG = "the client fell behind its schedule before the fault"
 #: How an inconclusive reason reads beside the reasons of a failed drill.
 ALSO_INCONCLUSIVE = "also inconclusive: "
 #: How a defect present before the fault starts its reason (never blamed on the fault).
@@ -242,6 +279,90 @@ def _says_a_failed_row(line: str, failing: Sequence[Mapping[str, Any]]) -> bool:
     return any(f"({r['criterion']})" in line or f"{r['criterion']} = " in line for r in failing)
 
 
+def _client_view(line: str) -> bool:
+    """Whether a deviated probe's ``line`` is an SLO the client measured (:data:`CLIENT_VIEW`)."""
+    return any(f": {m} = " in line for m in CLIENT_VIEW)
+
+
+def client_lag_rows(
+    records: Sequence[Mapping[str, Any]], crits: Sequence[Criterion]
+) -> list[dict[str, Any]]:
+    """The :data:`CLIENT_LAG` criteria the client's own lag broke over ``records`` (one window:
+    the baseline, that is the load's warm-up and the hypothesis before the fault, or an SLO
+    probe's look-back window), as failed rows.
+
+    Args:
+        records: the window's attempt records. crits: the drill's criteria (the lag thresholds
+            in force: ``send_lag_p99_s``, ``client_lag_p99_s``; one set to None is not judged).
+
+    Returns:
+        One :func:`judged_row` per broken lag criterion (its P99 over the window's attempts, s);
+        [] when the client kept up there (or its lag is unmeasured: no kernel stamps).
+    """
+    if not records:
+        return []
+    stats = request_stats(records, None, None)
+    keys = {"send_lag_p99_s": "p99_send_lag_s", "client_lag_p99_s": "p99_client_lag_s"}
+    rows = []
+    for c in crits:
+        if c.name in keys and c.threshold is not None:
+            row = judged_row(c, num(stats.get(keys[c.name])), None)
+            if row["result"] == "fail":
+                rows.append(row)
+    return rows
+
+
+def _without_not_sent(
+    sel: Callable[[str], list[dict[str, Any]]],
+) -> Callable[[str], list[dict[str, Any]]]:
+    """``sel`` without the requests the client did not send (its own, when it fell behind)."""
+
+    def kept(name: str) -> list[dict[str, Any]]:
+        return [r for r in sel(name) if not r.get("not_sent")]
+
+    return kept
+
+
+def _warmup_reason(lag: Sequence[Mapping[str, Any]], lines: Sequence[str], client: Any) -> str:
+    """The inconclusive reason of a hypothesis before the fault that deviated on what a client
+    that fell behind in the warm-up measured: the client named first (its lag, its CPU), then
+    the deviations, kept as evidence."""
+    which = client_reason(lag[0], client).removeprefix("the client fell behind its schedule ")
+    more = "".join(f"; {reason(r)}" for r in lag[1:])
+    return (
+        f"{WARMUP_LAG} {which.removesuffix('; latencies are suspect')}{more}: the steady-state "
+        "hypothesis before the fault measured the client, not only the service, and is not "
+        "blamed on it: " + "; ".join(lines)
+    )
+
+
+def _after_defect(before: Sequence[str], lines: Sequence[str]) -> list[str]:
+    """``lines`` as they follow the reasons of a defect before the fault (``before``): each
+    :data:`ALSO_FAILED`; unchanged when there is none."""
+    return [ALSO_FAILED + line if before else line for line in lines]
+
+
+def _fault_reasons(
+    tl: Timeline, info: Mapping[str, Mapping[str, Any]], mins: Mapping[str, int]
+) -> list[str]:
+    """The inconclusive reasons of the fault itself: not confirmed by ground truth (or not felt
+    by the traffic), a baseline or a fault window with too few requests."""
+    out: list[str] = []
+    if tl.confirmed is False:
+        missed = tl.why.startswith(MISSED)  # the traffic did not feel it (verdict/confirm.py)
+        out.append(tl.why if missed else f"fault not confirmed by ground truth: {tl.why}")
+    n_base = int(info.get("baseline", {}).get("requests") or 0)
+    if n_base < mins["baseline"]:
+        out.append(
+            f"baseline holds {n_base} requests (< {mins['baseline']}): too few to see a defect of "
+            "a few percent"
+        )
+    n_fault = int(info.get("fault", {}).get("requests") or 0)
+    if "fault" in info and n_fault < mins["fault"]:
+        out.append(f"fault window holds {n_fault} requests (< {mins['fault']})")
+    return out
+
+
 def decide_state(
     facts: DrillFacts,
     tl: Timeline,
@@ -257,9 +378,18 @@ def decide_state(
     windows (``{name: {"start", "end", "requests"}}``, ``{name: (start, end)}``), ``mins`` the
     minimum requests per window, ``sel`` each window's records.
 
-    Failed outranks inconclusive when its evidence does not depend on the client's schedule
-    (:data:`CLIENT_INDEPENDENT` rows, the method's findings, a defect before the fault): the
-    inconclusive reasons then follow the failed ones, each as ``"also inconclusive: ..."``.
+    Failed outranks inconclusive when its evidence does not depend on the client's schedule:
+    a defect before the fault (listed first, never blamed on the fault, never instead of the
+    rest, which then reads :data:`ALSO_FAILED`), every failed :data:`CLIENT_INDEPENDENT` row,
+    every deviated hypothesis after the fault (unless the client fell behind and the probe
+    measured an SLO from its side, :data:`CLIENT_VIEW`) and the method's findings, all of them
+    listed. The inconclusive reasons then follow, each as ``"also inconclusive: ..."``, and with
+    them the failed rows that depend on the client's schedule (:data:`SCHEDULE_DEPENDENT`) and
+    the client-side deviations of a client that fell behind: evidence kept, not judged against
+    the service.
+    A hypothesis before the fault that deviated on what a client lagging in the warm-up
+    measured (:func:`client_lag_rows` over the baseline) is inconclusive naming the client
+    (:data:`WARMUP_LAG`), not a defect of the service.
     """
     # a figure that could not be computed is listed under the states that outrank "error" too
     figure = [e for e in facts.errors if e.startswith(FIGURE_ERROR_PREFIX)]
@@ -288,43 +418,55 @@ def decide_state(
         if r["criterion"] in CLIENT_LAG and r["result"] == "fail"
     ]
     client += [LOAD_LOST_PREFIX + line for line in facts.load_lost]
+    # before the fault: a defect of the service is listed first; what a client lagging in the
+    # warm-up measured is its own (inconclusive, naming it)
     before = [f"{BEFORE_FAULT} ({facts.warmup})"] if facts.warmup else []
-    base = baseline_defects(tl, w, crits, sel, not lagging, facts.window_settings) if w else []
-    base += [line for phase, line in facts.hypothesis_failures if phase == "before"]
+    # the warm-up: the baseline window, or every record when the method never ran (no fault)
+    warmup = "baseline" if "baseline" in w else ("drill" if tl.fault_at is None else None)
+    warm = client_lag_rows(sel(warmup), crits) if warmup in w else []
+    late = bool(lagging or warm)
+    # the judge's own baseline test, without the client's outcomes when it fell behind there
+    # (with ``lagging`` the records were already judged without them: verdict/client.py)
+    base_sel = _without_not_sent(sel) if warm and not lagging else sel
+    base = baseline_defects(tl, w, crits, base_sel, not late, facts.window_settings) if w else []
+    probe_before = [line for phase, line in facts.hypothesis_failures if phase == "before"]
+    measured_client = [line for line in probe_before if warm and _client_view(line)]
+    base += [line for line in probe_before if line not in measured_client]
     if base:
         before.append(f"{BEFORE_FAULT} (not blamed on the fault): " + "; ".join(base))
-    if before:
-        return "failed", [*before, *(ALSO_INCONCLUSIVE + line for line in client)]
     incon: list[str] = []
-    if tl.confirmed is False:
-        missed = tl.why.startswith(MISSED)  # the traffic did not feel it (verdict/confirm.py)
-        incon.append(tl.why if missed else f"fault not confirmed by ground truth: {tl.why}")
-    n_base = int(info.get("baseline", {}).get("requests") or 0)
-    if n_base < mins["baseline"]:
-        incon.append(
-            f"baseline holds {n_base} requests (< {mins['baseline']}): too few to see a defect of "
-            "a few percent"
-        )
-    n_fault = int(info.get("fault", {}).get("requests") or 0)
-    if "fault" in info and n_fault < mins["fault"]:
-        incon.append(f"fault window holds {n_fault} requests (< {mins['fault']})")
+    if measured_client:
+        incon.append(_warmup_reason(warm, measured_client, facts.client))
+    # a hypothesis before the fault that deviated stops the run before the method: no fault, and
+    # no window of it to count, is then the deviation's consequence, not another reason
+    if tl.fault_at is not None or not (before or measured_client):
+        incon += _fault_reasons(tl, info, mins)
     incon += client
     findings = [f"during the fault: {line}" for line in facts.findings]
-    if incon:
-        hard = [
-            reason(r)
-            for r in rows
-            if r["result"] == "fail" and r["criterion"] in CLIENT_INDEPENDENT
-        ]
-        if hard or findings:
-            return "failed", [*hard, *findings, *(ALSO_INCONCLUSIVE + line for line in incon)]
-        return "inconclusive", incon
     failing = [r for r in rows if r["result"] == "fail" and r["criterion"] not in CLIENT_LAG]
-    failed = [reason(r) for r in failing]
-    for phase, line in facts.hypothesis_failures:
-        if phase != "before" and not _says_a_failed_row(line, failing):
-            failed.append(f"steady-state hypothesis {phase} the fault deviated: {line}")
-    failed += findings
+    after = [
+        (
+            f"steady-state hypothesis {phase} the fault deviated: {line}",
+            lagging and _client_view(line),
+        )
+        for phase, line in facts.hypothesis_failures
+        if phase != "before" and not _says_a_failed_row(line, failing)
+    ]
+    if incon:
+        hard = [reason(r) for r in failing if r["criterion"] in CLIENT_INDEPENDENT]
+        hard += [line for line, client_side in after if not client_side]
+        incon += [
+            reason(r) + SCHEDULE_DEPENDENT
+            for r in failing
+            if r["criterion"] not in CLIENT_INDEPENDENT
+        ]
+        incon += [line for line, client_side in after if client_side]
+        failed = [*before, *_after_defect(before, [*hard, *findings])]
+        if failed:
+            return "failed", [*failed, *(ALSO_INCONCLUSIVE + line for line in incon)]
+        return "inconclusive", incon
+    rest = [*(reason(r) for r in failing), *(line for line, _ in after), *findings]
+    failed = [*before, *_after_defect(before, rest)]
     if failed:
         return "failed", failed
     unmeasured = [r for r in rows if r["key"] and r["result"] == "unmeasured"]
