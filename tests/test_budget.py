@@ -173,17 +173,23 @@ def test_a_hang_of_minutes_fails_the_default_policy_on_its_budget_share() -> Non
     records = load(200, hang_3min)
     v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND))
     assert v.state == "failed"
-    assert v.reasons == [
+    assert (
         "share of the monthly error budget the fault burns: 0.02315 > 0.02 (budget_share)"
-    ]
-    # the plan expects it twice a year: the same hang is worth 1.2 % of a month's budget
+        in v.reasons
+    )
+    # the replica served again at +2 s, yet every request failed for 3 minutes: not back
+    # within the SLO after the fault, whatever the budget says (issue 29 item 2)
+    assert any(r.startswith("not back within SLO after the fault") for r in v.reasons)
+    # the plan expects it twice a year: the same hang is worth 1.2 % of a month's budget, and
+    # is still not back
     rare = make_policy("default", incidents_per_month=1 / 6)
     v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND, policy=rare))
     assert rows(v)["budget_share"]["value"] == pytest.approx(60 / 6 / 2592)
-    assert v.state == "passed", v.reasons
+    assert rows(v)["budget_share"]["result"] == "pass"
+    assert v.state == "failed" and rows(v)["slo_after"]["result"] == "fail", v.reasons
     # a criterion override moves the threshold like any other
     v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, OOM_GROUND), {"budget_share": 0.05})
-    assert v.state == "passed", v.reasons
+    assert rows(v)["budget_share"]["result"] == "pass", v.reasons
 
 
 def test_the_drill_own_question_stays_strict_under_the_default_policy() -> None:
