@@ -628,7 +628,7 @@ def judge_drill(
     Raises:
         ValueError: an override names no criterion of this drill.
     """
-    crits = criteria_for(facts.drill, overrides)
+    crits = criteria_for(facts.drill, overrides, is_engine_fault(facts.ground))
     # an attempt still in flight past the deadline when the load stopped is a timeout
     facts = replace(facts, records=cut_off_timeouts(facts.records, facts.deadline_s))
     if "gateway" not in facts.figures:  # a HAProxy lab, a cluster: no gateway figures
