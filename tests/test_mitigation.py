@@ -249,7 +249,8 @@ def test_the_mitigation_time_follows_the_drill_deadline_and_its_override() -> No
     assert mitigation_time("upstream-timeout", criteria_for("upstream-timeout"))[0] == 5.0
     assert mitigation_time("traffic-spike", criteria_for("traffic-spike"))[0] == 30.0
     assert mitigation_time("node-loss", criteria_for("node-loss"))[0] == 10.0
-    assert mitigation_time("quota-cut", criteria_for("quota-cut"))[0] == 10.0
+    assert mitigation_time("quota-cut", criteria_for("quota-cut"))[0] == 5.0
+    assert mitigation_time("network-jitter", criteria_for("network-jitter"))[0] == 10.0
     moved = criteria_for("upstream-timeout", {"ejection_s": 8})
     assert mitigation_time("upstream-timeout", moved) == (8.0, "its deadline ejection_s")
     off = criteria_for("upstream-timeout", {"ejection_s": "off"})

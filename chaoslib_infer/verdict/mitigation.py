@@ -49,6 +49,7 @@ __all__ = [
     "BACK",
     "DEADLINES",
     "ENGINE_FAULT_MITIGATION_S",
+    "FIXED_S",
     "MITIGATED",
     "MITIGATION_DEFAULT_S",
     "NOT_BACK",
@@ -80,7 +81,10 @@ DEADLINES: dict[str, str] = {
     "upstream-timeout": "ejection_s",
     "traffic-spike": "scale_out_s",
 }
-#: The mitigation time of a drill without a deadline of its own (network-jitter, quota-cut, a
+#: Drills whose mitigation time is a fixed number (s): quota-cut's replicas within the quota take
+#: the load as soon as the cut is done (its drain has 5 s): 5 s.
+FIXED_S: dict[str, float] = {"quota-cut": 5.0}
+#: The mitigation time of a drill without a deadline of its own (network-jitter, a
 #: cluster's variants), or whose deadline is off: the interruption deadline every drill that
 #: takes a replica away judges (10 s).
 MITIGATION_DEFAULT_S = 10.0
@@ -112,6 +116,8 @@ def mitigation_time(
     """
     if engine_fault:
         return ENGINE_FAULT_MITIGATION_S, "an engine fault's ejection deadline"
+    if drill in FIXED_S:
+        return FIXED_S[drill], f"{drill}'s own"
     name = DEADLINES.get(drill)
     by = {c.name: c for c in crits}
     if name is not None and name in by and by[name].threshold is not None:
