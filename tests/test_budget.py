@@ -288,6 +288,9 @@ def test_a_hang_of_minutes_fails_on_its_budget_and_on_its_time_out_of_slo() -> N
         "longest 180 s: 180 s > 10 s (interruption_s)"
     )
     assert hang in reasons, reasons
+    # the replica served again at +2 s, yet every request failed for 3 minutes: not back
+    # within the SLO after the fault, whatever the budget says (issue 29 item 2)
+    assert any(r.startswith("not back within SLO after the fault") for r in reasons), reasons
     # the plan expects it twice a year: the same hang is worth 1.2 % of a month's budget, and
     # still fails: 3 minutes out of SLO is an outage whatever its frequency
     rare = make_policy("default", incidents_per_month=1 / 6)
@@ -296,6 +299,7 @@ def test_a_hang_of_minutes_fails_on_its_budget_and_on_its_time_out_of_slo() -> N
     assert got["budget_share"]["value"] == pytest.approx(60 / 6 / 2592)
     assert got["budget_share"]["result"] == "pass"
     assert v.state == "failed" and hang in [strip_blame(r) for r in v.reasons], v.reasons
+    assert rows(v)["slo_after"]["result"] == "fail", v.reasons
     # a criterion override moves the threshold like any other
     v = judge_drill(oom(records), {"budget_share": 0.05})
     assert rows(v)["budget_share"]["result"] == "pass"

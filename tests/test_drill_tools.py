@@ -580,6 +580,55 @@ def test_stall_cleared_by_the_rollback_with_a_prompt_mix_and_idle_timeout(
     assert sent and grown / len(sent) > 300, (grown, len(sent))
 
 
+@pytest.mark.lab
+def test_a_garbling_replica_the_gateway_never_ejects_is_not_mitigated(
+    node_lab: Lab, tmp_path: Path
+) -> None:
+    """garbled on r0, every answer (issue 29): HAProxy's health checks see r0 UP (its health
+    endpoint and its 200s are fine) and the client does not retry a garbled answer, so nothing
+    mitigates it: from the engine fault's mitigation time (5 s after the arming) to its clear,
+    r0's share of the requests fails garbled. The verdict reads FAILED "not mitigated", the
+    class named with its count, which the engine's own ledger confirms (the requests it
+    sabotaged in that window)."""
+    from chaoslib_infer.evidence.figures import drill_figures, read_jsonl
+    from chaoslib_infer.verdict import DrillFacts, judge_drill
+    from chaoslib_infer.verdict.mitigation import ENGINE_FAULT_MITIGATION_S
+
+    run_dir = tmp_path / "engine-garbled"
+    journal, _seen = _run_from_plan(
+        node_lab,
+        run_dir,
+        {**LOAD_VARS, "engine_fault_mode": "garbled", "engine_fault_replica": "r0",
+         "hold_s": 12, "load_warmup_s": 8, "engine_fault_ttl_s": 60},
+    )  # fmt: skip
+    assert journal["status"] == "completed", journal.get("run")
+    events = node_lab.events()
+    ledger = read_jsonl(node_lab.state_dir / "ledger.jsonl")
+    figures, ground = drill_figures(run_dir, events, ledger, served_after=node_lab.served)
+    records = _records(run_dir)
+    v = judge_drill(DrillFacts("engine-garbled", records, figures, ground, lab_events=events))
+    assert v.state == "failed", v.reasons
+    mine = [r for r in v.reasons if "(burn_rate_mitigated)" in r]
+    assert len(mine) == 1 and mine[0].startswith("not mitigated: failure rate "), v.reasons
+    # the window: from the mitigation time after the arming to the clear (ground truth)
+    win = v.windows["mitigation"]
+    assert win["start"] == pytest.approx(ground["fault_at"] + ENGINE_FAULT_MITIGATION_S)
+    assert win["end"] == pytest.approx(ground["cleared_at"])
+    # the class named, counted as the engine's ledger says: r0's garbled answers in the window
+    garbled = _sabotaged(node_lab, "garbled")
+    in_window = {
+        r["request_id"]
+        for r in records
+        if win["start"] <= r["sent_at"] < win["end"]
+        and r["request_id"] in garbled
+        and r.get("error_class") == "garbled"
+    }
+    assert len(in_window) >= 10, len(in_window)
+    assert f"garbled {len(in_window)}" in mine[0], mine[0]
+    row = {r["criterion"]: r for r in v.rows}["burn_rate_mitigated"]
+    assert row["key"] and row["value"] > 100  # about half the requests: burn rate ~500x
+
+
 def _prompt_tokens(lab: Lab, token: str | None) -> float:
     """Sum of the replicas' ``vllm:prompt_tokens_total`` counters."""
     total = 0.0

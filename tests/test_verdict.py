@@ -955,7 +955,7 @@ RECORD_BREAK: list[Any] = [
         # the service answers 500 to everything from 2 s after the spike's end
         {"a": 22, "b": 35, **_FAIL, "status": 500, "error_class": "http_5xx"},
         "availability_after",
-        _SLO_RATES,
+        (*_SLO_RATES, "slo_after", "recovery_s"),
         id="spike-followed-by-fast-500s",
     ),
     pytest.param(
@@ -966,7 +966,7 @@ RECORD_BREAK: list[Any] = [
         # stated error rates")
         {"a": 30, "b": 30.2, **_FAIL, "status": 503, "error_class": "http_5xx"},
         "availability_after",
-        _SLO_RATES,
+        (*_SLO_RATES, "slo_after"),
         id="spike-followed-by-a-fast-503",
     ),
     pytest.param(
@@ -1000,7 +1000,7 @@ RECORD_BREAK: list[Any] = [
         # every request after the drill takes 1 s against the baseline's 0.3 s
         {"a": 20, "b": 35, "e2e": 1.0},
         "p99_after_vs_baseline",
-        (),
+        ("recovery_s",),  # never back inside the baseline's latency band either
         id="slower-after-the-drill",
     ),
     pytest.param(

@@ -49,9 +49,11 @@ __all__ = [
     "BUDGET",
     "COMMON",
     "DRILL_CRITERIA",
+    "ENGINE_FAULT",
     "EPISODES_JUDGED",
     "GATEWAY_ONLY",
     "MIN_REQUESTS",
+    "RECOVERY",
     "Criterion",
     "criteria_for",
     "overrides_for",
@@ -113,12 +115,62 @@ BUDGET: list[Criterion] = [
     ),
 ]
 
+#: Recovers fast (``docs/definitions.md``, "Recovery"; :mod:`chaoslib_infer.verdict.mitigation`):
+#: mitigated while the fault was on (the burn rate from the drill's mitigation time to the
+#: fault's end, 1x: the SLO itself), back within the SLO after the fault (the after window's
+#: SLO tests) and the recovery time. Its default, 120 s, is the acceptance table's "recovery
+#: time: minutes at most" read at its shortest plural: a service not back inside its baseline
+#: bands two minutes after the injection has not recovered "fast"; traffic-spike keeps its own
+#: 60 s from the spike's end.
+RECOVERY: list[Criterion] = [
+    Criterion(
+        "burn_rate_mitigated",
+        "burn rate while the fault was on, from the mitigation time to the fault's end",
+        "<=",
+        1.0,
+        "x",
+        "fault",
+    ),
+    Criterion(
+        "slo_after", "within the SLOs after the fault (after window)", ">=", 0.999, "ratio",
+        "after",
+    ),
+    Criterion(
+        "recovery_s",
+        "recovery (injection until back inside the baseline bands, sustained)",
+        "<=",
+        120.0,
+        "s",
+        "after",
+    ),
+]  # fmt: skip
+
+#: The criteria of an engine fault (``experiments/tools/engine-fault.yaml``, any drill name whose
+#: ground truth is the engine's, :func:`chaoslib_infer.verdict.mitigation.is_engine_fault`): its
+#: own question is whether the service mitigates a replica that hangs, crash-loops or answers
+#: wrong (garbled, empty, truncated, in-stream error, 400, reset): the mitigation row is its key,
+#: the failure classes named in its reason.
+ENGINE_FAULT: list[Criterion] = [
+    Criterion(
+        "burn_rate_mitigated",
+        "engine fault mitigated: burn rate from the mitigation time to the clear",
+        "<=",
+        1.0,
+        "x",
+        "fault",
+        key=True,
+        fix="eject a replica whose answers fail (passive health checks on the data path, e.g. "
+        "HAProxy observe layer7, or an outlier detector), not only on its health endpoint",
+    ),
+]
+
 #: Every drill: the acceptance SLOs over the fault window and the whole drill, the state after
 #: the drill against the baseline, the client's own schedule (a client that fell behind
 #: makes the drill inconclusive, see ``judge``) and what retries cost.
 COMMON: list[Criterion] = [
     *_SLO,
     *BUDGET,
+    *RECOVERY,
     Criterion(
         "serving_after_vs_baseline",
         "serving replicas after the drill / before it",
@@ -197,12 +249,15 @@ def _common_for(drill: str) -> list[Criterion]:
     return [c for c in [*COMMON, *extra] if c.name not in dropped]
 
 
-def criteria_for(drill: str, overrides: Mapping[str, Any] | None = None) -> list[Criterion]:
+def criteria_for(
+    drill: str, overrides: Mapping[str, Any] | None = None, engine_fault: bool = False
+) -> list[Criterion]:
     """The criteria of ``drill`` (its own first, then the common ones) with ``overrides``.
 
     Args:
         drill: drill name (``node-loss`` ...); an unknown drill gets the common criteria.
         overrides: ``{name: threshold | None | "off"}``.
+        engine_fault: the drill runs an engine fault: :data:`ENGINE_FAULT` come first.
 
     Returns:
         Criteria with their thresholds.
@@ -210,7 +265,7 @@ def criteria_for(drill: str, overrides: Mapping[str, Any] | None = None) -> list
     Raises:
         ValueError: an override names no criterion of this drill, or its value is not a number.
     """
-    own = DRILL_CRITERIA.get(drill, [])
+    own = [*(ENGINE_FAULT if engine_fault else []), *DRILL_CRITERIA.get(drill, [])]
     crits = [*own, *[c for c in _common_for(drill) if c.name not in {o.name for o in own}]]
     by_name = {c.name: c for c in crits}
     for name, value in (overrides or {}).items():

@@ -41,16 +41,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from chaoslib_infer.drills.traffic_spike.shed import without_shed
 from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED, interruption, recovery_outcome
 from chaoslib_infer.measure.health import health_disagreement
 from chaoslib_infer.measure.inflight import cut_off_timeouts
 from chaoslib_infer.measure.metrics import (
     TIMEOUT_CLASSES,
     logical_outcomes,
+    logical_stats,
     retry_stats,
     select,
     window_stats,
 )
+from chaoslib_infer.measure.mitigation import burn_rate
 from chaoslib_infer.measure.retrycost import retried
 
 from . import client as vclient
@@ -62,9 +65,20 @@ from .confirm import confirm_by_traffic
 from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .episodes import name_episode_row
 from .facts import STATES, DrillFacts, Verdict, format_value, num
+from .mitigation import (
+    BACK,
+    MITIGATED,
+    fault_over,
+    is_engine_fault,
+    judge_back,
+    judge_mitigated,
+    mitigation_note,
+    mitigation_time,
+    mitigation_window,
+)
 from .policy import apply_policy
 from .provider_errors import provider_error_rows
-from .spike import spike_values
+from .spike import SHED_BOUND, spike_values
 from .state import (
     CLIENT_LAG,
     FIGURE_ERROR_PREFIX,
@@ -297,11 +311,13 @@ def _values(
         if wanted is not None and serving is not None:  # HPA desired -> new pod serving
             out["scale_out_s"] = (serving - wanted, None)
     rec = num(fig.get("recovery_s"))
-    if "recovery_s" not in fig and facts.drill == "traffic-spike" and "baseline" in w:
-        # no drill figure (a cluster): the shared computation, from the end of the spike
+    if "recovery_s" not in fig and "baseline" in w:
+        # no drill figure (a cluster, a drill whose room computes none): the shared computation
+        # from the injection (traffic-spike: from the end of the spike, its own question)
         base_stats = window_stats(sel("baseline"))
         if base_stats.get("p99_e2e_s") is not None and tl.fault_at is not None:
-            rec, why = recovery_outcome(facts.records, tl.fault_end or tl.fault_at, base_stats)
+            start = tl.fault_end or tl.fault_at if facts.drill == "traffic-spike" else tl.fault_at
+            rec, why = recovery_outcome(facts.records, start, base_stats)
             fig = {**fig, "recovery_s": rec, "recovery_note": why}
     out["recovery_s"] = (rec, None)
     note = fig.get("recovery_note")
@@ -387,7 +403,13 @@ def _selector(
     return sel, got.crossed
 
 
-def _windows(facts: DrillFacts, tl: Timeline) -> dict[str, tuple[float, float]]:
+def _windows(
+    facts: DrillFacts, tl: Timeline, mitigation_s: float
+) -> dict[str, tuple[float, float]]:
+    """The judged windows ``{name: (start, end)}``: ``drill``, ``baseline``, ``fault``, the
+    ``mitigation`` window (from ``mitigation_s`` after the injection to the fault's end, where
+    the fault lasted longer: :func:`chaoslib_infer.verdict.mitigation.mitigation_window`) and
+    ``after`` (:data:`SETTLE_AFTER_S` after the fault's end to the end of the load)."""
     lo, hi = _span(facts.records)
     if lo is None or hi is None:
         return {}
@@ -399,6 +421,9 @@ def _windows(facts: DrillFacts, tl: Timeline) -> dict[str, tuple[float, float]]:
         end = tl.fault_end if tl.fault_end is not None else hi
         end = min(max(end, tl.fault_at + MIN_FAULT_WINDOW_S), hi)
         w["fault"] = (tl.fault_at, end)
+        mit = mitigation_window(tl.fault_at, tl.fault_end, hi, mitigation_s)
+        if mit is not None:
+            w["mitigation"] = (mit[0], min(mit[1], hi))
         if end + SETTLE_AFTER_S < hi:
             w["after"] = (end + SETTLE_AFTER_S, hi)
     return w
@@ -468,19 +493,105 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     """``(timeline, windows, selector, window info, judged rows)`` of ``facts``."""
     tl = timeline(facts.drill, facts.ground, facts.figures, facts.lab_events)
     tl = confirm_by_traffic(tl, facts.drill, facts.ground, facts.records, facts.replica_of)
-    w = _windows(facts, tl)
+    tl = fault_over(tl, facts.ground)  # an engine fault ends at its clear
+    mitigation_s, source = mitigation_time(facts.drill, crits, is_engine_fault(facts.ground))
+    w = _windows(facts, tl, mitigation_s)
     sel, crossed = _selector(facts, tl, w)
     info = _window_info(w, sel, crossed)
     failures: dict[str, dict[str, int]] = {}  # the failures a row counts, by error class
     values = _values(facts, tl, w, sel, failures) if w else {}
     if facts.drill == "traffic-spike":  # shedding as its own class (verdict/spike.py)
         values.update(spike_values(crits, w, sel))
+    mitigated = _mitigation_records(facts, crits, w, sel)
+    if w:
+        slo = facts.policy.slo_availability
+        values.update(_recovers(tl, w, mitigated, sel, mitigation_s, source, slo))
+    if "mitigation" in info:
+        info["mitigation"].update(mitigation_s=mitigation_s, source=source)
     rows = [judged_row(c, *values.get(c.name, (None, None))) for c in crits]
     if "after" in w:  # an SLO rate of the after window: the binomial test (verdict/steady.py)
         judge_after_rows(rows, sel("after"), facts.window_settings)
+        judge_back(rows, sel("after"), crits, facts.window_settings)
+    if "mitigation" in w:  # the fault still on after its mitigation time (verdict/mitigation.py)
+        exits = _exits_in(facts.ground, *w["mitigation"])
+        slo = facts.policy.slo_availability
+        judge_mitigated(rows, mitigated, crits, slo, facts.window_settings, exits)
     rows = name_lost_row(rows, sel("fault") if "fault" in w else None)
     rows = name_episode_row(rows, facts, tl.fault_at)  # every episode out of SLO, named
     return tl, w, sel, info, add_blame(apply_policy(rows, facts.policy), facts, failures)
+
+
+def _mitigation_records(
+    facts: DrillFacts,
+    crits: Sequence[Criterion],
+    w: dict[str, tuple[float, float]],
+    sel: Callable[[str], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """The mitigation window's records; traffic-spike's without its fast 429/503 sheds (judged
+    by their own budget while the spike is on, :mod:`chaoslib_infer.verdict.spike`)."""
+    if "mitigation" not in w:
+        return []
+    recs = sel("mitigation")
+    if facts.drill == "traffic-spike":
+        bound = next((c.threshold for c in crits if c.name == SHED_BOUND), None)
+        recs = without_shed(recs, bound)
+    return recs
+
+
+def _exits_in(ground: Mapping[str, Any], a: float, b: float) -> int:
+    """Exits of the faulted replicas in ``[a, b)`` (an engine fault's ``replica_exits``)."""
+    return sum(
+        1
+        for e in ground.get("replica_exits") or []
+        if isinstance(e, Mapping) and isinstance(e.get("t"), int | float) and a <= e["t"] < b
+    )
+
+
+def _recovers(
+    tl: Timeline,
+    w: dict[str, tuple[float, float]],
+    mitigated: list[dict[str, Any]],
+    sel: Callable[[str], list[dict[str, Any]]],
+    mitigation_s: float,
+    source: str,
+    slo: float,
+) -> dict[str, tuple[float | None, str | None]]:
+    """The values of :data:`~chaoslib_infer.verdict.mitigation.MITIGATED` (the mitigation
+    window's burn rate, judged by :func:`~chaoslib_infer.verdict.mitigation.judge_mitigated`)
+    and :data:`~chaoslib_infer.verdict.mitigation.BACK` (the after window's availability,
+    :func:`~chaoslib_infer.verdict.mitigation.judge_back`); too few requests read unmeasured."""
+    need = MIN_REQUESTS["fault"]
+    out: dict[str, tuple[float | None, str | None]] = {}
+    if "mitigation" in w:
+        a, b = w["mitigation"]
+        stats = logical_stats(mitigated, None, None)
+        n = int(stats.get("requests") or 0)
+        span = f"{a - (tl.fault_at or a):g} s to {b - (tl.fault_at or a):.1f} s after the injection"
+        if n < need:
+            out[MITIGATED] = (
+                None,
+                f"{RECOVERY_UNMEASURED}the mitigation window ({span}; mitigation time from "
+                f"{source}) holds {n} requests (< {need}): the fault was not held long enough",
+            )
+        else:
+            out[MITIGATED] = (burn_rate(int(stats.get("failed") or 0), n, slo), None)
+    elif tl.fault_at is not None:
+        out[MITIGATED] = (None, mitigation_note(tl.fault_at, tl.fault_end, mitigation_s, source))
+    if "after" in w:
+        after = logical_stats(sel("after"), None, None)
+        n = int(after.get("requests") or 0)
+        out[BACK] = (
+            (num(after.get("availability")), None)
+            if n >= need
+            else (None, f"{RECOVERY_UNMEASURED}the after window holds {n} requests (< {need})")
+        )
+    elif tl.fault_at is not None:
+        out[BACK] = (
+            None,
+            f"{RECOVERY_UNMEASURED}no after window: the load ended within {SETTLE_AFTER_S:g} s "
+            "of the fault's end",
+        )
+    return out
 
 
 def _without_client_outcomes(
@@ -519,7 +630,7 @@ def judge_drill(
     Raises:
         ValueError: an override names no criterion of this drill.
     """
-    crits = criteria_for(facts.drill, overrides)
+    crits = criteria_for(facts.drill, overrides, is_engine_fault(facts.ground))
     # an attempt still in flight past the deadline when the load stopped is a timeout
     facts = replace(facts, records=cut_off_timeouts(facts.records, facts.deadline_s))
     if "gateway" not in facts.figures:  # a HAProxy lab, a cluster: no gateway figures

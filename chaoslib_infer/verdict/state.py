@@ -77,6 +77,10 @@ CLIENT_INDEPENDENT = frozenset(
         "availability",
         "availability_fault",
         "availability_after",
+        # the mitigation and after windows' failures (verdict/mitigation.py), counted like
+        # availability_after's
+        "burn_rate_mitigated",
+        "slo_after",
         "budget_share",
         "shed_share_fault",
         "timeout_rate",
