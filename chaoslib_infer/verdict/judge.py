@@ -478,7 +478,8 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     if "after" in w:  # an SLO rate of the after window: the binomial test (verdict/steady.py)
         judge_after_rows(rows, sel("after"), facts.window_settings)
     rows = name_lost_row(rows, sel("fault") if "fault" in w else None)
-    return tl, w, sel, info, add_blame(apply_policy(rows, facts.policy), facts, failures)
+    blamed = add_blame(apply_policy(rows, facts.policy), facts, failures, {n: sel(n) for n in w})
+    return tl, w, sel, info, blamed
 
 
 def _without_client_outcomes(
