@@ -16,8 +16,9 @@ reports healthy while completions fail. Made concrete here, per replica:
 
 Consecutive disagreeing windows merge into one interval. A record is attributed to a replica by its
 own ``replica`` field (the response's ``X-Replica-Id`` / ``X-Lab-Server``), else through
-``replica_of`` (request id -> replica; see :func:`replica_of_requests`), which matters for requests
-that never got a response header (a hung engine sends none). Unattributed records are ignored.
+``replica_of`` (request id -> the first replica that received it; see
+:func:`replica_of_requests`), which matters for requests that never got a response header (a
+hung engine sends none). Unattributed records are ignored.
 """
 
 from __future__ import annotations
@@ -35,27 +36,40 @@ def replica_of_requests(
     ledger_entries: Iterable[Mapping[str, Any]] = (),
     routed: Iterable[tuple[str | None, str | None]] = (),
 ) -> dict[str, str]:
-    """Map request ids to the replica that received them, from server-side logs.
+    """Map request ids to the **first** replica that received them, from server-side logs.
+
+    A request can reach several replicas: the client's retries, or the gateway's redispatch
+    (HAProxy's ``retry-on 503`` re-sends a hung request to a survivor when the hang clears,
+    after its client left). A record without a replica header is the attempt that never got
+    one, the one held on the first replica; attributing it to the last one would hand the hung
+    replica's failures to a survivor (``health_disagreement_s`` 0 where the probe measured
+    seconds). The generations made for a client that had left are counted apart
+    (:func:`chaoslib_infer.measure.rerun.generations_after_client_left`).
 
     Args:
         ledger_entries: engine ledger lines (``{"event": "generation"|"fault", "replica",
-            "request_id"}``; other events are ignored).
+            "request_id", "t"}``; other events are ignored): the earliest line (``t``, else file
+            order) of a request names its replica.
         routed: ``(request_id, server)`` pairs from the load balancer's request log (HAProxy's
-            ``<NOSRV>`` and empty names are ignored). These win over the ledger.
+            ``<NOSRV>`` and empty names are ignored; it logs the server that answered last):
+            used for requests the ledger does not name, the first pair of a request winning.
 
     Returns:
         ``{request_id: replica}``.
     """
-    out: dict[str, str] = {}
-    for e in ledger_entries:
+    first: dict[str, tuple[float, int, str]] = {}
+    for k, e in enumerate(ledger_entries):
         if e.get("event", "generation") not in ("generation", "fault"):
             continue
-        rid, rep = e.get("request_id"), e.get("replica")
+        rid, rep, t = e.get("request_id"), e.get("replica"), _num(e.get("t"))
         if isinstance(rid, str) and isinstance(rep, str) and rep:
-            out[rid] = rep
+            key = (t if t is not None else math.inf, k, rep)
+            if rid not in first or key < first[rid]:
+                first[rid] = key
+    out = {rid: rep for rid, (_, _, rep) in first.items()}
     for rid, server in routed:
         if rid and server and not server.startswith("<"):
-            out[rid] = server
+            out.setdefault(rid, server)
     return out
 
 

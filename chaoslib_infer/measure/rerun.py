@@ -52,6 +52,7 @@ __all__ = [
     "fault_cut_lost",
     "frozen_completed",
     "frozen_resumed",
+    "generations_after_client_left",
     "rerun_figures",
     "rerun_split",
 ]
@@ -80,6 +81,7 @@ LEDGER_FIGURES = (
     "wasted_tokens",
     "wasted_completion_tokens",
 )
+
 
 def _unmeasured(cut_attempts: int) -> dict[str, Any]:
     return {**dict.fromkeys(LEDGER_FIGURES), "fault_cut_attempts": cut_attempts}
@@ -351,6 +353,36 @@ def duplicate_causes(
     return {c: out[c] for c in CAUSES if c in out}
 
 
+def generations_after_client_left(
+    records: Iterable[Record], ledger: Iterable[Mapping[str, Any]]
+) -> int | None:
+    """Generations the engine started for a drill's request after every attempt of it had
+    ended: the client had left (a hung request the gateway redispatched to a survivor when the
+    hang cleared, HAProxy's ``retry-on 503``; a request queued in a frozen replica's socket,
+    started at the thaw). Nobody could receive them: the gateway's or the engine's waste, named
+    here so it is counted somewhere (not judged).
+
+    Returns:
+        The count of ``generation`` lines started more than
+        :data:`~chaoslib_infer.measure.faultcut.CLOCK_SLACK_S` after the request's last attempt
+        ended; None when the ledger holds no line of these requests (unmeasured).
+    """
+    left: dict[str, float] = {}
+    for r in records:
+        rid, end = r.get("request_id"), _num(r.get("end_at"))
+        if rid is not None and end is not None:
+            left[str(rid)] = max(left.get(str(rid), end), end)
+    seen = False
+    n = 0
+    for e in ledger:
+        rid, t = e.get("request_id"), _num(e.get("t"))
+        if e.get("event", "generation") != "generation" or str(rid) not in left or t is None:
+            continue
+        seen = True
+        n += t > left[str(rid)] + CLOCK_SLACK_S
+    return n if seen else None
+
+
 def fault_cut_lost(records: Iterable[Record], cuts: Sequence[CutAttempt]) -> int:
     """Logical requests lost to the fault's cut: their last attempt is one the fault cut (no
     retry followed it, or none succeeded after it). A count of requests."""
@@ -410,8 +442,9 @@ def rerun_figures(
     ``faults.jsonl`` says were taken or frozen, and the engine's own faults in its ledger),
     plus ``frozen_completed`` (:func:`frozen_completed`) when the drill froze a replica. Also
     ``duplicates`` (= ``duplicate_generations``: the common figure of the same name),
-    ``duplicate_causes`` (:func:`duplicate_causes`) and ``fault_cut_lost``
-    (:func:`fault_cut_lost`).
+    ``duplicate_causes`` (:func:`duplicate_causes`), ``fault_cut_lost``
+    (:func:`fault_cut_lost`) and ``generations_after_client_left``
+    (:func:`generations_after_client_left`).
 
     ``killed``: ``{pod: unix s}`` of the pods a Kubernetes action deleted or OOM-killed
     (:func:`chaoslib_infer.measure.faultcut.taken_pods`): their processes died, so a stream cut
@@ -431,6 +464,7 @@ def rerun_figures(
     out["duplicates"] = out["duplicate_generations"]
     out["duplicate_causes"] = duplicate_causes(records, ledger, cuts, resumed)
     out["fault_cut_lost"] = fault_cut_lost(records, cuts)
+    out["generations_after_client_left"] = generations_after_client_left(records, ledger)
     if out["rerun_generations"] is None and not cuts:  # no ledger: nothing shows an abort
         out["fault_cut_attempts"] = out["fault_cut_lost"] = None
     if frozen or any(f.get("kind") in FREEZE_KINDS for f in faults):
