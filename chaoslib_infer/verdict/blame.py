@@ -68,7 +68,13 @@ FAILURE_ROWS: dict[str, frozenset[str] | None] = {
     "timeout_rate": TIMEOUT_CLASSES,
     "timeout_rate_fault": TIMEOUT_CLASSES,
     "timeouts_fault": TIMEOUT_CLASSES,
+    "budget_share": None,
+    "budget_cost_s": None,
 }
+#: Rows that count failures over another span than their window: the error-budget rows count
+#: every failure from the injection to the end of the load (``verdict/budget.py``).
+SINCE_FAULT = "since_fault"
+FAILURE_WINDOW = {"budget_share": SINCE_FAULT, "budget_cost_s": SINCE_FAULT}
 #: Drills whose fault slows a replica without holding its requests: a request there that timed
 #: out would have been answered, so its timeout is the client's own (shorter than the slowed
 #: answer), not a failure of the replica.
@@ -234,10 +240,12 @@ def _gateway_blame(criterion: str, figures: Mapping[str, Any]) -> str | None:
             f"gateway (it cut {v:.0f} streams after their 200 that no fault cut: a gateway "
             "timeout shorter than the generation, or a buffer limit)"
         )
-    if criterion == "routed_to_down":
+    if criterion in ("routed_to_down", "routed_to_down_late"):
+        late = " over 2 s after it went down" if criterion == "routed_to_down_late" else ""
         return (
-            f"gateway (it sent {v:.0f} upstream tries to a replica that was down or frozen: "
-            "health checks slower than the fault, or no retry of a refused connection)"
+            f"gateway (it sent {v:.0f} upstream tries to a replica that was down or frozen"
+            f"{late}: no working health check (active checks, or passive max_fails) to take it "
+            "out of rotation)"
         )
     if criterion == "gateway_timeout_s":
         return (
@@ -312,7 +320,7 @@ def name_failures(
     for r in rows:
         row = dict(r)
         name = str(row.get("criterion"))
-        recs = windows.get(str(row.get("window") or "drill"))
+        recs = windows.get(FAILURE_WINDOW.get(name, str(row.get("window") or "drill")))
         if row.get("result") == "fail" and name in FAILURE_ROWS and recs is not None:
             only = FAILURE_ROWS[name]
             classes: dict[str, int] = {}
@@ -351,7 +359,8 @@ def add_blame(
 ) -> list[dict[str, Any]]:
     """``rows`` with ``blame`` (:func:`blame_of`) on each failed row and, given ``windows``
     (``{window name: attempt records}``), the failure classes the failed rows count
-    (:func:`name_failures`); ``failed``: ``{criterion: {error class: failed attempts}}`` of the
+    (:func:`name_failures`; the error-budget rows over the requests sent from the injection
+    on, ``ground["fault_at"]``); ``failed``: ``{criterion: {error class: failed attempts}}`` of the
     rows that count failures."""
     lost = sum(
         1 for r in logical_outcomes(list(facts.records)) if not r.get("ok") and not r.get("cut_off")
@@ -374,4 +383,10 @@ def add_blame(
             if who:
                 row["blame"] = who
         out.append(row)
-    return name_failures(out, windows) if windows is not None else out
+    if windows is None:
+        return out
+    at = num(facts.ground.get("fault_at"))
+    if at is not None:
+        since = [r for r in facts.records if (num(r.get("sent_at")) or at) >= at]
+        windows = {**windows, SINCE_FAULT: since}
+    return name_failures(out, windows)
