@@ -13,7 +13,12 @@ import pytest
 
 from chaoslib_infer.evidence.kinds import engine_fault
 from chaoslib_infer.measure.figkit import DrillContext
-from chaoslib_infer.measure.health import health_disagreement, replica_of_requests
+from chaoslib_infer.measure.health import (
+    attempt_replica,
+    header_replicas,
+    health_disagreement,
+    replica_of_requests,
+)
 from chaoslib_infer.measure.rerun import generations_after_client_left, rerun_figures
 
 T0 = 1_800_000_000.0
@@ -101,3 +106,34 @@ def test_the_engine_fault_row_recomputed_from_its_checks_keeps_the_disagreement(
     figures, _ = engine_fault.compute(ctx)
     assert figures["health_disagreement_s"] == pytest.approx(15.0)
     assert figures["sabotaged_requests"] == 12
+
+
+def test_a_header_less_attempt_is_not_given_its_own_retrys_replica() -> None:
+    """A frozen engine writes no ledger line while frozen: the first line of a request it held
+    is the client's retry on a survivor, whose own record names that survivor. The held
+    attempt is then of no known replica, never the survivor's (its failure would count against
+    a replica that answered)."""
+    held = {
+        "request_id": "f",
+        "attempt": 1,
+        "sent_at": T0,
+        "end_at": T0 + 3,
+        "ok": False,
+        "error_class": "timeout_ttft",
+        "replica": None,
+    }
+    retry = {"request_id": "f", "attempt": 2, "sent_at": T0 + 3.1, "end_at": T0 + 3.5}
+    retry |= {"ok": True, "replica": "r1"}
+    mapping = replica_of_requests(
+        [{"t": T0 + 3.1, "event": "generation", "replica": "r1", "request_id": "f"}]
+    )
+    assert mapping == {"f": "r1"}
+    named = header_replicas([held, retry])
+    assert attempt_replica(held, mapping, named) is None
+    assert attempt_replica(retry, mapping, named) == "r1"
+    assert attempt_replica(held, {"f": "r0"}, named) == "r0"  # the lab's logs name another one
+    samples = [{"t": T0 + i * 0.25, "replica": "r1", "healthy": True} for i in range(17)]
+    res = health_disagreement(samples, [held], replica_of=mapping)  # the retry's record absent
+    assert res["disagreement_s"] > 0  # nothing else names r1 for it: the map stands
+    res = health_disagreement(samples, [held, retry], replica_of=mapping)
+    assert res["disagreement_s"] == 0

@@ -231,6 +231,42 @@ def test_a_stream_the_freeze_cut_and_the_client_reran_is_a_rerun_not_a_duplicate
     assert fig["duplicate_causes"] == {}
 
 
+def test_the_thaw_is_the_labs_cleared_event_not_the_end_of_the_hold() -> None:
+    """Measured on the well-run reference (issue 30): the action's hold ended at +15.1 s
+    (``held_until``), the replica stayed frozen until the rollback thawed it (the lab's
+    ``cleared`` event at +19.3 s); the engine started the request queued in its socket at
+    +19.12 s, 160 ms before that event was stamped, and cancelled it at once (0 tokens): the
+    freeze's cut, re-run by the client, not "the client gave up while the engine went on"."""
+    faults = [
+        {"kind": "upstream-timeout", "replica": "r0", "fault_at": FAULT_AT, "hold_s": 15.0},
+        {"kind": "upstream-timeout", "replica": "r0", "phase": "held", "held_until": 115.1},
+    ]
+    events = [
+        {
+            "t": 119.28,
+            "event": "fault",
+            "kind": "upstream-timeout",
+            "replica": "r0",
+            "phase": "cleared",
+        }
+    ]
+    records = [
+        _rec("f", 1, None, 102.1, 105.1, error_class="timeout_ttft", status=None),
+        _rec("f", 2, "r1", 105.3, 105.8, ok=True, error_class=None),
+    ]
+    ledger = [
+        _gen("f", "r1", 105.35, 11),
+        _end("f", "r1", 105.8, 11),
+        _gen("f", "r0", 119.117, 10),
+        _end("f", "r0", 119.122, 10, outcome="cancelled", ct=0),
+    ]
+    fig = rerun_figures(records, ledger, faults, events)
+    assert (fig["rerun_generations"], fig["duplicate_generations"]) == (1, 0)
+    assert fig["frozen_completed"] == 0 and fig["generations_after_client_left"] == 1
+    # read with the hold's end as the thaw (no lab event), the same lines were a duplicate
+    assert rerun_figures(records, ledger, faults)["duplicate_causes"] == {"client_gave_up": 1}
+
+
 def test_a_frozen_generation_that_went_on_after_the_thaw_is_a_duplicate() -> None:
     """The thawed engine went on producing tokens nobody got: ``done`` at the thaw, or
     ``cancelled`` seconds later: duplicates (``frozen_completed``), whose waste is the tokens
@@ -528,6 +564,20 @@ def test_hung_requests_blame_reads_each_requests_send_time_and_first_byte() -> N
         )
     )
     assert mixed.startswith("gateway (") and " and fault (2 streams" in mixed
+    # a hung attempt without a header whose request's first ledger line is its own retry on a
+    # survivor (the frozen engine wrote nothing): still the frozen replica's (measured, issue 30)
+    retried = [_hung("g", 101.0, None, replica=None), _rec("g", 2, "r1", 104.1, 104.5, ok=True)]
+    who = str(
+        blame_of(
+            "hung_requests",
+            "upstream-timeout",
+            {},
+            records=retried,
+            ground=FROZEN_GROUND,
+            replica_of={"g": "r1"},
+        )
+    )
+    assert who.startswith("gateway (1 sent after the freeze")
     # a request hung on a survivor is the service's; no hung request on the frozen replica: none
     other = [_hung("f", 101.0, None, replica="r1")]
     assert (

@@ -25,8 +25,9 @@ the fault's re-run, never a client duplicate):
 
 * **a freeze** (:func:`frozen_cut`, :data:`FREEZE_KINDS`): an attempt on the frozen replica that
   failed, ended after the freeze and was sent before the thaw, whose generation there the engine
-  ended ``cancelled`` within :data:`THAW_GRACE_S` of the thaw (its first steps after the thaw
-  found the client gone) or never ended: the freeze cut it. A generation that ended ``done``
+  ended ``cancelled`` by :data:`THAW_GRACE_S` after the thaw (its first steps after the thaw
+  found the client gone; a frozen engine writes nothing, so an end line after the freeze was
+  written at the thaw) or never ended: the freeze cut it. A generation that ended ``done``
   after the thaw, or ``cancelled`` later than the grace, went on producing tokens nobody got:
   not fault-cut (a duplicate, ``frozen_completed``);
 * **an engine fault** (:func:`engine_fault_cut`, :data:`ENGINE_CUT_MODES`): the engine's ledger
@@ -269,29 +270,56 @@ class Freeze:
     thaw: float
 
 
-def freezes(faults: Iterable[Mapping[str, Any]]) -> list[Freeze]:
-    """The drill's freezes (:data:`FREEZE_KINDS`) from ``faults.jsonl``: the injected line's
-    ``replica``, ``fault_at`` and ``hold_s`` (the thaw ``fault_at + hold_s``), or the earlier
-    ``held_until`` / ``cleared_at`` of a later ``held`` / ``cleared`` line of its kind."""
+def freezes(
+    faults: Iterable[Mapping[str, Any]], lab_events: Iterable[Mapping[str, Any]] = ()
+) -> list[Freeze]:
+    """The drill's freezes (:data:`FREEZE_KINDS`) from ``faults.jsonl`` (the injected line's
+    ``replica`` and ``fault_at``) and the thaw, in this order of preference:
+
+    * the lab's ``fault`` event of that kind and replica with ``phase`` ``"cleared"`` (the first
+      at or after the freeze): stamped right after the thaw write, so an upper bound of the thaw
+      (a frozen engine writes nothing, so any ledger line of it after the freeze is at the thaw;
+      the replica stays frozen past the action's hold until the rollback thaws it);
+    * else the ``cleared_at`` of a later ``cleared`` line of ``faults.jsonl``;
+    * else the hold's end: a ``held`` line's ``held_until``, or ``fault_at + hold_s``;
+    * else ``inf``.
+    """
     fault_list = list(faults)
+    events = [e for e in lab_events if e.get("event") == "fault" and e.get("phase") == "cleared"]
     out: list[Freeze] = []
     for f in fault_list:
         if f.get("kind") not in FREEZE_KINDS or f.get("phase", "injected") != "injected":
             continue
         at, hold = _f(f.get("fault_at")), _f(f.get("hold_s"))
-        if at is None or not isinstance(f.get("replica"), str):
+        rep = f.get("replica")
+        if at is None or not isinstance(rep, str):
             continue
-        thaw = at + hold if hold is not None else math.inf
-        for g in fault_list:
-            cleared = _f(g.get("held_until", g.get("cleared_at", g.get("at"))))
-            if (
-                g.get("kind") == f.get("kind")
-                and g.get("phase") in ("held", "cleared")
-                and cleared is not None
-                and cleared >= at
-            ):
-                thaw = min(thaw, cleared)
-        out.append(Freeze(str(f["replica"]), at, thaw))
+        cleared = [
+            t
+            for e in events
+            if e.get("kind") == f.get("kind")
+            and e.get("replica") == rep
+            and (t := _f(e.get("t"))) is not None
+            and t >= at
+        ]
+        logged = [
+            t
+            for g in fault_list
+            if g.get("kind") == f.get("kind")
+            and g.get("phase") == "cleared"
+            and (t := _f(g.get("cleared_at", g.get("fault_at")))) is not None
+            and t >= at
+        ]
+        held = [
+            t
+            for g in fault_list
+            if g.get("kind") == f.get("kind")
+            and g.get("phase") == "held"
+            and (t := _f(g.get("held_until"))) is not None
+            and t >= at
+        ]
+        thaw = min(cleared or logged or held or [at + hold if hold is not None else math.inf])
+        out.append(Freeze(rep, at, thaw))
     return out
 
 

@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["health_disagreement", "replica_of_requests"]
+__all__ = ["attempt_replica", "header_replicas", "health_disagreement", "replica_of_requests"]
 
 Record = Mapping[str, Any]
 
@@ -73,6 +73,35 @@ def replica_of_requests(
     return out
 
 
+def header_replicas(records: Iterable[Record]) -> dict[str, set[str]]:
+    """``{request_id: replicas named by its attempts' own headers}`` (the records' ``replica``)."""
+    out: dict[str, set[str]] = {}
+    for r in records:
+        rep = r.get("replica")
+        if rep and r.get("request_id") is not None:
+            out.setdefault(str(r["request_id"]), set()).add(str(rep))
+    return out
+
+
+def attempt_replica(
+    record: Record, replica_of: Mapping[str, str], named: Mapping[str, set[str]]
+) -> str | None:
+    """The replica of one attempt: its own ``replica`` header, else ``replica_of`` of its request
+    (:func:`replica_of_requests`) unless another attempt of the request names that replica in
+    its own header (``named``, :func:`header_replicas`): then the server-side line is that
+    attempt's (a frozen engine writes no ledger line while frozen, so the first line of a
+    request it held can be the client's retry on a survivor), and the attempt's replica is
+    unknown (None)."""
+    rep = record.get("replica")
+    if rep:
+        return str(rep)
+    rid = str(record.get("request_id"))
+    mapped = replica_of.get(rid)
+    if mapped is None or mapped in named.get(rid, set()):
+        return None
+    return mapped
+
+
 def _num(v: Any) -> float | None:
     if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
         return float(v)
@@ -99,7 +128,8 @@ def health_disagreement(
         health_samples: ``{"t": unix s, "replica": str, "healthy": bool}`` (any order).
         records: load attempt records (``docs/contracts.md`` section 3; unix seconds).
         window_s: window length in seconds (> 0).
-        replica_of: request id -> replica for records without a ``replica``.
+        replica_of: request id -> replica for records without a ``replica``
+            (:func:`attempt_replica`: not where another attempt's header names it).
         min_failed_ratio: share of a window's attempts that must have failed (0 < r <= 1).
 
     Returns:
@@ -126,8 +156,10 @@ def health_disagreement(
     spans: dict[str, list[tuple[int, float, float, bool]]] = {}
     classes: dict[int, str] = {}  # a failed attempt's error class, by its index
     mapping = replica_of or {}
-    for idx, r in enumerate(records):
-        rep = r.get("replica") or mapping.get(str(r.get("request_id")))
+    record_list = list(records)
+    named = header_replicas(record_list)
+    for idx, r in enumerate(record_list):
+        rep = attempt_replica(r, mapping, named)
         sent = _num(r.get("sent_at"))
         if not rep or sent is None or str(rep) not in by_rep:
             continue

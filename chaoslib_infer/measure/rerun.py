@@ -136,8 +136,9 @@ def frozen_resumed(
             continue
         for fz in frozen:
             t0 = starts.get(key, t)
-            if rep != fz.replica or t < fz.thaw or t0 >= fz.thaw + THAW_GRACE_S:
-                continue  # ended before the thaw, or started long after it
+            if rep != fz.replica or t < fz.at or t0 >= fz.thaw + THAW_GRACE_S:
+                continue  # ended before the freeze (a frozen engine writes nothing until the
+                # thaw), or started long after the thaw
             if not any(
                 str(r["request_id"]) == rid and (_num(r.get("sent_at")) or fz.thaw) < fz.thaw
                 for r in recs
@@ -399,6 +400,7 @@ def frozen_completed(
     records: Iterable[Record],
     ledger: Iterable[Mapping[str, Any]],
     faults: Iterable[Mapping[str, Any]],
+    lab_events: Iterable[Mapping[str, Any]] = (),
 ) -> int | None:
     """Logical requests a frozen replica went on generating after it thawed while their client
     had already sent them again: a generation of :func:`frozen_resumed` (``done`` at or after
@@ -411,12 +413,13 @@ def frozen_completed(
         records: attempt records (their request ids, ``sent_at``).
         ledger: the engine's generation ledger.
         faults: ``faults.jsonl`` lines (:func:`chaoslib_infer.measure.faultcut.freezes`).
+        lab_events: the lab's events (the freeze's ``cleared`` event: its thaw).
 
     Returns:
         The count; None when the drill froze no replica or the ledger holds no line of these
         requests (unmeasured).
     """
-    frozen = freezes(faults)
+    frozen = freezes(faults, lab_events)
     if not frozen:
         return None
     recs = list(records)
@@ -455,7 +458,7 @@ def rerun_figures(
         more = fault_cut(records, killed, ledger, lab_events, process_died=True)
         cuts += [c for c in more if (c.request_id, c.attempt) not in seen]
         seen = {(c.request_id, c.attempt) for c in cuts}
-    frozen = freezes(faults)
+    frozen = freezes(faults, lab_events)
     for extra in (frozen_cut(records, frozen, ledger), engine_fault_cut(records, ledger)):
         cuts += [c for c in extra if (c.request_id, c.attempt) not in seen]
         seen = {(c.request_id, c.attempt) for c in cuts}
@@ -468,5 +471,5 @@ def rerun_figures(
     if out["rerun_generations"] is None and not cuts:  # no ledger: nothing shows an abort
         out["fault_cut_attempts"] = out["fault_cut_lost"] = None
     if frozen or any(f.get("kind") in FREEZE_KINDS for f in faults):
-        out["frozen_completed"] = frozen_completed(records, ledger, faults)
+        out["frozen_completed"] = frozen_completed(records, ledger, faults, lab_events)
     return out

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from chaoslib_infer.measure.faultcut import THAW_GRACE_S
+from chaoslib_infer.measure.health import attempt_replica, header_replicas
 from chaoslib_infer.measure.metrics import TIMEOUT_CLASSES, logical_outcomes
 
 from .facts import DrillFacts, num
@@ -156,7 +157,8 @@ def hung_blame(
     """Who made upstream-timeout's hung requests hang, from each one's own record: its send
     time against the freeze (``ground["fault_at"]``), its first byte (come before the freeze
     or not) and its replica (``ground["replica"]``; the record's ``replica``, else
-    ``replica_of``).
+    ``replica_of``: :func:`chaoslib_infer.measure.health.attempt_replica`; unknown counts as the
+    frozen one's).
 
     A hung request is an attempt that ended at or after the freeze in a client timeout class
     (``hung_requests``), or one still in flight when judged:
@@ -182,6 +184,7 @@ def hung_blame(
     streaming: list[float] = []
     retried: set[str] = set()
     by_rid: dict[str, int] = {}
+    named = header_replicas(records)
     for r in records:
         rid = str(r.get("request_id"))
         by_rid[rid] = max(by_rid.get(rid, 0), int(r.get("attempt") or 1))
@@ -192,7 +195,7 @@ def hung_blame(
         )
         if not hung or sent is None or (end is not None and end < at):
             continue
-        rep = r.get("replica") or who.get(str(r.get("request_id")))
+        rep = attempt_replica(r, who, named)
         if rep and isinstance(frozen, str) and rep != frozen:
             continue  # hung on another replica: the service's
         if by_rid.get(str(r.get("request_id")), 0) > int(r.get("attempt") or 1):
