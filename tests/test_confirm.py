@@ -52,14 +52,26 @@ def test_moved_traffic_confirms_the_fault() -> None:
     assert "r0 served 34 of 100 requests before it and 0 of 100 during it" in reach.why
 
 
-def test_failed_requests_of_the_faulted_replica_or_of_no_identity_confirm_it() -> None:
-    for who in ("r0", None):
-        during = [
-            cut(AT + i / 10, who if i % 3 == 0 else ("r1", "r2")[i % 2], ok=i % 3 != 0)
-            for i in range(100)
-        ]
-        reach = traffic_reach(load(T0, AT) + during, ["r0"], AT, END)
-        assert reach.felt is True and "34 of its requests failed" in reach.why, who
+def test_failed_requests_of_the_faulted_replica_confirm_it_nameless_ones_do_not() -> None:
+    during = [
+        cut(AT + i / 10, "r0" if i % 3 == 0 else ("r1", "r2")[i % 2], ok=i % 3 != 0)
+        for i in range(100)
+    ]
+    reach = traffic_reach(load(T0, AT) + during, ["r0"], AT, END)
+    assert reach.felt is True and "34 of its requests failed" in reach.why
+    # the same failures naming no replica (issue 30): they may have failed anywhere, so they
+    # are not the faulted replica's; the lab's logs (replica_of) name them when they can
+    nameless = [{**r, "replica": None} if not r["ok"] else r for r in during]
+    tail = load(END, T0 + 30)
+    reach = traffic_reach(load(T0, AT) + nameless + tail, ["r0"], AT, END)
+    assert "of its requests failed" not in reach.why
+    who = {r["request_id"]: "r0" for r in nameless if not r["ok"]}
+    reach = traffic_reach(load(T0, AT) + nameless + tail, ["r0"], AT, END, replica_of=who)
+    assert reach.felt is True and "34 of its requests failed" in reach.why
+    # another replica's failures, named by the logs, are not r0's
+    who = {rid: "r1" for rid in who}
+    reach = traffic_reach(load(T0, AT) + nameless + tail, ["r0"], AT, END, replica_of=who)
+    assert "of its requests failed" not in reach.why
 
 
 def test_a_failure_on_another_replica_does_not_confirm_a_fault_on_r0() -> None:
@@ -160,9 +172,18 @@ def test_network_jitter_is_confirmed_by_the_delay_the_shim_applied() -> None:
     ground["shim"] = {"connections": 4, "applied_delay": {"n": 120, "mean_s": 0.151}}
     tl = timeline("network-jitter", ground, {})
     assert tl.confirmed is True and "the shim delayed 120 chunks by 151 ms on average" in tl.why
-    # the delayed chunks are the traffic's own: r0 serving before is enough ...
+    # the delayed chunks are on r0's link: r0 serving before and the drill's requests on it
+    # during the fault are enough ...
     ok = confirm_by_traffic(tl, "network-jitter", ground, load(T0, T0 + 30))
     assert ok.confirmed is True and "r0 served 34 of 100 requests before it" in ok.why
+    assert "and 33 of the drill's requests during it" in ok.why
+    # ... but the shim also delays the gateway's health checks: with none of the drill's
+    # requests on r0 during the fault (the gateway moved them off), the shim's count is not
+    # the drill's traffic (issue 30)
+    moved = load(T0, AT) + load(AT, T0 + 30, ("r1", "r2"))
+    health_only = confirm_by_traffic(tl, "network-jitter", ground, moved)
+    assert health_only.confirmed is False
+    assert "none of the drill's requests sent during it" in health_only.why
     # ... and a replica the traffic never reached is still a miss
     missed = confirm_by_traffic(tl, "network-jitter", ground, load(T0, T0 + 30, ("r1", "r2")))
     assert missed.confirmed is False and missed.why.startswith(MISSED)

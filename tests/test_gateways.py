@@ -184,6 +184,12 @@ def test_gateway_figures_from_records_ledger_and_log(tmp_path: Path) -> None:
     assert fig["gateway_timeout_s"] == 1.0 and fig["gateway_gave_up"] == 1
     assert fig["retry_amplification"] == 2.0  # request a: two generations for one attempt
     assert fig["gateway_retries"] == 1 and fig["routed_to_down"] == 1  # r0 had exited
+    # ... 1 s before: within the grace a health check needs to see it (issue 30: judged)
+    assert fig["routed_to_down_late"] == 0
+    _write_jsonl(lab / "events.jsonl", [{"t": 97.0, "event": "exit", "replica": "r0"}])
+    late = gateway_figures(lab, drill)
+    assert (late["routed_to_down"], late["routed_to_down_late"]) == (1, 1)  # 3 s after its exit
+    _write_jsonl(lab / "events.jsonl", [{"t": 99.0, "event": "exit", "replica": "r0"}])
     assert fig["stream_buffering_s"] == pytest.approx(0.299, abs=1e-3)
     assert fig["streams_cut_200"] == 1
     (lab / "gateway.json").write_text(json.dumps({"gateway": "haproxy"}))
@@ -196,7 +202,8 @@ def test_gateway_criteria_only_where_a_drill_asks() -> None:
     assert jitter["retry_amplification"].threshold == 1.0
     assert {c.name: c for c in criteria_for("upstream-timeout")}["gateway_timeout_s"].threshold == 5
     assert "streams_cut_200" in {c.name for c in criteria_for("quota-cut")}
-    assert "routed_to_down" in {c.name for c in criteria_for("node-loss")}
+    routed = {c.name: c for c in criteria_for("node-loss")}["routed_to_down_late"]
+    assert (routed.op, routed.threshold) == ("<=", 0.0)  # judged (issue 30)
 
 
 def test_plan_gateway_fields(tmp_path: Path) -> None:

@@ -201,14 +201,20 @@ def test_fail_fast_gateway_passes_upstream_timeout() -> None:
 def test_duplicate_generations_judged_and_unmeasured_without_a_ledger(
     dups: int, measured: bool, state: str
 ) -> None:
-    fig = {"duplicate_generations": dups, "extra_generations": dups, "retries": dups}
+    fig = {
+        "duplicate_generations": dups,
+        "extra_generations": dups,
+        "retries": dups,
+        "duplicate_causes": {"client_gave_up": dups} if dups else {},
+    }
     v = judge_drill(
         facts("network-jitter", steady(T0, T0 + 30), fig, JITTER_GROUND, ledger_measured=measured)
     )
     assert v.state == state, v.reasons
     if state == "failed":
         assert strip_blame(v.reasons[0]) == "duplicate generations: 3 > 0 (duplicate_generations)"
-        assert "; BLAME: client (" in v.reasons[0]  # its retries re-sent them
+        # the requests' own evidence: its attempt timeout gave up while the engine went on
+        assert "; BLAME: client (3 requests: its attempt timeout gave up" in v.reasons[0]
     if state == "inconclusive":
         assert "duplicate generations is unmeasured" in v.reasons[0]
         rows = {r["criterion"]: r for r in v.rows}
@@ -743,7 +749,9 @@ def test_a_lost_load_worker_makes_the_drill_inconclusive_naming_it() -> None:
         r.update(ok=False, error_class="http_5xx", status=503)
     v = judge_drill(facts("oom-kill", bad, OOM_FIG, OOM_GROUND, load_lost=[line]))
     assert v.state == "failed"
-    assert v.reasons[0] == "availability (whole drill): 0.9667 < 0.999 (availability)"
+    assert v.reasons[0] == (  # the failures it counts named by class (issue 30)
+        "availability (whole drill): 0.9667 < 0.999; failed: 10 http_5xx (503) (availability)"
+    )
     assert v.reasons[-1] == f"also inconclusive: the load was not what was planned: {line}"
 
 
@@ -1076,10 +1084,10 @@ def test_spike_shed_as_fast_429_and_503_passes_and_only_those_are_shed() -> None
     assert v.reasons == [
         "failures during the spike not shed as a fast 429/503 (resets, other 5xx, timeouts): "
         "10 > 0 (non_shed_failures_fault)",
-        "availability (whole drill): 0.9714 < 0.999 (availability)",
-        "requests lost to the fault: 10 (fault-window availability): 0.902 < 0.999 "
-        "(availability_fault)",
-        "error rate (whole drill): 0.02857 >= 0.001 (error_rate)",
+        "availability (whole drill): 0.9714 < 0.999; failed: 10 http_5xx (500) (availability)",
+        "requests lost to the fault: 10 (fault-window availability): 0.902 < 0.999; failed: 10 "
+        "http_5xx (500) (availability_fault)",
+        "error rate (whole drill): 0.02857 >= 0.001; failed: 10 http_5xx (500) (error_rate)",
     ]
 
 

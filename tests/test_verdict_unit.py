@@ -180,8 +180,11 @@ def test_retries_that_hide_resets_fail_on_their_cost_with_rows_and_reasons_that_
         "generations paid twice (extra): 33 > 0 (extra_generations)",
         "tokens of generations paid twice (prompt + completion): 462 > 0 (wasted_tokens)",
     ]
-    # the client re-sent them (no fault here took a replica): the client's cost
-    assert all("; BLAME: client (" in r for r in v.reasons), v.reasons
+    # their streams failed at the client, which re-sent them, while the engine's ledger shows
+    # no fault on them: the mechanism the records show (issue 30), not "the client gave up"
+    assert all(
+        "; BLAME: gateway or network (33 requests: their stream failed" in r for r in v.reasons
+    ), v.reasons
     rows = {r["criterion"]: r for r in v.rows}
     for name in ("availability", "availability_fault"):  # shown; the budget judges the loss
         assert (rows[name]["value"], rows[name]["result"]) == (1.0, "not judged")
@@ -372,12 +375,14 @@ def test_the_streams_a_node_loss_cuts_stay_the_faults() -> None:
     v = judge_drill(DrillFacts("node-loss", records, NODE_FIG, NODE_GROUND, policy=strict))
     assert v.state == "failed"
     assert not any("before the fault" in r for r in v.reasons), v.reasons
-    assert v.reasons[0] == "availability (whole drill): 0.98 < 0.999 (availability)"
+    assert (
+        v.reasons[0] == "availability (whole drill): 0.98 < 0.999; failed: 7 reset (availability)"
+    )
     fault_n = 50 + len(on_wire)  # first sent in the 5 s fault window, and the crossing ones
     fault_avail = f"{(fault_n - 7) / fault_n:.4g}"
     assert (
-        f"requests lost to the fault: 7 (fault-window availability): {fault_avail} < 0.999 "
-        "(availability_fault)"
+        f"requests lost to the fault: 7 (fault-window availability): {fault_avail} < 0.999; "
+        "failed: 7 reset (availability_fault)"
     ) in v.reasons
     crossed = v.windows["fault"]["crossed_injection"]
     assert (crossed["attempts"], crossed["to_fault"], crossed["to_baseline"]) == (19, 19, 0)

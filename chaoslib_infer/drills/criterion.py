@@ -68,11 +68,13 @@ class Criterion:
     fix: str | None = None
 
 
-#: Shown (never judged by default) by the drills that take replicas away: node-loss,
-#: simultaneous-restarts (a gateway figure, :data:`chaoslib_infer.verdict.criteria.GATEWAY_ONLY`).
+#: Judged by the drills that take replicas away: node-loss, simultaneous-restarts (a gateway
+#: figure, :data:`chaoslib_infer.verdict.criteria.GATEWAY_ONLY`): tries the gateway sent to a
+#: replica more than ``DOWN_GRACE_S`` (2 s) after it went down, when any health check would
+#: have seen it (``routed_to_down``, every try to a down replica, stays among the figures).
 ROUTED_TO_DOWN = Criterion(
-    "routed_to_down", "requests the gateway routed to a replica that was down", "<=", None,
-    "count", "fault",
+    "routed_to_down_late", "requests the gateway routed to a replica down for over 2 s", "<=",
+    0.0, "count", "fault",
 )  # fmt: skip
 
 

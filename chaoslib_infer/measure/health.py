@@ -16,8 +16,9 @@ reports healthy while completions fail. Made concrete here, per replica:
 
 Consecutive disagreeing windows merge into one interval. A record is attributed to a replica by its
 own ``replica`` field (the response's ``X-Replica-Id`` / ``X-Lab-Server``), else through
-``replica_of`` (request id -> replica; see :func:`replica_of_requests`), which matters for requests
-that never got a response header (a hung engine sends none). Unattributed records are ignored.
+``replica_of`` (request id -> the first replica that received it; see
+:func:`replica_of_requests`), which matters for requests that never got a response header (a
+hung engine sends none). Unattributed records are ignored.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["health_disagreement", "replica_of_requests"]
+__all__ = ["attempt_replica", "header_replicas", "health_disagreement", "replica_of_requests"]
 
 Record = Mapping[str, Any]
 
@@ -35,28 +36,70 @@ def replica_of_requests(
     ledger_entries: Iterable[Mapping[str, Any]] = (),
     routed: Iterable[tuple[str | None, str | None]] = (),
 ) -> dict[str, str]:
-    """Map request ids to the replica that received them, from server-side logs.
+    """Map request ids to the **first** replica that received them, from server-side logs.
+
+    A request can reach several replicas: the client's retries, or the gateway's redispatch
+    (HAProxy's ``retry-on 503`` re-sends a hung request to a survivor when the hang clears,
+    after its client left). A record without a replica header is the attempt that never got
+    one, the one held on the first replica; attributing it to the last one would hand the hung
+    replica's failures to a survivor (``health_disagreement_s`` 0 where the probe measured
+    seconds). The generations made for a client that had left are counted apart
+    (:func:`chaoslib_infer.measure.rerun.generations_after_client_left`).
 
     Args:
         ledger_entries: engine ledger lines (``{"event": "generation"|"fault", "replica",
-            "request_id"}``; other events are ignored).
+            "request_id", "t"}``; other events are ignored): the earliest line (``t``, else file
+            order) of a request names its replica.
         routed: ``(request_id, server)`` pairs from the load balancer's request log (HAProxy's
-            ``<NOSRV>`` and empty names are ignored). These win over the ledger.
+            ``<NOSRV>`` and empty names are ignored; it logs the server that answered last):
+            used for requests the ledger does not name, the first pair of a request winning.
 
     Returns:
         ``{request_id: replica}``.
     """
-    out: dict[str, str] = {}
-    for e in ledger_entries:
+    first: dict[str, tuple[float, int, str]] = {}
+    for k, e in enumerate(ledger_entries):
         if e.get("event", "generation") not in ("generation", "fault"):
             continue
-        rid, rep = e.get("request_id"), e.get("replica")
+        rid, rep, t = e.get("request_id"), e.get("replica"), _num(e.get("t"))
         if isinstance(rid, str) and isinstance(rep, str) and rep:
-            out[rid] = rep
+            key = (t if t is not None else math.inf, k, rep)
+            if rid not in first or key < first[rid]:
+                first[rid] = key
+    out = {rid: rep for rid, (_, _, rep) in first.items()}
     for rid, server in routed:
         if rid and server and not server.startswith("<"):
-            out[rid] = server
+            out.setdefault(rid, server)
     return out
+
+
+def header_replicas(records: Iterable[Record]) -> dict[str, set[str]]:
+    """``{request_id: replicas named by its attempts' own headers}`` (the records' ``replica``)."""
+    out: dict[str, set[str]] = {}
+    for r in records:
+        rep = r.get("replica")
+        if rep and r.get("request_id") is not None:
+            out.setdefault(str(r["request_id"]), set()).add(str(rep))
+    return out
+
+
+def attempt_replica(
+    record: Record, replica_of: Mapping[str, str], named: Mapping[str, set[str]]
+) -> str | None:
+    """The replica of one attempt: its own ``replica`` header, else ``replica_of`` of its request
+    (:func:`replica_of_requests`) unless another attempt of the request names that replica in
+    its own header (``named``, :func:`header_replicas`): then the server-side line is that
+    attempt's (a frozen engine writes no ledger line while frozen, so the first line of a
+    request it held can be the client's retry on a survivor), and the attempt's replica is
+    unknown (None)."""
+    rep = record.get("replica")
+    if rep:
+        return str(rep)
+    rid = str(record.get("request_id"))
+    mapped = replica_of.get(rid)
+    if mapped is None or mapped in named.get(rid, set()):
+        return None
+    return mapped
 
 
 def _num(v: Any) -> float | None:
@@ -85,7 +128,8 @@ def health_disagreement(
         health_samples: ``{"t": unix s, "replica": str, "healthy": bool}`` (any order).
         records: load attempt records (``docs/contracts.md`` section 3; unix seconds).
         window_s: window length in seconds (> 0).
-        replica_of: request id -> replica for records without a ``replica``.
+        replica_of: request id -> replica for records without a ``replica``
+            (:func:`attempt_replica`: not where another attempt's header names it).
         min_failed_ratio: share of a window's attempts that must have failed (0 < r <= 1).
 
     Returns:
@@ -112,8 +156,10 @@ def health_disagreement(
     spans: dict[str, list[tuple[int, float, float, bool]]] = {}
     classes: dict[int, str] = {}  # a failed attempt's error class, by its index
     mapping = replica_of or {}
-    for idx, r in enumerate(records):
-        rep = r.get("replica") or mapping.get(str(r.get("request_id")))
+    record_list = list(records)
+    named = header_replicas(record_list)
+    for idx, r in enumerate(record_list):
+        rep = attempt_replica(r, mapping, named)
         sent = _num(r.get("sent_at"))
         if not rep or sent is None or str(rep) not in by_rep:
             continue

@@ -13,8 +13,10 @@ Rules over the attempt records (unix seconds; ``ok`` attempts unless said otherw
 - *served before*: at least one attempt sent before ``fault_at`` answered by a faulted replica.
   None: the fault missed the traffic (the URL routes elsewhere).
 - *failed*: an attempt on the wire in the fault window (sent before its end, not ended before
-  ``fault_at``) failed, answered by a faulted replica or by no identified one (a reset before
-  any response header names nobody). A failure another replica answered does not count.
+  ``fault_at``) failed on a faulted replica: its record names it, or the lab's logs do
+  (``replica_of``: the first replica the request reached). A failure that names no replica is
+  not counted as the faulted one's (it may have failed anywhere), nor one another replica
+  answered.
 - *slowed*: the faulted replicas' median E2E in the window is at least :data:`SLOWED_FACTOR` x
   and :data:`SLOWED_MIN_S` above their median before.
 - *moved*: the faulted replicas' share of the window's answers is at most :data:`MOVED_SHARE` of
@@ -190,9 +192,11 @@ def traffic_reach(
         fault_at: injection (unix s); fault_end: return to service (None: the last record's
             end).
         replica_of: request id -> replica from the lab's logs.
-        change_needed: False when the fault's own ground truth measured it on the requests'
+        change_needed: False when the fault's own ground truth measured it on the replica's
             connections (network-jitter: the delay the shim applied to their chunks): then
-            *served before* alone reaches (the jittered link carried the measured traffic).
+            *served before* and at least one drill request on the faulted replica sent during
+            the fault reach (the shim's count alone includes the gateway's health checks, which
+            are not drill traffic).
 
     Returns:
         A :class:`Reach`; ``felt`` None when ``faulted`` is empty or ``fault_at`` is None.
@@ -214,9 +218,7 @@ def traffic_reach(
     names = ", ".join(faulted)
     identified = any(_identity(r, who) for r in records)
     failed = [r for r in window if not r.get("ok") and not r.get("cut_off")]
-    failed_here = [
-        r for r in failed if _identity(r, who) is None or _is(_identity(r, who), faulted)
-    ]
+    failed_here = [r for r in failed if _is(_identity(r, who), faulted)]
     if not identified:
         return _anonymous(before, window, failed, names)
     ok_before = [r for r in before if r.get("ok")]
@@ -229,10 +231,25 @@ def traffic_reach(
             f"it (served by: {_counts(base)})",
         )
     if not change_needed:
+        # the fault's own record (the shim's delayed chunks) also counts the gateway's health
+        # checks through the shim: only the drill's requests on the faulted replica during the
+        # fault say the drill's traffic crossed it
+        crossed = [
+            r
+            for r in window
+            if fault_at <= (_t(r, "sent_at") or fault_at) < end and _is(_identity(r, who), faulted)
+        ]
+        if not crossed:
+            return Reach(
+                False,
+                f"{MISSED}: {names} served {len(mine_before)} of {len(ok_before)} requests before "
+                "it and none of the drill's requests sent during it (the delay applied was to "
+                "other traffic, such as the gateway's health checks)",
+            )
         return Reach(
             True,
             f"the traffic crossed it: {names} served {len(mine_before)} of {len(ok_before)} "
-            "requests before it",
+            f"requests before it and {len(crossed)} of the drill's requests during it",
         )
     ok_window = [r for r in window if r.get("ok") and (_t(r, "sent_at") or 0.0) >= fault_at]
     mine_window = [r for r in ok_window if _is(_identity(r, who), faulted)]

@@ -225,6 +225,7 @@ GATEWAY_ONLY = frozenset(
         "streams_cut_200",
         "gateway_timeout_s",
         "routed_to_down",
+        "routed_to_down_late",
     }
 )
 

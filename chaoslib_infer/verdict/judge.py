@@ -518,7 +518,8 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
         judge_mitigated(rows, mitigated, crits, slo, facts.window_settings, exits)
     rows = name_lost_row(rows, sel("fault") if "fault" in w else None)
     rows = name_episode_row(rows, facts, tl.fault_at)  # every episode out of SLO, named
-    return tl, w, sel, info, add_blame(apply_policy(rows, facts.policy), facts, failures)
+    blamed = add_blame(apply_policy(rows, facts.policy), facts, failures, {n: sel(n) for n in w})
+    return tl, w, sel, info, blamed
 
 
 def _mitigation_records(

@@ -21,6 +21,11 @@ HAProxy with the lab's own settings: those labs keep their figures as before).
   replica (``gateway.json`` ``direct_first_token_gap_s``); seconds.
 - ``routed_to_down``: upstream tries the gateway sent to a replica while it was down (between
   its ``exit`` and its next ``ready`` event in the lab's ground truth).
+- ``routed_to_down_late``: those of them sent more than :data:`DOWN_GRACE_S` after the replica
+  went down (exited, or froze): time enough for any health check or passive failure count to
+  see it (HAProxy's ``inter 500ms fall 2`` marks a dead server DOWN in ~0.8 s, nginx's
+  ``max_fails=1`` at the first failed try). Judged (``<= 0``) by the drills that take replicas
+  away: a gateway still routing there has no working health check.
 - ``streams_cut_200``: attempts that got status 200 and then lost their stream (reset,
   truncated, stream error, empty) by the gateway's doing (its timeouts), judged in every drill.
   ``streams_cut_by_fault``: those the fault itself cut (in flight on a replica it killed or whose
@@ -47,6 +52,7 @@ from chaoslib_infer.measure.figkit import json_objects
 
 __all__ = [
     "CUT_CLASSES",
+    "DOWN_GRACE_S",
     "TTFT_LOG",
     "calibrate",
     "gateway_figures",
@@ -55,6 +61,9 @@ __all__ = [
 ]
 
 TTFT_LOG = "ttft.jsonl"
+#: how long after a replica went down (s) a gateway may still route to it before
+#: ``routed_to_down_late`` counts the try: its health checks have had time to see it
+DOWN_GRACE_S = 2.0
 #: error classes of a 200 stream the gateway (or the replica behind it) cut
 CUT_CLASSES = frozenset({"reset", "truncated", "stream_error", "empty"})
 
@@ -208,7 +217,7 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
 
     Returns:
         ``{"gateway", "gateway_timeout_s", "gateway_gave_up", "retry_amplification",
-        "generations_per_attempt", "gateway_retries", "stream_buffering_s", "first_token_gap_p50_s", "routed_to_down",
+        "generations_per_attempt", "gateway_retries", "stream_buffering_s", "first_token_gap_p50_s", "routed_to_down", "routed_to_down_late",
         "streams_cut_200", "streams_cut_by_fault"}``; a figure that cannot be measured is None.
     """
     if lab_dir is None:
@@ -241,11 +250,13 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
     else:
         held, tries, retries = _nginx_tries(sd, rids, lo, hi)
     last_to_frozen: dict[tuple[str, float], float] = {}
-    routed_down = 0
+    routed_down = routed_late = 0
     for t, _, server in tries:
         rep = server.removesuffix("-jitter")
         if any(a <= t <= b for a, b in down.get(rep, [])):
             routed_down += 1
+        if any(a + DOWN_GRACE_S < t <= b for a, b in down.get(rep, [])):
+            routed_late += 1
         for frep, a, b in frozen:
             if rep == frep and a <= t <= b:
                 key = (frep, a)
@@ -293,6 +304,7 @@ def gateway_figures(lab_dir: Path | str | None, drill_dir: Path | str) -> dict[s
         "stream_buffering_s": round(buffering, 4) if buffering is not None else None,
         "first_token_gap_p50_s": round(gap, 4) if gap is not None else None,
         "routed_to_down": routed_down,
+        "routed_to_down_late": routed_late,
         "streams_cut_200": cut,
         "streams_cut_by_fault": sum(1 for r in cut_200 if _key(r) in by_fault),
     }
