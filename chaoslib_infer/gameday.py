@@ -397,9 +397,7 @@ def run_gameday(
             if history is not None:
                 summary["history"] = record_history(summary, out_dir, history, progress)
                 summary["history"]["fail_on_regression"] = fail_on_regression
-                if fail_on_regression and summary["history"].get("regressed"):
-                    if exit_code in (EXIT_OK, EXIT_INCONCLUSIVE):
-                        exit_code = EXIT_DEVIATED
+                exit_code = regression_exit_code(exit_code, summary["history"])
                 _write_summary()
             render_index(out_dir, summary, verdict)
             write_atomic(out_dir / "junit.xml", junit_xml(summary))
@@ -432,6 +430,16 @@ def record_history(
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         progress(f"history: not recorded: {why}")
         return {"store": shown_url(where), "error": why}
+
+
+def regression_exit_code(exit_code: int, history: dict[str, Any]) -> int:
+    """The exit code once the history comparison is in (``--fail-on-regression``): 1 when
+    ``history["fail_on_regression"]`` and a drill regressed and the run would have exited 0 or
+    3; else ``exit_code`` (a failed, errored or interrupted run keeps its own code)."""
+    if history.get("fail_on_regression") and history.get("regressed"):
+        if exit_code in (EXIT_OK, EXIT_INCONCLUSIVE):
+            return EXIT_DEVIATED
+    return exit_code
 
 
 def lab_settings(plan: Plan) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import click
 from chaoslib_infer.errors import InferChaosError
 
 from .common import fail
+from .usage import OneLineGroup
 
 __all__ = ["history", "history_option", "parse_since"]
 
@@ -67,7 +68,7 @@ def _where(option: str | None) -> str:
     return resolve_where(option) or DEFAULT_HISTORY
 
 
-@click.group(invoke_without_command=True)
+@click.group(cls=OneLineGroup, invoke_without_command=True)
 @history_option
 @_SINCE
 @_JSON
