@@ -53,7 +53,7 @@ def test_prediction_p_is_small_only_far_outside_the_history() -> None:
     assert prediction_p(1.0, [1.0, 1.0, 1.0], min_sd=0.05) == 1.0
 
 
-FIGS = {"restart_s": 2.0, "interruption_s": 0.8, "p99_e2e_s": 0.8, "budget_share": 0.01}
+FIGS = {"restart_s": 2.0, "interruption_s": 0.8, "failed_requests": 6.0, "budget_share": 0.01}
 
 
 def _draw(rng: random.Random, cv: float, scale: dict[str, float] | None = None) -> dict[str, float]:

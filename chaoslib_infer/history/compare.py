@@ -4,8 +4,8 @@ Comparable runs: the same drill on the same target (:func:`~.record.target_key`)
 client and gateway settings (:attr:`~.record.DrillRecord.settings_hash`); the newest
 :data:`LAST_N` of them, with the key figure measured.
 
-The test, per key figure (:data:`KEY_FIGURES`: restart, recovery, interruption, failures,
-duplicates, error-budget share, tail latency, ...): the Student-t prediction test on
+The test, per key figure of the drill (:data:`DRILL_FIGURES`: its question's figures and its
+error-budget share; :data:`KEY_FIGURES` holds each figure's unit and floor): the Student-t prediction test on
 ``log(value + c)`` (``c`` the figure's floor, so zeros are allowed;
 :func:`~.stats.prediction_p`): "is the new run's value another draw from the population the
 last runs came from?". The p-values of one drill's figures are corrected for their number with
@@ -32,6 +32,7 @@ from .stats import holm, prediction_p
 
 __all__ = [
     "ALPHA",
+    "DRILL_FIGURES",
     "KEY_FIGURES",
     "LAST_N",
     "MIN_RUNS",
@@ -92,8 +93,25 @@ KEY_FIGURES: tuple[KeyFigure, ...] = (
     KeyFigure("p99_e2e_during_spike_s", "s", 0.1),
     KeyFigure("p99_e2e_during_jitter_s", "s", 0.1),
     KeyFigure("p99_e2e_s", "s", 0.1),
+    KeyFigure("all_serving_s", "s", 0.5),
+    KeyFigure("retries", "count", 2.0, _COUNT_SD),
+    KeyFigure("wasted_tokens", "count", 50.0, _COUNT_SD),
+    KeyFigure("shed_requests", "count", 5.0, _COUNT_SD),
 )
 _BY_NAME = {k.name: k for k in KEY_FIGURES}
+
+#: each drill's own key figures (its question's, README "What a game day does", and its cost):
+#: the family Holm's correction runs over; a drill not listed is compared on every key figure
+#: of :data:`KEY_FIGURES` it measured
+DRILL_FIGURES: dict[str, tuple[str, ...]] = {
+    "node-loss": ("interruption_s", "replacement_serving_s", "recovery_s", "failed_requests", "budget_share"),
+    "oom-kill": ("restart_s", "interruption_s", "failed_requests", "budget_share"),
+    "network-jitter": ("retries", "duplicate_generations", "wasted_tokens", "p99_e2e_during_jitter_s", "budget_share"),
+    "traffic-spike": ("shed_requests", "scale_out_s", "p99_e2e_during_spike_s", "recovery_s", "budget_share"),
+    "upstream-timeout": ("ejection_s", "hung_requests", "failed_requests", "budget_share"),
+    "simultaneous-restarts": ("all_serving_s", "interruption_s", "failed_requests", "budget_share"),
+    "quota-cut": ("failed_requests", "p99_e2e_s", "budget_share"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -219,7 +237,8 @@ def compare_drill(
         changed = settings_diff(past[-1].record.settings, new.settings)
         changed_since = past[-1].run_id
     same = [p for p in past if p.record.settings_hash == new.settings_hash]
-    keys = [_BY_NAME[k.name] for k in KEY_FIGURES if k.name in new.figures]
+    family = DRILL_FIGURES.get(new.drill, tuple(k.name for k in KEY_FIGURES))
+    keys = [_BY_NAME[name] for name in family if name in new.figures]
     tests: list[tuple[KeyFigure, float, list[float], list[int]]] = []
     skipped: list[FigureComparison] = []
     used: set[int] = set()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .compare import KEY_FIGURES, DrillComparison
+from .compare import DRILL_FIGURES, KEY_FIGURES, DrillComparison
 from .record import settings_diff
 from .store import StoredDrill
 
@@ -37,8 +37,8 @@ def runs_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def trend_doc(series: Sequence[StoredDrill], last: int) -> dict[str, Any]:
-    """A drill's trend on one target: its newest ``last`` runs, oldest first, with the key
-    figures it measured and the settings changes between consecutive runs.
+    """A drill's trend on one target: its newest ``last`` runs, oldest first, with its key
+    figures (:data:`~.compare.DRILL_FIGURES`) it measured and the settings changes between consecutive runs.
 
     Returns:
         ``{drill, target, runs: [{run_id, started_at, status, settings_hash, figures,
@@ -46,7 +46,8 @@ def trend_doc(series: Sequence[StoredDrill], last: int) -> dict[str, Any]:
         changed since the run before it).
     """
     shown = list(series)[-last:]
-    names = [n for n in _KEY_NAMES if any(n in s.drill.figures for s in shown)]
+    family = DRILL_FIGURES.get(shown[0].drill.drill, tuple(_KEY_NAMES)) if shown else ()
+    names = [n for n in family if any(n in s.drill.figures for s in shown)]
     runs = []
     prev = None
     for s in shown:
