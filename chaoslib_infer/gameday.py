@@ -202,6 +202,8 @@ def run_gameday(
     label: str = "game day",
     prometheus_url: str | None = None,
     rules: list[Path] | None = None,
+    history: str | None = None,
+    fail_on_regression: bool = False,
 ) -> int:
     """Run every drill of ``plan`` and write the evidence bundle to ``out_dir``.
 
@@ -235,6 +237,12 @@ def run_gameday(
         prometheus_url: read each drill's detection from this Prometheus (``--prometheus``,
             the plan's ``detection: {prometheus: URL}``) instead of the lab's own server.
         rules: the team's rule files loaded into the lab's Prometheus (``--rules``).
+        history: the history store a complete run is appended to and compared with
+            (:mod:`chaoslib_infer.history`; None: not recorded); the comparison goes to
+            ``summary.json`` ``history``, ``index.html`` and the console.
+        fail_on_regression: ``--fail-on-regression``: a drill the comparison reads
+            ``regressed`` makes the exit code 1 (from 0 or 3) and adds a junit failure; the
+            drills' own verdicts are unchanged.
 
     Returns:
         The exit code (see the module docstring).
@@ -297,6 +305,8 @@ def run_gameday(
         "plan": plan.name,
         "plan_path": str(plan.path),
         "target": target,
+        # the lab's settings (the history store's service and gateway settings, issue 32)
+        "lab": None if base_url else lab_settings(plan),
         "started_at": iso(started),
         "ended_at": None,
         "tool": tool_versions(),
@@ -358,6 +368,7 @@ def run_gameday(
                 allow_vars=allow_vars,
                 detection=detection,
             )
+            entry.setdefault("settings", drill_settings(spec))  # the client's: issue 32
             summary["drills"].append(entry)
             summary["in_progress"] = None
             _write_summary()
@@ -396,6 +407,11 @@ def run_gameday(
             verdict = gameday_verdict(exit_code, bool(summary.get("stopped_by")))
             summary["verdict"] = verdict.lower()
             _write_summary()
+            if history is not None:
+                summary["history"] = record_history(summary, out_dir, history, progress)
+                summary["history"]["fail_on_regression"] = fail_on_regression
+                exit_code = regression_exit_code(exit_code, summary["history"])
+                _write_summary()
             render_index(out_dir, summary, verdict)
             write_atomic(out_dir / "junit.xml", junit_xml(summary))
             bundle_runbooks(out_dir, progress)
@@ -407,6 +423,55 @@ def run_gameday(
             progress(line)
     progress(f"{label} {verdict}: {out_dir / 'summary.json'}, {out_dir / 'index.html'}")
     return exit_code
+
+
+def record_history(
+    summary: dict[str, Any], out_dir: Path, where: str, progress: Progress
+) -> dict[str, Any]:
+    """Append a finished run to the history store ``where`` and compare its drills with their
+    history (:func:`chaoslib_infer.history.record_summary`); ``summary.json``'s ``history``
+    block. A run that did not complete, or a store that cannot be written, is not recorded:
+    the block says why (``error``) and one line is printed; the evidence is written either way.
+    """
+    from chaoslib_infer.history import record_summary, shown_url
+
+    if not summary.get("complete"):
+        return {"store": shown_url(where), "error": "the run did not complete: not recorded"}
+    try:
+        return record_summary(summary, out_dir, where, progress)
+    except Exception as exc:  # the evidence comes first: a store failure is one line
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        progress(f"history: not recorded: {why}")
+        return {"store": shown_url(where), "error": why}
+
+
+def regression_exit_code(exit_code: int, history: dict[str, Any]) -> int:
+    """The exit code once the history comparison is in (``--fail-on-regression``): 1 when
+    ``history["fail_on_regression"]`` and a drill regressed and the run would have exited 0 or
+    3; else ``exit_code`` (a failed, errored or interrupted run keeps its own code)."""
+    if history.get("fail_on_regression") and history.get("regressed"):
+        if exit_code in (EXIT_OK, EXIT_INCONCLUSIVE):
+            return EXIT_DEVIATED
+    return exit_code
+
+
+def lab_settings(plan: Plan) -> dict[str, Any]:
+    """The plan's lab as ``summary.json`` ``lab`` records it: ``memory_limit_mb`` and the
+    options of ``Lab.up`` (gateway, gateway_retry, engine_args, nodes, ...)."""
+    return {"memory_limit_mb": plan.lab.memory_limit_mb, **plan.lab.options}
+
+
+def drill_settings(spec: Any) -> dict[str, Any]:
+    """A drill's client settings as ``summary.json`` records them (``settings``): the load
+    settings in force (:func:`chaoslib_infer.controls.load.settings_in_force`; None for a
+    locustfile) and the plan's ``vars`` for the drill. Empty when the experiment cannot be read."""
+    from chaoslib_infer.controls.load import settings_in_force
+
+    try:
+        load = settings_in_force(load_drill_experiment(spec.experiment), spec.vars)
+    except (ConfigError, ValueError):
+        return {}
+    return {"load": load, "vars": dict(spec.vars)}
 
 
 def final_exit_code(so_far: int, states: list[str]) -> int:

@@ -42,7 +42,7 @@ PLATFORMS = ("lab", "kubernetes")
 #: the top-level keys of a plan; ``allow`` is read by ``safety.allowlist.plan_allow`` and
 #: ``stop_conditions`` by ``safety.guard.plan_stop_conditions``, ``detection`` by
 #: ``evidence.detection.plan_detection``
-PLAN_KEYS = "name description platform target lab drills allow stop_conditions criteria vars detection".split()
+PLAN_KEYS = "name description platform target lab drills allow stop_conditions criteria vars detection history".split()
 #: the verdict policy keys, top level or in a drill (``chaoslib_infer.verdict.policy``)
 POLICY_KEYS = ("verdict_policy", "incidents_per_month")
 PLAN_KEYS += POLICY_KEYS
@@ -104,6 +104,9 @@ class Plan:
     platform: str = "lab"
     #: the plan's own Kubernetes target file (``target:``), or None
     target: Path | None = None
+    #: the history store the plan's runs are appended to (``history:``: an SQLite path or a
+    #: database URL, or ``off``; ``--history`` and ``$CHAOS_INFER_HISTORY`` come first), or None
+    history: str | None = None
 
 
 def _check_criteria(
@@ -390,6 +393,9 @@ def load_plan(path: Path) -> Plan:
         _policy_fields(path, where, spec, raw, item)
         _check_criteria(path, where, spec, plan_criteria, dcrit)
         drills.append(spec)
+    history = raw.get("history")
+    if history is not None and (not isinstance(history, str) or not history.strip()):
+        raise _fail(path, "history", "expected an SQLite file path, a database URL or 'off'")
     return Plan(
         name=name,
         path=path.resolve(),
@@ -397,4 +403,5 @@ def load_plan(path: Path) -> Plan:
         drills=drills,
         platform=str(platform),
         target=target,
+        history=history,
     )

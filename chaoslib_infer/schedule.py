@@ -15,6 +15,10 @@
    /evidence/gameday-<UTC time>`` from the project's image (``Dockerfile``), as the
    ServiceAccount, non-root. ``/evidence`` is a PersistentVolumeClaim when one is named, else an
    ``emptyDir`` (the evidence then lives only as long as the pod; the log has the verdict).
+   Each run is appended to the history store (issue 32, :mod:`chaoslib_infer.history`) named by
+   ``$CHAOS_INFER_HISTORY``: the team's PostgreSQL URL from a Secret (``history_secret``, key
+   ``url``), else ``/evidence/history.sqlite`` on the PersistentVolumeClaim, else none (an
+   ``emptyDir`` would forget it with the pod).
 
 Nothing is sent to a cluster: the output is YAML to apply (``kubectl apply -f``).
 """
@@ -115,6 +119,9 @@ class ScheduleSpec:
         deadline_s: ``activeDeadlineSeconds`` of each run (seconds).
         evidence_pvc: PersistentVolumeClaim mounted at ``/evidence`` (None: ``emptyDir``).
         api_key_secret: Secret whose key ``api-key`` becomes ``$CHAOS_INFER_API_KEY`` (or None).
+        history_secret: Secret whose key ``url`` (``postgresql://USER:PASSWORD@HOST/DB``)
+            becomes ``$CHAOS_INFER_HISTORY``, the team's history store (or None: the PVC's
+            ``/evidence/history.sqlite``, else ``off``).
     """
 
     cron: str
@@ -126,6 +133,7 @@ class ScheduleSpec:
     deadline_s: int = 3600
     evidence_pvc: str | None = None
     api_key_secret: str | None = None
+    history_secret: str | None = None
 
 
 def _functions(experiment: dict[str, Any]) -> set[str]:
@@ -198,6 +206,18 @@ def _operator_allow(plan_path: Path) -> dict[str, list[str]]:
         "contexts": list(contexts),
         "namespaces": list(namespaces),
     }
+
+
+def _history_env(spec: ScheduleSpec) -> dict[str, Any]:
+    """``$CHAOS_INFER_HISTORY`` of the CronJob's pod: the team's store from the Secret, else an
+    SQLite file on the evidence claim, else ``off`` (an ``emptyDir`` dies with the pod)."""
+    name = "CHAOS_INFER_HISTORY"
+    if spec.history_secret:
+        return {
+            "name": name,
+            "valueFrom": {"secretKeyRef": {"name": spec.history_secret, "key": "url"}},
+        }
+    return {"name": name, "value": "/evidence/history.sqlite" if spec.evidence_pvc else "off"}
 
 
 def build_schedule(spec: ScheduleSpec) -> list[dict[str, Any]]:
@@ -273,13 +293,16 @@ def build_schedule(spec: ScheduleSpec) -> list[dict[str, Any]]:
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
+    env: list[dict[str, Any]] = []
     if spec.api_key_secret:
-        container["env"] = [
+        env.append(
             {
                 "name": "CHAOS_INFER_API_KEY",
                 "valueFrom": {"secretKeyRef": {"name": spec.api_key_secret, "key": "api-key"}},
             }
-        ]
+        )
+    env.append(_history_env(spec))
+    container["env"] = env
     evidence: dict[str, Any] = (
         {"name": "evidence", "persistentVolumeClaim": {"claimName": spec.evidence_pvc}}
         if spec.evidence_pvc

@@ -30,6 +30,9 @@ os.environ.setdefault("CHAOS_INFER_ALLOW_NAMESPACES", "llm")
 # 25 s at 8 req/s); the suite's own drills keep the 8 s they were written for (CI time), and
 # the default game day runs as shipped (labutil.run_default_gameday drops this).
 os.environ.setdefault("CHAOS_INFER_LOAD_WARMUP_S", "8")
+# The suite's runs write no history store (issue 32): the default, .chaos-infer/history.sqlite,
+# would be the checkout's and shared by every run; the history tests name their own (--history).
+os.environ.setdefault("CHAOS_INFER_HISTORY", "off")
 
 
 # A suite started from a non-interactive shell's background job (`.ci/run &`) inherits SIGINT

@@ -371,3 +371,30 @@ def test_only_the_delete_variant_gets_create_on_nodes(tmp_path: Path, target: Pa
         assert ("create" in verbs) is (variant == "delete"), (variant, verbs)
     assert NODE_ROLE in names["drain"] and "chaos-infer-node-delete" not in names["drain"]
     assert names["delete"] == names["drain"] | {"chaos-infer-node-delete"}
+
+
+@pytest.mark.parametrize(
+    ("args", "history"),
+    [
+        ((), {"value": "off"}),  # an emptyDir dies with the pod: no history
+        (("--evidence-pvc", "ev"), {"value": "/evidence/history.sqlite"}),
+        (
+            ("--evidence-pvc", "ev", "--history-secret", "chaos-db"),
+            {"valueFrom": {"secretKeyRef": {"name": "chaos-db", "key": "url"}}},
+        ),
+    ],
+)
+def test_the_cronjob_writes_to_the_team_s_history(
+    tmp_path: Path, target: Path, args: tuple[str, ...], history: dict[str, Any]
+) -> None:
+    """Issue 32: each scheduled run is appended to the history store $CHAOS_INFER_HISTORY
+    names: the team's database URL from a Secret, else an SQLite file on the evidence claim."""
+    docs = _schedule(tmp_path, target, *args)
+    env = docs[-1]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "CHAOS_INFER_HISTORY", **history} in env
+    assert (
+        client.ApiClient().sanitize_for_serialization(
+            client.ApiClient().deserialize(json.dumps(docs[-1]), "V1CronJob", "application/json")
+        )
+        == docs[-1]
+    )

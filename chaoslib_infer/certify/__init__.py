@@ -202,8 +202,13 @@ def certify_command(
     dry_run: bool = False,
     echo: Log = print,
     err: Log = print,
+    history: str | None = None,
 ) -> int:
     """What ``chaos-infer certify`` does; returns the exit status (module docstring).
+
+    ``history``: the history store a finished certification is appended to, each target
+    compared with its earlier certifications (:mod:`chaoslib_infer.history`; None: not
+    recorded; a store that cannot be written is one line, the evidence stands).
 
     Bad input (a target or plan file, an option) and an unreachable target print one line
     through ``err`` (``chaos-infer: error: ...``) and return 2. Every printed line is scrubbed of
@@ -260,5 +265,14 @@ def certify_command(
         err(redact_text(f"chaos-infer: error: {exc}", secrets))
         return 2
     say(console_table(summary))
+    if history is not None and summary.get("complete"):
+        from chaoslib_infer.history import record_summary
+
+        try:
+            record_summary(summary, out, history, say)
+        except Exception as exc:  # the evidence stands: a store failure is one line
+            say(
+                f"history: not recorded: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+            )
     say(f"report: {out / 'report.html'}")
     return 0 if all(t["verdict"] == "CERTIFIED" for t in summary["targets"]) else 1

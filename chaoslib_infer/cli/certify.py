@@ -34,6 +34,10 @@ __all__ = ["certify"]
 @click.option("--allow", multiple=True, metavar="PATTERN",
               help="Allow target URLs matching SCHEME://HOST[:PORT] (default: loopback only).")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Print the plan and the targets; send nothing.")
+@click.option("--history", "history", default=None, metavar="URL",
+              help="History store the certification is appended to (an SQLite path or "
+              "postgresql://...; 'off': none; default $CHAOS_INFER_HISTORY, else "
+              ".chaos-infer/history.sqlite).")  # fmt: skip
 def certify(
     targets: tuple[Path, ...],
     out_dir: Path,
@@ -43,6 +47,7 @@ def certify(
     soak_s: float | None,
     allow: tuple[str, ...],
     dry_run: bool,
+    history: str | None,
 ) -> None:
     """Certify inference providers side by side: three-phase load test, soak, client-side faults.
 
@@ -50,6 +55,14 @@ def certify(
     unreachable target, 130 when interrupted. See docs/certification.md.
     """
     from chaoslib_infer.certify import certify_command
+    from chaoslib_infer.history.store import database_url, resolve_where
+
+    where = resolve_where(history)
+    try:
+        if where is not None:
+            database_url(where, create=False)
+    except ConfigError as exc:
+        fail(str(exc))
 
     try:
         prepare_out_dir(out_dir, create=not dry_run)
@@ -67,6 +80,7 @@ def certify(
             dry_run,
             echo=click.echo,
             err=lambda m: click.echo(m, err=True),
+            history=where,
         )  # fmt: skip
     except UnicodeDecodeError as exc:  # a --target or --plan file
         fail(f"--target/--plan: a file is not UTF-8 text (byte {exc.start})")

@@ -99,6 +99,7 @@ def drill_run(
         lab=base.lab,
         drills=[spec],
         platform=base.platform,
+        history=base.history,
     )
     apply_gateway(the_plan, gateway, gateway_config)
     apply_load_vars(the_plan, load_vars or {})

@@ -44,6 +44,10 @@ class PlanRunOptions:
         prometheus: ``--prometheus URL``: read each drill's alerts from this server (None: the
             lab's own, :mod:`chaoslib_infer.evidence.detection`).
         rules: ``--rules FILE`` items: the team's rule files for the lab's Prometheus.
+        history: ``--history``: the history store (None: ``$CHAOS_INFER_HISTORY``, the plan's
+            ``history:``, else ``.chaos-infer/history.sqlite``; ``off``: none).
+        fail_on_regression: ``--fail-on-regression``: exit 1 and a junit failure when the
+            history comparison reads a drill ``regressed``.
     """
 
     target_url: str | None
@@ -58,6 +62,8 @@ class PlanRunOptions:
     verdict_policy: str | None = None
     prometheus: str | None = None
     rules: tuple[Path, ...] = ()
+    history: str | None = None
+    fail_on_regression: bool = False
 
     @property
     def k8s_file(self) -> Path | None:
@@ -346,7 +352,7 @@ def run_plan(the_plan: Any, out_dir: Path, opts: PlanRunOptions, label: str = "g
     with api_key_in_env(key):
         code = _validate_and_run(
             the_plan, out_dir, target_url, replicas, engine, overrides, dry_run, allow, k8s, criteria,
-            opts.junit_inconclusive, label, opts.prometheus, list(opts.rules),
+            opts.junit_inconclusive, label, opts.prometheus, list(opts.rules), opts,
         )  # fmt: skip
     if code is not None:
         sys.exit(code)
@@ -393,17 +399,22 @@ def _validate_and_run(
     label: str = "game day",
     prometheus: str | None = None,
     rules: list[Path] | None = None,
+    opts: PlanRunOptions | None = None,
 ) -> int | None:
     """The part of :func:`run_plan` that runs with the API key in the environment: the plan's
     experiments validated, then the dry-run print-out (None) or the preflight and the game day
     (its exit code). Exits 2 with one line on an error of the library."""
     from chaoslib_infer.gameday import run_gameday, validate_plan
+    from chaoslib_infer.history.store import database_url, resolve_where
 
     from .out_folder import out_folder_refusal
 
+    history = resolve_where(opts.history if opts else None, getattr(the_plan, "history", None))
     try:
         validate_plan(the_plan)  # after the key: experiments may reference $CHAOS_INFER_API_KEY
         prepare_out_dir(out_dir, create=False)
+        if history is not None:  # a malformed store name is refused before anything starts
+            database_url(history, create=False)
     except InferChaosError as exc:
         fail(str(exc))
         return None
@@ -444,6 +455,8 @@ def _validate_and_run(
             label=label,
             prometheus_url=prometheus,
             rules=rules,
+            history=history,
+            fail_on_regression=bool(opts and opts.fail_on_regression),
         )
     except InferChaosError as exc:
         fail(str(exc))
@@ -546,6 +559,19 @@ _TARGET_OPTIONS = [
         help="Load this Prometheus rule file (your team's alerts) into the lab's Prometheus "
         "beside the alert table and the SLO burn-rate rules (repeatable; checked with promtool "
         "before any fault).",
+        "--history",
+        default=None,
+        metavar="URL",
+        help="The history store the run is appended to and compared with: an SQLite file "
+        "path, sqlite:///PATH or postgresql://USER@HOST/DB, or 'off' (default: "
+        "$CHAOS_INFER_HISTORY, the plan's history:, else .chaos-infer/history.sqlite). "
+        "docs/definitions.md, 'History comparison'.",
+    ),
+    click.option(
+        "--fail-on-regression",
+        is_flag=True,
+        help="Exit 1 (and add a junit failure) when a drill's key figure regressed against "
+        "its last comparable runs; the drills' own verdicts are unchanged.",
     ),
 ]
 

@@ -71,6 +71,14 @@ __all__ = ["schedule"]
     help="Secret whose key 'api-key' is the target's API key ($CHAOS_INFER_API_KEY).",
 )
 @click.option(
+    "--history-secret",
+    default=None,
+    metavar="SECRET",
+    help="Secret whose key 'url' is the team's history store (postgresql://USER:PASSWORD@HOST/DB, "
+    "$CHAOS_INFER_HISTORY): every run is appended to it and compared with the last ones "
+    "(default: /evidence/history.sqlite on --evidence-pvc, else no history).",
+)
+@click.option(
     "--out",
     "out_file",
     default="-",
@@ -88,6 +96,7 @@ def schedule(
     deadline_s: int,
     evidence_pvc: str | None,
     api_key_secret: str | None,
+    history_secret: str | None,
     out_file: str,
 ) -> None:
     """Write a recurring game day as Kubernetes objects: ServiceAccount and RBAC (from
@@ -110,6 +119,7 @@ def schedule(
         deadline_s=deadline_s,
         evidence_pvc=evidence_pvc,
         api_key_secret=api_key_secret,
+        history_secret=history_secret,
     )
     try:
         docs = build_schedule(spec)

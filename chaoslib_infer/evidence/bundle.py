@@ -121,7 +121,27 @@ def junit_xml(summary: dict[str, Any], inconclusive: str | None = None) -> str:
         elif status in errors:
             ET.SubElement(case, "error", message=message, type=status).text = detail
         ET.SubElement(case, "system-out").text = detail
+    _regression_cases(suite, summary)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def _regression_cases(suite: ET.Element, summary: dict[str, Any]) -> None:
+    """With ``--fail-on-regression`` (``summary["history"]["fail_on_regression"]``): one
+    ``history:DRILL`` test case per drill the history comparison read ``regressed``, a
+    ``<failure type="regression">`` with the comparison's reasons (issue 32); the drills' own
+    cases are unchanged."""
+    hist = summary.get("history") or {}
+    if not hist.get("fail_on_regression"):
+        return
+    for name in hist.get("regressed") or []:
+        reasons = [str(r) for r in ((hist.get("drills") or {}).get(name) or {}).get("reasons", [])]
+        case = ET.SubElement(
+            suite, "testcase", classname="chaoslib_infer.history", name=f"history:{name}"
+        )
+        message = reasons[0] if reasons else "regressed against its history"
+        ET.SubElement(case, "failure", message=message, type="regression").text = "\n".join(reasons)
+        suite.set("tests", str(int(suite.get("tests") or 0) + 1))
+        suite.set("failures", str(int(suite.get("failures") or 0) + 1))
 
 
 def _figure(value: Any) -> str:

@@ -127,6 +127,7 @@ def evidence_block(
         if d.get("stop_condition"):
             stop = d["stop_condition"]
             lines.append(f"- Stopped by stop condition {stop.get('guard')}: {stop.get('reason')}.")
+        lines += _history_lines(summary, name)
         lines.append(
             f"- Evidence: [{name}/evidence.html]({_link(run_dir, f'{name}/evidence.html', runbook_dir)})"
             f" · [{name}/evidence.md]({_link(run_dir, f'{name}/evidence.md', runbook_dir)})"
@@ -152,6 +153,24 @@ def evidence_block(
             lines += [f"- `{name}/{f}`: `{digest}`" for f, digest in proofs]
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _history_lines(summary: dict[str, Any], name: str) -> list[str]:
+    """The drill's comparison with its history (``summary["history"]``, issue 32): one line
+    with the reading, the store's run number and the comparison's reasons; none when the run
+    was not recorded."""
+    hist = summary.get("history") or {}
+    comp = (hist.get("drills") or {}).get(name)
+    if not isinstance(comp, dict):
+        return []
+    runs = comp.get("runs") or []
+    against = f" against runs {', '.join(f'#{r}' for r in runs)}" if runs else ""
+    line = (
+        f"- History: run #{hist.get('run_id')} of `{hist.get('store')}`{against}: "
+        f"**{comp.get('reading')}**"
+    )
+    reasons = [str(r) for r in comp.get("reasons") or []]
+    return [line + (f" ({'; '.join(reasons)})" if reasons else "") + "."]
 
 
 def _held(value: Any) -> str:
