@@ -4,8 +4,8 @@ judged like the first, in every drill that judges the interruption.
 Synthetic records (unix seconds, ``tests/verdictkit.py``) through the real judge under the
 default policy; the drills' interruption figures computed as their rooms compute them
 (:func:`chaoslib_infer.drills.interruption.interruption_figures` over
-:func:`chaoslib_infer.measure.figures.interruption`), network-jitter's by the judge itself (its
-room has no interruption figure).
+:func:`chaoslib_infer.measure.figures.interruption`; network-jitter's over the logical requests'
+final outcomes, ``interruption_seen``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 from verdictkit import JITTER_GROUND, T0, rec
 
 from chaoslib_infer.drills.interruption import interruption_figures
+from chaoslib_infer.drills.network_jitter.figures import interruption_seen
 from chaoslib_infer.measure.episodes import episodes
 from chaoslib_infer.measure.figures import interruption
 from chaoslib_infer.verdict import DrillFacts, judge_drill
@@ -94,7 +95,9 @@ def run(
 def judge(drill: str, records: list[dict[str, Any]]) -> Any:
     ground, own, _ = DRILLS[drill]
     figures = dict(own)
-    if drill != "network-jitter":  # the rooms' own computation (drills/*/figures.py)
+    if drill == "network-jitter":  # over the users' final outcomes (its room's figures.py)
+        figures.update(interruption_seen(records, FAULT_AT))
+    else:  # the rooms' own computation (drills/*/figures.py)
         figures.update(interruption_figures(interruption(records, FAULT_AT)))
     return judge_drill(DrillFacts(drill, records, figures, dict(ground)))
 
@@ -156,3 +159,29 @@ def test_a_fault_costing_a_few_requests_mitigated_in_seconds_passes(drill: str) 
     assert got["interruption_s"]["label"].startswith("interruption (time out of SLO): 1 episode")
     assert got["budget_share"]["result"] == "pass"
     assert got["fast_burn_page"]["value"] == 0.0
+
+
+def test_network_jitter_counts_the_failures_its_users_saw_not_the_attempts_retried() -> None:
+    """A third of the first attempts time out for 20 s of jitter and are answered by a retry:
+    no user saw a failure, no episode (over the attempts it would read 20 s out of SLO); the
+    same requests failing at the end of their retries are an episode."""
+    records = []
+    for r in run((), None):
+        late = FAULT_AT <= r["sent_at"] < FAULT_AT + 20 and r["replica"] == "r0"
+        if not late:
+            records.append(r)
+            continue
+        first = rec(r["sent_at"], ok=False, e2e=1.0, replica=None, error_class="timeout")
+        retry = rec(r["sent_at"] + 1.0, replica="r1", rid=first["request_id"], attempt=2)
+        records += [{**first, "final": False}, retry]
+    over_attempts = interruption(records, FAULT_AT)["interruption_s"]
+    assert over_attempts == pytest.approx(20.55)  # from the stream cut at +0.075 s
+    v = judge("network-jitter", records)
+    got = rows(v)
+    assert (got["interruption_s"]["value"], got["interruption_s"]["result"]) == (0.0, "pass")
+    # the retries failed too: the users saw every one of those requests fail, 20 s out of SLO
+    gave_up = [
+        {**r, "ok": False, "error_class": "timeout"} if r["attempt"] == 2 else r for r in records
+    ]
+    v = judge("network-jitter", gave_up)
+    assert rows(v)["interruption_s"]["result"] == "fail" and v.state == "failed"

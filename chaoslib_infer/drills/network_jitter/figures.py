@@ -11,11 +11,19 @@ or the qdisc added/deleted), the generation ledger, and the shim's own stats fil
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.drills.interruption import interruption_figures
 from chaoslib_infer.measure.figkit import FAULT, REMOVED, DrillContext, Marker, mark, num
-from chaoslib_infer.measure.metrics import logical_stats, retry_stats, window_stats
+from chaoslib_infer.measure.figures import interruption
+from chaoslib_infer.measure.metrics import (
+    logical_outcomes,
+    logical_stats,
+    retry_stats,
+    window_stats,
+)
 from chaoslib_infer.measure.retrycost import generation_counts, wasted_tokens
 
 #: ``generation_counts`` and ``wasted_tokens`` live in :mod:`chaoslib_infer.measure.retrycost`
@@ -25,6 +33,7 @@ __all__ = [
     "compute",
     "fault_window",
     "generation_counts",
+    "interruption_seen",
     "markers",
     "wasted_tokens",
 ]
@@ -34,6 +43,19 @@ LEDGER_LABELS = ("jitter fault recorded", "jitter fault record cleared")
 KIND = "network-jitter"
 #: Ledger entries this long before the first send / after the last end still belong to the run (s).
 LEDGER_MARGIN_S = 5.0
+
+
+def interruption_seen(records: Sequence[Mapping[str, Any]], fault_at: float) -> dict[str, Any]:
+    """The interruption figures of the jitter as its users saw it: every episode out of SLO
+    (:func:`chaoslib_infer.measure.figures.interruption`) over the logical requests' final
+    outcomes (:func:`chaoslib_infer.measure.metrics.logical_outcomes`), so an attempt the
+    client's timeout gave up on and a retry then answered is no failure; what the retries cost
+    is judged by the retry-cost rows.
+
+    Returns:
+        :func:`chaoslib_infer.drills.interruption.interruption_figures`' keys.
+    """
+    return interruption_figures(interruption(logical_outcomes(records), fault_at))
 
 
 def fault_window(ctx: DrillContext) -> dict[str, Any] | None:
@@ -123,6 +145,8 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
       ``request_availability_during_jitter`` (logical requests, final outcome);
       ``timeout_rate_during_jitter``; ``requests_during_jitter`` (logical requests).
     - ``jitter_s``: window length (s).
+    - ``interruption_s`` and the episode figures (:func:`interruption_seen`): every episode out
+      of SLO from the injection on, over the logical requests' final outcomes.
 
     Ground truth (lab only): ``mechanism``, ``replica``, ``fault_at``/``cleared_at`` (unix s),
     ``removed_by``, ``delay_ms``/``jitter_ms``/``loss_pct``, ``generations_in_window`` and
@@ -175,6 +199,7 @@ def compute(ctx: DrillContext) -> tuple[dict[str, Any], dict[str, Any]]:
     figures["request_availability_during_jitter"] = num(logical.get("availability"))
     figures["timeout_rate_during_jitter"] = num(during.get("timeout_rate"))
     figures["jitter_s"] = (w_end - start) if end is not None else None
+    figures.update(interruption_seen(records, start))  # every episode, as the users saw them
 
     replica = str(fault.get("replica"))
     in_window = [
