@@ -271,3 +271,40 @@ def test_gameday_refuses_a_bad_prometheus_url_and_bad_rules_before_any_fault(
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"chaos-infer: error: --rules {bad}: promtool")
     assert not (tmp_path / "c" / "lab").exists()
+
+
+def test_scaled_windows_keep_the_factors_and_the_one_to_twelve_ratio() -> None:
+    page = slo_rules.scaled(slo_rules.PAGE_WINDOWS, 60)
+    assert page == (
+        slo_rules.BurnWindow("5s", "60s", 14.4),
+        slo_rules.BurnWindow("30s", "360s", 6.0),
+    )
+    assert slo_rules.scaled(slo_rules.PAGE_WINDOWS, 1) == slo_rules.PAGE_WINDOWS
+    with pytest.raises(ValueError, match="window_scale must be >= 1"):
+        slo_rules.scaled(slo_rules.PAGE_WINDOWS, 0.5)
+
+
+def test_plan_detection_reads_the_plan_and_refuses_bad_keys(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from chaoslib_infer.errors import ConfigError
+    from chaoslib_infer.evidence.detection import plan_detection
+
+    def plan(detection: Any) -> Any:
+        path = tmp_path / "plan.yaml"
+        path.write_text(yaml.safe_dump({"drills": [], "detection": detection}), encoding="utf-8")
+        return SimpleNamespace(path=path)
+
+    got = plan_detection(
+        plan({"window_scale": 60, "false_page": "off", "interval_s": 2}), None, None
+    )
+    assert got.window_scale == 60 and got.interval_s == 2.0 and got.prometheus is None
+    assert got.criteria == DetectionCriteria(false_page=False)
+    for bad, why in (
+        ({"window_scale": 0}, "window_scale must be >= 1"),
+        ({"interval_s": 0}, "interval_s must be within"),
+        ({"silent": "off"}, "unknown criterion 'silent'"),
+        ("yes", "detection: expected a mapping"),
+    ):
+        with pytest.raises(ConfigError, match=why):
+            plan_detection(plan(bad), None, None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.lab.slo_rules import PAGE_WINDOWS, TICKET_WINDOWS, scaled
 from chaoslib_infer.measure.detection import (
     client_burn_peak,
     detection_figures,
@@ -54,7 +55,9 @@ DETECTION_FILE = "detection.json"
 PENDING_COLOUR = "#bcbd22"
 FIRING_COLOUR = "#e377c2"
 #: The workbook's page conditions as ``(short, long, factor)``.
-PAGE_CONDITIONS: tuple[tuple[str, str, float], ...] = (("5m", "1h", 14.4), ("30m", "6h", 6.0))
+PAGE_CONDITIONS: tuple[tuple[str, str, float], ...] = tuple(
+    (w.short, w.long, w.factor) for w in PAGE_WINDOWS
+)
 
 
 @dataclass
@@ -326,20 +329,22 @@ def detection_summary(det: Mapping[str, Any]) -> str:
 class DetectionPlan:
     """What a game day was asked for: ``prometheus`` (an external server's URL, checked), the
     team's ``rules`` (checked with promtool), ``interval_s`` of the lab's server, the judged
-    ``criteria``; ``enabled`` False: no detection at all (plan ``detection: {enabled: false}``)."""
+    ``criteria``; ``enabled`` False: no detection at all (plan ``detection: {enabled: false}``);
+    ``window_scale``: the lab's burn-rate windows divided by it (1: the workbook's)."""
 
     prometheus: str | None = None
     rules: list[Path] = field(default_factory=list)
     interval_s: float = 1.0
     criteria: DetectionCriteria = field(default_factory=DetectionCriteria)
     enabled: bool = True
+    window_scale: float = 1.0
 
 
 def plan_detection(
     plan: Any, prometheus_url: str | None, rule_files: list[Path] | None
 ) -> DetectionPlan:
     """The game day's detection: the plan's ``detection:`` mapping (``prometheus``, ``rules``,
-    ``interval_s``, ``enabled``, and the criteria ``silent_page``, ``false_page``,
+    ``interval_s``, ``enabled``, ``window_scale``, and the criteria ``silent_page``, ``false_page``,
     ``baseline_alarm``, ``early_warning``: on/off), overridden by ``--prometheus`` / ``--rules``.
     Checked here, before the lab comes up and before any fault.
 
@@ -372,6 +377,8 @@ def plan_detection(
         if not 0.1 <= interval <= 60:
             raise ValueError("interval_s must be within 0.1..60 s")
         enabled = bool(raw.pop("enabled", True))
+        scale = float(raw.pop("window_scale", 1.0))
+        scaled(PAGE_WINDOWS, scale)  # refuses a scale below 1
         criteria = DetectionCriteria.from_mapping(raw)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{plan.path}: detection: {exc}") from None
@@ -382,7 +389,7 @@ def plan_detection(
             raise ConfigError(f"--prometheus: {exc}") from None
     if files:
         check_rules(files)
-    return DetectionPlan(str(url) if url else None, files, interval, criteria, enabled)
+    return DetectionPlan(str(url) if url else None, files, interval, criteria, enabled, scale)
 
 
 def start_detection(
@@ -414,10 +421,15 @@ def start_detection(
     if find_prometheus() is None:
         progress("detection: skipped, prometheus is not installed (Debian package prometheus)")
         return None, None
-    mon = start_monitoring(lab, interval_s=dplan.interval_s, slo=slo, rules=dplan.rules)
+    page = scaled(PAGE_WINDOWS, dplan.window_scale)
+    ticket = scaled(TICKET_WINDOWS, dplan.window_scale)
+    mon = start_monitoring(
+        lab, interval_s=dplan.interval_s, slo=slo, rules=dplan.rules, page=page, ticket=ticket
+    )
     progress(
         f"detection: Prometheus at {mon.server.url}, scrape and evaluation every "
-        f"{dplan.interval_s:g} s, {len(mon.server.rule_files)} rule file(s)"
+        f"{dplan.interval_s:g} s, {len(mon.server.rule_files)} rule file(s), page at "
+        + " or ".join(f"{w.factor:g}x over {w.long} & {w.short}" for w in page)
     )
     setup = DetectionSetup(
         mon.server.url,
@@ -425,6 +437,7 @@ def start_detection(
         "lab",
         dplan.criteria,
         slo,
+        tuple((w.short, w.long, w.factor) for w in page),
         exporter=mon.exporter,
         judged_files=[str(p) for p in dplan.rules] or None,
     )
