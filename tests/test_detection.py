@@ -119,7 +119,7 @@ def _samples(
 RULES = [
     {"name": "Page", "duration": 2.0, "labels": {"severity": "page"}, "query": "x > 0"},
     {"name": "Slow", "duration": 300.0, "labels": {"severity": "page"}, "query": "y > 0"},
-    {"name": "Noisy", "duration": 0.0, "labels": {"severity": "ticket"}, "query": "z > 0"},
+    {"name": "Noisy", "duration": 0.0, "labels": {"severity": "page"}, "query": "z > 0"},
     {"name": "Old", "duration": 0.0, "labels": {"severity": "page"}, "query": "w > 0"},
 ]
 
@@ -129,7 +129,7 @@ def _figures() -> dict[str, Any]:
     samples = [
         *_samples("Page", "page", [111.0, 112.0], [113.0, 114.0, 115.0, 116.0]),
         *_samples("Slow", "page", [111.0 + i for i in range(9)], []),
-        *_samples("Noisy", "ticket", [], [104.0, 105.0]),
+        *_samples("Noisy", "page", [], [104.0, 105.0]),
         *_samples("Old", "page", [], [90.0 + i for i in range(13)]),  # active from before
     ]
     eps = episodes(samples, 1.0)
@@ -162,9 +162,16 @@ def test_detection_figures_place_each_alert_against_the_fault() -> None:
 
 def test_judge_fails_silent_false_and_baseline_pages_and_passes_a_quiet_mitigated_fault() -> None:
     det = _figures()
-    rows, reasons = judge_detection(det, 30.0, True, 14.4)
-    # paged by Page: not silent; burn at the page rate: no false page; Noisy fired in baseline
-    assert reasons == ["detection: false alarm in the baseline, before any fault: Noisy at -6.0 s"]
+    rows, reasons = judge_detection(det, 30.0, True, 14.4, baseline_burn=0.5)
+    # paged by Page: not silent; burn at the page rate: no false page; Noisy paged in baseline
+    assert reasons == [
+        "detection: false alarm in the baseline, before any fault: Noisy at -6.0 s paged while "
+        "the budget burned at 0.5x, under the page rate"
+    ]
+    # the same page while the baseline burned at a page rate (earlier drills' failures in the
+    # long windows): due, not a false alarm
+    rows, reasons = judge_detection(det, 30.0, True, 14.4, baseline_burn=20, baseline_reached=True)
+    assert reasons == [] and rows[2]["result"] == "passed"
     # the same alerts while the burn stayed at 2x: Page is a false page
     rows, reasons = judge_detection(det, 2.0, False, 14.4)
     assert reasons[0].startswith("detection: false page: Page fired at +3.0 s")

@@ -159,11 +159,17 @@ def drill_detection(
             peak, reached, marginal = client_burn_peak(
                 setup.url, inj, end, setup.interval_s, budget, setup.page
             )
+            base_peak, base_reached, base_marginal = client_burn_peak(
+                setup.url, start, inj, setup.interval_s, budget, setup.page
+            )
+            base_reached = base_reached or base_marginal  # within 10 %: not a false alarm
         else:  # the team's server does not scrape the load client: the fault window's burn
             peak = records_burn(records, inj, fault_end, budget)
             low = min(f for _, _, f in setup.page)
             reached = peak is not None and peak >= low
             marginal = peak is not None and 0.9 * low <= peak < 1.1 * low
+            base_peak = records_burn(records, start, inj, budget)
+            base_reached = base_peak is not None and base_peak >= low
     except PrometheusAPIError as exc:
         return {"error": str(exc)}
     det = detection_figures(
@@ -187,6 +193,8 @@ def drill_detection(
         oom_kill_at_s=None if kill is None else kill - inj,
         marginal=marginal,
         judged=_judged(rule_list, setup.judged_files),
+        baseline_burn=base_peak,
+        baseline_reached=base_reached,
     )
     return {
         "injection_at": inj,
@@ -196,6 +204,7 @@ def drill_detection(
         "interval_s": setup.interval_s,
         "slo": setup.slo,
         "burn_peak": None if peak is None else round(peak, 3),
+        "baseline_burn_peak": None if base_peak is None else round(base_peak, 3),
         "page_rate": page_rate,
         "page_reached": reached,
         "page_marginal": marginal,
@@ -210,6 +219,12 @@ def _s(v: Any) -> str:
     return "-" if v is None else f"{v:+.1f} s"
 
 
+def _conditions(det: Mapping[str, Any]) -> str:
+    conds = det.get("page_conditions") or []
+    text = " or ".join(f"{c[2]:g}x over {c[1]} & {c[0]}" for c in conds if len(c) == 3)
+    return text or f"{det.get('page_rate')}x"
+
+
 def detection_markdown(det: Mapping[str, Any]) -> list[str]:
     """The "Detection" section of a drill's ``evidence.md`` (Markdown lines)."""
     out = ["", "## Detection", ""]
@@ -220,7 +235,8 @@ def detection_markdown(det: Mapping[str, Any]) -> list[str]:
         f"every {det.get('interval_s'):g} s; times from the injection. Time to detect: "
         f"{_s(det.get('time_to_detect_s'))} ({det.get('detected_by') or 'nothing fired'}); "
         f"time to page: {_s(det.get('time_to_page_s'))} ({det.get('paged_by') or 'no page'}); "
-        f"burn peak {det.get('burn_peak')}x against the {det.get('page_rate'):g}x page rate."
+        f"burn peak {det.get('burn_peak')}x (baseline {det.get('baseline_burn_peak')}x); "
+        f"pages at {_conditions(det)}."
     )
     out += [
         "",
@@ -456,7 +472,7 @@ def detection_line(det: Mapping[str, Any]) -> str:
     )
     if det.get("paged_by"):
         text += f"; paged by {det['paged_by']} at {det['time_to_page_s']:+.1f} s"
-    text += f"; burn peak {det.get('burn_peak')}x (page rate {det.get('page_rate'):g}x)"
+    text += f"; burn peak {det.get('burn_peak')}x (pages at {_conditions(det)})"
     for reason in det.get("reasons") or []:
         text += f"; {reason}"
     return text
