@@ -119,7 +119,7 @@ def _samples(
 RULES = [
     {"name": "Page", "duration": 2.0, "labels": {"severity": "page"}, "query": "x > 0"},
     {"name": "Slow", "duration": 300.0, "labels": {"severity": "page"}, "query": "y > 0"},
-    {"name": "Noisy", "duration": 0.0, "labels": {"severity": "ticket"}, "query": "z > 0"},
+    {"name": "Noisy", "duration": 0.0, "labels": {"severity": "page"}, "query": "z > 0"},
     {"name": "Old", "duration": 0.0, "labels": {"severity": "page"}, "query": "w > 0"},
 ]
 
@@ -129,7 +129,7 @@ def _figures() -> dict[str, Any]:
     samples = [
         *_samples("Page", "page", [111.0, 112.0], [113.0, 114.0, 115.0, 116.0]),
         *_samples("Slow", "page", [111.0 + i for i in range(9)], []),
-        *_samples("Noisy", "ticket", [], [104.0, 105.0]),
+        *_samples("Noisy", "page", [], [104.0, 105.0]),
         *_samples("Old", "page", [], [90.0 + i for i in range(13)]),  # active from before
     ]
     eps = episodes(samples, 1.0)
@@ -162,9 +162,16 @@ def test_detection_figures_place_each_alert_against_the_fault() -> None:
 
 def test_judge_fails_silent_false_and_baseline_pages_and_passes_a_quiet_mitigated_fault() -> None:
     det = _figures()
-    rows, reasons = judge_detection(det, 30.0, True, 14.4)
-    # paged by Page: not silent; burn at the page rate: no false page; Noisy fired in baseline
-    assert reasons == ["detection: false alarm in the baseline, before any fault: Noisy at -6.0 s"]
+    rows, reasons = judge_detection(det, 30.0, True, 14.4, baseline_burn=0.5)
+    # paged by Page: not silent; burn at the page rate: no false page; Noisy paged in baseline
+    assert reasons == [
+        "detection: false alarm in the baseline, before any fault: Noisy at -6.0 s paged while "
+        "the budget burned at 0.5x, under the page rate"
+    ]
+    # the same page while the baseline burned at a page rate (earlier drills' failures in the
+    # long windows): due, not a false alarm
+    rows, reasons = judge_detection(det, 30.0, True, 14.4, baseline_burn=20, baseline_reached=True)
+    assert reasons == [] and rows[2]["result"] == "passed"
     # the same alerts while the burn stayed at 2x: Page is a false page
     rows, reasons = judge_detection(det, 2.0, False, 14.4)
     assert reasons[0].startswith("detection: false page: Page fired at +3.0 s")
@@ -271,3 +278,40 @@ def test_gameday_refuses_a_bad_prometheus_url_and_bad_rules_before_any_fault(
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"chaos-infer: error: --rules {bad}: promtool")
     assert not (tmp_path / "c" / "lab").exists()
+
+
+def test_scaled_windows_keep_the_factors_and_the_one_to_twelve_ratio() -> None:
+    page = slo_rules.scaled(slo_rules.PAGE_WINDOWS, 60)
+    assert page == (
+        slo_rules.BurnWindow("5s", "60s", 14.4),
+        slo_rules.BurnWindow("30s", "360s", 6.0),
+    )
+    assert slo_rules.scaled(slo_rules.PAGE_WINDOWS, 1) == slo_rules.PAGE_WINDOWS
+    with pytest.raises(ValueError, match="window_scale must be >= 1"):
+        slo_rules.scaled(slo_rules.PAGE_WINDOWS, 0.5)
+
+
+def test_plan_detection_reads_the_plan_and_refuses_bad_keys(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from chaoslib_infer.errors import ConfigError
+    from chaoslib_infer.evidence.detection import plan_detection
+
+    def plan(detection: Any) -> Any:
+        path = tmp_path / "plan.yaml"
+        path.write_text(yaml.safe_dump({"drills": [], "detection": detection}), encoding="utf-8")
+        return SimpleNamespace(path=path)
+
+    got = plan_detection(
+        plan({"window_scale": 60, "false_page": "off", "interval_s": 2}), None, None
+    )
+    assert got.window_scale == 60 and got.interval_s == 2.0 and got.prometheus is None
+    assert got.criteria == DetectionCriteria(false_page=False)
+    for bad, why in (
+        ({"window_scale": 0}, "window_scale must be >= 1"),
+        ({"interval_s": 0}, "interval_s must be within"),
+        ({"silent": "off"}, "unknown criterion 'silent'"),
+        ("yes", "detection: expected a mapping"),
+    ):
+        with pytest.raises(ConfigError, match=why):
+            plan_detection(plan(bad), None, None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.lab.slo_rules import PAGE_WINDOWS, TICKET_WINDOWS, scaled
 from chaoslib_infer.measure.detection import (
     client_burn_peak,
     detection_figures,
@@ -54,7 +55,9 @@ DETECTION_FILE = "detection.json"
 PENDING_COLOUR = "#bcbd22"
 FIRING_COLOUR = "#e377c2"
 #: The workbook's page conditions as ``(short, long, factor)``.
-PAGE_CONDITIONS: tuple[tuple[str, str, float], ...] = (("5m", "1h", 14.4), ("30m", "6h", 6.0))
+PAGE_CONDITIONS: tuple[tuple[str, str, float], ...] = tuple(
+    (w.short, w.long, w.factor) for w in PAGE_WINDOWS
+)
 
 
 @dataclass
@@ -156,11 +159,17 @@ def drill_detection(
             peak, reached, marginal = client_burn_peak(
                 setup.url, inj, end, setup.interval_s, budget, setup.page
             )
+            base_peak, base_reached, base_marginal = client_burn_peak(
+                setup.url, start, inj, setup.interval_s, budget, setup.page
+            )
+            base_reached = base_reached or base_marginal  # within 10 %: not a false alarm
         else:  # the team's server does not scrape the load client: the fault window's burn
             peak = records_burn(records, inj, fault_end, budget)
             low = min(f for _, _, f in setup.page)
             reached = peak is not None and peak >= low
             marginal = peak is not None and 0.9 * low <= peak < 1.1 * low
+            base_peak = records_burn(records, start, inj, budget)
+            base_reached = base_peak is not None and base_peak >= low
     except PrometheusAPIError as exc:
         return {"error": str(exc)}
     det = detection_figures(
@@ -184,6 +193,8 @@ def drill_detection(
         oom_kill_at_s=None if kill is None else kill - inj,
         marginal=marginal,
         judged=_judged(rule_list, setup.judged_files),
+        baseline_burn=base_peak,
+        baseline_reached=base_reached,
     )
     return {
         "injection_at": inj,
@@ -193,6 +204,7 @@ def drill_detection(
         "interval_s": setup.interval_s,
         "slo": setup.slo,
         "burn_peak": None if peak is None else round(peak, 3),
+        "baseline_burn_peak": None if base_peak is None else round(base_peak, 3),
         "page_rate": page_rate,
         "page_reached": reached,
         "page_marginal": marginal,
@@ -207,6 +219,12 @@ def _s(v: Any) -> str:
     return "-" if v is None else f"{v:+.1f} s"
 
 
+def _conditions(det: Mapping[str, Any]) -> str:
+    conds = det.get("page_conditions") or []
+    text = " or ".join(f"{c[2]:g}x over {c[1]} & {c[0]}" for c in conds if len(c) == 3)
+    return text or f"{det.get('page_rate')}x"
+
+
 def detection_markdown(det: Mapping[str, Any]) -> list[str]:
     """The "Detection" section of a drill's ``evidence.md`` (Markdown lines)."""
     out = ["", "## Detection", ""]
@@ -217,7 +235,8 @@ def detection_markdown(det: Mapping[str, Any]) -> list[str]:
         f"every {det.get('interval_s'):g} s; times from the injection. Time to detect: "
         f"{_s(det.get('time_to_detect_s'))} ({det.get('detected_by') or 'nothing fired'}); "
         f"time to page: {_s(det.get('time_to_page_s'))} ({det.get('paged_by') or 'no page'}); "
-        f"burn peak {det.get('burn_peak')}x against the {det.get('page_rate'):g}x page rate."
+        f"burn peak {det.get('burn_peak')}x (baseline {det.get('baseline_burn_peak')}x); "
+        f"pages at {_conditions(det)}."
     )
     out += [
         "",
@@ -326,20 +345,22 @@ def detection_summary(det: Mapping[str, Any]) -> str:
 class DetectionPlan:
     """What a game day was asked for: ``prometheus`` (an external server's URL, checked), the
     team's ``rules`` (checked with promtool), ``interval_s`` of the lab's server, the judged
-    ``criteria``; ``enabled`` False: no detection at all (plan ``detection: {enabled: false}``)."""
+    ``criteria``; ``enabled`` False: no detection at all (plan ``detection: {enabled: false}``);
+    ``window_scale``: the lab's burn-rate windows divided by it (1: the workbook's)."""
 
     prometheus: str | None = None
     rules: list[Path] = field(default_factory=list)
     interval_s: float = 1.0
     criteria: DetectionCriteria = field(default_factory=DetectionCriteria)
     enabled: bool = True
+    window_scale: float = 1.0
 
 
 def plan_detection(
     plan: Any, prometheus_url: str | None, rule_files: list[Path] | None
 ) -> DetectionPlan:
     """The game day's detection: the plan's ``detection:`` mapping (``prometheus``, ``rules``,
-    ``interval_s``, ``enabled``, and the criteria ``silent_page``, ``false_page``,
+    ``interval_s``, ``enabled``, ``window_scale``, and the criteria ``silent_page``, ``false_page``,
     ``baseline_alarm``, ``early_warning``: on/off), overridden by ``--prometheus`` / ``--rules``.
     Checked here, before the lab comes up and before any fault.
 
@@ -372,6 +393,8 @@ def plan_detection(
         if not 0.1 <= interval <= 60:
             raise ValueError("interval_s must be within 0.1..60 s")
         enabled = bool(raw.pop("enabled", True))
+        scale = float(raw.pop("window_scale", 1.0))
+        scaled(PAGE_WINDOWS, scale)  # refuses a scale below 1
         criteria = DetectionCriteria.from_mapping(raw)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{plan.path}: detection: {exc}") from None
@@ -382,7 +405,7 @@ def plan_detection(
             raise ConfigError(f"--prometheus: {exc}") from None
     if files:
         check_rules(files)
-    return DetectionPlan(str(url) if url else None, files, interval, criteria, enabled)
+    return DetectionPlan(str(url) if url else None, files, interval, criteria, enabled, scale)
 
 
 def start_detection(
@@ -414,10 +437,15 @@ def start_detection(
     if find_prometheus() is None:
         progress("detection: skipped, prometheus is not installed (Debian package prometheus)")
         return None, None
-    mon = start_monitoring(lab, interval_s=dplan.interval_s, slo=slo, rules=dplan.rules)
+    page = scaled(PAGE_WINDOWS, dplan.window_scale)
+    ticket = scaled(TICKET_WINDOWS, dplan.window_scale)
+    mon = start_monitoring(
+        lab, interval_s=dplan.interval_s, slo=slo, rules=dplan.rules, page=page, ticket=ticket
+    )
     progress(
         f"detection: Prometheus at {mon.server.url}, scrape and evaluation every "
-        f"{dplan.interval_s:g} s, {len(mon.server.rule_files)} rule file(s)"
+        f"{dplan.interval_s:g} s, {len(mon.server.rule_files)} rule file(s), page at "
+        + " or ".join(f"{w.factor:g}x over {w.long} & {w.short}" for w in page)
     )
     setup = DetectionSetup(
         mon.server.url,
@@ -425,6 +453,7 @@ def start_detection(
         "lab",
         dplan.criteria,
         slo,
+        tuple((w.short, w.long, w.factor) for w in page),
         exporter=mon.exporter,
         judged_files=[str(p) for p in dplan.rules] or None,
     )
@@ -443,7 +472,7 @@ def detection_line(det: Mapping[str, Any]) -> str:
     )
     if det.get("paged_by"):
         text += f"; paged by {det['paged_by']} at {det['time_to_page_s']:+.1f} s"
-    text += f"; burn peak {det.get('burn_peak')}x (page rate {det.get('page_rate'):g}x)"
+    text += f"; burn peak {det.get('burn_peak')}x (pages at {_conditions(det)})"
     for reason in det.get("reasons") or []:
         text += f"; {reason}"
     return text

@@ -4,13 +4,16 @@
 Debian's Prometheus (:mod:`chaoslib_infer.lab.prometheus_server`) scraping every replica's
 ``/metrics``, HAProxy's exporter, the lab's cgroup memory and the load client's counters, with
 three rule files: the alert table (``chaos-infer alerts``), the availability SLO's burn-rate
-rules (:mod:`chaoslib_infer.lab.slo_rules`) and the team's own (``--rules``). The lab's teardown
+rules (:mod:`chaoslib_infer.lab.slo_rules`) and the team's own (``--rules``). The engines'
+targets are a ``file_sd`` file rewritten whenever a replica's address changes (node loss moves
+replicas to the spare node; Prometheus picks the change up within about 5 s). The lab's teardown
 stops the server (its pid file); :meth:`LabMonitoring.close` stops both at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,13 +74,33 @@ def start_monitoring(
         ConfigError: no prometheus binary, a refused rule file, the server not ready.
     """
 
+    work = lab.state_dir / prometheus_server.PROMETHEUS_DIR / "rules"
+    work.mkdir(parents=True, exist_ok=True)
+    engine_sd = work.parent / "engine-targets.json"
+    written: list[str] = []
+
+    def _engine_targets() -> None:
+        """Rewrite the engines' targets file when a replica moved (node loss, a spare node)."""
+        with contextlib.suppress(Exception):
+            reps = [(r["name"], int(r["port"])) for r in lab.meta["replicas"]]
+            doc = [
+                {"targets": [f"{lab.replica_host(n)}:{port}"], "labels": {"replica": n}}
+                for n, port in reps
+            ]
+            text = json.dumps(doc, sort_keys=True)
+            if written != [text]:
+                tmp = engine_sd.with_suffix(".tmp")
+                tmp.write_text(text, encoding="utf-8")
+                tmp.replace(engine_sd)  # atomic: Prometheus never reads half a file
+                written[:] = [text]
+
     def _cgroups() -> dict[str, MemoryCgroup]:
+        _engine_targets()  # each scrape of /metrics/lab (every interval) checks the placement
         return {n: lab.replica_cgroup(n) for n in lab.replica_names()}
 
+    _engine_targets()
     exporter = LabExporter(_cgroups)
     try:
-        work = lab.state_dir / prometheus_server.PROMETHEUS_DIR / "rules"
-        work.mkdir(parents=True, exist_ok=True)
         table = work / "alert-rules.yaml"
         table.write_text(yaml.safe_dump(rule_file(alert_config), sort_keys=False), "utf-8")
         burn = work / "slo-burn-rate.yaml"
@@ -85,16 +108,18 @@ def start_monitoring(
         burn.write_text(yaml.safe_dump(doc, sort_keys=False), "utf-8")
         meta = lab.meta
         jobs = {
-            "engine": [
-                f"{lab.replica_host(r['name'])}:{int(r['port'])}/metrics" for r in meta["replicas"]
-            ],
             "lab": [f"127.0.0.1:{exporter.port}/metrics/lab"],
             "client": [f"127.0.0.1:{exporter.port}/metrics/client"],
         }
         if meta.get("haproxy_metrics_port"):
             jobs["haproxy"] = [f"127.0.0.1:{int(meta['haproxy_metrics_port'])}/metrics"]
         server = prometheus_server.start(
-            lab.state_dir, jobs, [table, burn, *(rules or [])], interval_s, wait_scraped=False
+            lab.state_dir,
+            jobs,
+            [table, burn, *(rules or [])],
+            interval_s,
+            wait_scraped=False,
+            file_sd={"engine": (engine_sd, "/metrics")},
         )
     except BaseException:
         exporter.close()

@@ -116,8 +116,15 @@ def _duration(seconds: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-def render_config(interval_s: float, jobs: dict[str, list[str]], rule_files: list[Path]) -> str:
-    """``prometheus.yml``: one scrape job per ``jobs`` key, each target ``host:port/path``.
+def render_config(
+    interval_s: float,
+    jobs: dict[str, list[str]],
+    rule_files: list[Path],
+    file_sd: dict[str, tuple[Path, str]] | None = None,
+) -> str:
+    """``prometheus.yml``: one scrape job per ``jobs`` key, each target ``host:port/path``; and
+    one per ``file_sd`` key, ``(targets file, metrics path)``, whose targets file (Prometheus'
+    ``file_sd`` JSON, re-read when it changes) the lab rewrites as its replicas move.
 
     Raises:
         ValueError: a non-positive interval.
@@ -139,6 +146,15 @@ def render_config(interval_s: float, jobs: dict[str, list[str]], rule_files: lis
                     "static_configs": [{"targets": hosts, "labels": {"lab_job": job}}],
                 }
             )
+    for job, (sd_file, path) in (file_sd or {}).items():
+        scrape.append(
+            {
+                "job_name": job,
+                "metrics_path": path,
+                "scrape_timeout": _duration(min(interval_s, 10.0)),
+                "file_sd_configs": [{"files": [str(sd_file)], "refresh_interval": "5s"}],
+            }
+        )
     doc = {
         "global": {
             "scrape_interval": _duration(interval_s),
@@ -180,6 +196,7 @@ def start(
     binary: str | None = None,
     ready_timeout_s: float = 20.0,
     wait_scraped: bool = True,
+    file_sd: dict[str, tuple[Path, str]] | None = None,
 ) -> PrometheusServer:
     """Start Prometheus under ``state_dir/prometheus`` and wait until it is ready and has scraped
     every target once (about 5 s: its scrape manager applies targets on a 5 s tick).
@@ -193,6 +210,7 @@ def start(
         ready_timeout_s: how long to wait for ``/-/ready``.
         wait_scraped: also wait for every target's first scrape (False: return at ``/-/ready``,
             the game day's way: its first drill's warm-up outlasts the 5 s tick).
+        file_sd: jobs whose targets a file lists (:func:`render_config`).
 
     Raises:
         ConfigError: no binary, a refused rule file, or the server not ready in time (its log's
@@ -209,7 +227,7 @@ def start(
     shutil.rmtree(work / "data", ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     cfg = work / "prometheus.yml"
-    cfg.write_text(render_config(interval_s, jobs, rule_files), encoding="utf-8")
+    cfg.write_text(render_config(interval_s, jobs, rule_files, file_sd), encoding="utf-8")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (work / "prometheus.log").open("wb")
@@ -255,11 +273,18 @@ def _terminate(pid: int, process: subprocess.Popen[bytes] | None = None) -> None
         else:
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
+                if not _running(pid):
                     return
                 time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def stop_in(state_dir: Path) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "TICKET_WINDOWS",
     "BurnWindow",
     "burn_rate_rules",
+    "scaled",
     "sli_record",
 ]
 
@@ -59,6 +60,35 @@ class BurnWindow:
 PAGE_WINDOWS: tuple[BurnWindow, ...] = (BurnWindow("5m", "1h", 14.4), BurnWindow("30m", "6h", 6.0))
 #: The workbook's ticket condition: 1x over 3 d and 6 h.
 TICKET_WINDOWS: tuple[BurnWindow, ...] = (BurnWindow("6h", "3d", 1.0),)
+
+
+_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _seconds(duration: str) -> float:
+    m = re.match(r"^(\d+)(ms|s|m|h|d|w)$", duration)
+    if not m:
+        raise ValueError(f"burn-rate window {duration!r} is not a Prometheus duration")
+    return int(m.group(1)) * _SECONDS[m.group(2)]
+
+
+def scaled(windows: tuple[BurnWindow, ...], scale: float) -> tuple[BurnWindow, ...]:
+    """``windows`` with both windows divided by ``scale`` (whole seconds, at least 1 s): a
+    time-compressed lab where a drill's seconds stand for a real incident's minutes
+    (``scale`` 60: 14.4x over 1 min and 5 s). The factors are kept.
+
+    Raises:
+        ValueError: ``scale`` below 1.
+    """
+    if not scale >= 1:
+        raise ValueError(f"window_scale must be >= 1, got {scale!r}")
+    if scale == 1:
+        return windows
+    out = []
+    for w in windows:
+        short, long_ = (max(1, round(_seconds(d) / scale)) for d in (w.short, w.long))
+        out.append(BurnWindow(f"{short}s", f"{long_}s", w.factor))
+    return tuple(out)
 
 
 def sli_record(window: str) -> str:

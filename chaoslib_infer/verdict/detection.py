@@ -9,7 +9,9 @@ Judged by default (each can be turned off: plan ``detection: {silent_page: off, 
   no series for its selector, a ``for:`` longer than the condition held, the condition never held).
 - ``false_page``: the burn stayed below every page rate, yet a page alert began and fired after the
   injection: FAILED, its own reason.
-- ``baseline_alarm``: an alert began and *fired* in the baseline, before any fault: FAILED.
+- ``baseline_alarm``: a page alert began and *fired* in the baseline, before any fault, while the
+  baseline's burn stayed under every page rate: FAILED. (A page the earlier drills' burn still
+  explains, in the long windows, is due; tickets and watches there are reported.)
 
 Reported, never judged by default: alerts that only went pending, ticket and watch alerts, the
 table's minutes-long ``for:`` alerts whose condition held but whose ``for:`` outlasted the drill's
@@ -69,6 +71,8 @@ def judge_detection(
     *,
     marginal: bool = False,
     judged: set[str] | None = None,
+    baseline_burn: float | None = None,
+    baseline_reached: bool = False,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Judge a drill's detection figures (:func:`chaoslib_infer.measure.detection.
     detection_figures`).
@@ -84,6 +88,8 @@ def judge_detection(
         marginal: the burn came within 10 % of a page rate (either way): neither a silent nor
             a false page is judged (one evaluation's timing would decide).
         judged: the alerts whose pages count (the team's rules under ``--rules``); None: all.
+        baseline_burn, baseline_reached: the page conditions' peak burn in the baseline and
+            whether it reached a page rate (then a page there is due, not a false alarm).
 
     Returns:
         ``(rows, reasons)``: one row per criterion (``criterion``, ``value``, ``result``:
@@ -147,13 +153,27 @@ def judge_detection(
         rows.append(_row("false_page", len(pages), "failed", reason))
     else:
         rows.append(_row("false_page", len(pages), "passed", ""))
-    # baseline alarms
-    fired = [a for a in det.get("baseline_alarms") or [] if a.get("firing_s") is not None]
+    # baseline alarms: pages that began and fired before the fault, while the budget burned
+    # below every page rate (a page the earlier drills' burn explains is no false alarm)
+    fired = [
+        a
+        for a in det.get("baseline_alarms") or []
+        if a.get("firing_s") is not None
+        and a.get("severity") == "page"
+        and (judged is None or a.get("alert") in judged)
+    ]
+    base_txt = "unmeasured" if baseline_burn is None else f"{baseline_burn:.1f}x"
     if not c.baseline_alarm:
         rows.append(_row("baseline_alarm", len(fired), "not judged", "turned off"))
+    elif fired and baseline_reached:
+        note = f"the baseline burned at {base_txt}, at a page rate: the page is due"
+        rows.append(_row("baseline_alarm", len(fired), "passed", note))
     elif fired:
         named = ", ".join(f"{a['alert']} at {a['firing_s']:+.1f} s" for a in fired)
-        reason = f"detection: false alarm in the baseline, before any fault: {named}"
+        reason = (
+            f"detection: false alarm in the baseline, before any fault: {named} paged while "
+            f"the budget burned at {base_txt}, under the page rate"
+        )
         reasons.append(reason)
         rows.append(_row("baseline_alarm", len(fired), "failed", reason))
     else:
