@@ -559,6 +559,8 @@ _TARGET_OPTIONS = [
         help="Load this Prometheus rule file (your team's alerts) into the lab's Prometheus "
         "beside the alert table and the SLO burn-rate rules (repeatable; checked with promtool "
         "before any fault).",
+    ),
+    click.option(
         "--history",
         default=None,
         metavar="URL",
