@@ -128,7 +128,7 @@ def test_old_evidence_folders_import_and_trend(tmp_path: Path) -> None:
     assert doc["runs"][-1]["settings_changed"] == ["gateway.gateway_retry: true -> false"]
     assert doc["comparison"]["reading"] == "not compared"
     assert doc["comparison"]["settings_changed"] == ["gateway.gateway_retry: true -> false"]
-    code, out, _ = _cli("history", "trend", "--history", db, "--last", "3")
+    code, out, _ = _cli("history", "--history", db, "trend", "--last", "3")  # the group's store
     assert "-- settings changed: gateway.gateway_retry: true -> false" in out
     assert "newest run vs the ones before it: not compared" in out
     code, out, _ = _cli("history", "list", "--history", db, "--since", "2999-01-01")
