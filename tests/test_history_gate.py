@@ -141,3 +141,24 @@ def test_a_certification_is_recorded_per_target() -> None:
     ]
     assert run.drills[0].figures == {"p99_e2e_s": 1.25}
     assert run.drills[0].settings_hash != run.drills[1].settings_hash  # each target its own
+
+
+def test_a_store_that_cannot_be_written_is_one_line_and_the_run_goes_on(tmp_path: Path) -> None:
+    from chaoslib_infer.gameday import record_history
+
+    lines: list[str] = []
+    summary = _summary(False)
+    summary.pop("history")
+    got = record_history(summary, tmp_path, "postgresql://nobody:pw@127.0.0.1:1/x", lines.append)
+    assert got["store"] == "postgresql://nobody:***@127.0.0.1:1/x"  # the password hidden
+    assert "cannot open" in got["error"]
+    assert len(lines) == 1 and lines[0].startswith("history: not recorded: history: ")
+    assert "pw" not in lines[0]
+    partial = {**summary, "complete": False}
+    assert record_history(partial, tmp_path, str(tmp_path / "h.sqlite"), lines.append) == {
+        "store": str(tmp_path / "h.sqlite"),
+        "error": "the run did not complete: not recorded",
+    }
+    ok = record_history(summary, tmp_path, str(tmp_path / "h.sqlite"), lines.append)
+    assert ok["run_id"] == 1 and ok["regressed"] == []
+    assert ok["drills"]["oom-kill"]["reading"] == "not compared"

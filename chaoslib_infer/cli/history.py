@@ -63,8 +63,14 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead
 
 
 def _where(option: str | None) -> str:
+    """The store: the subcommand's ``--history``, else the group's (``history --history URL
+    trend``), else the environment's, else the default."""
     from chaoslib_infer.history.store import DEFAULT_HISTORY, resolve_where
 
+    ctx = click.get_current_context(silent=True)
+    if option is None and ctx is not None and ctx.parent is not None:
+        group = ctx.parent.params.get("where")
+        option = group if isinstance(group, str) else None
     return resolve_where(option) or DEFAULT_HISTORY
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .compare import DrillComparison, Past, compare_drill
+from .compare import MIN_RUNS, DrillComparison, Past, compare_drill
 from .record import RunRecord, record_from_summary, unix_of
 from .render import trend_doc
 from .store import HistoryStore, StoredDrill, open_store, shown_url
@@ -48,7 +48,8 @@ def record_summary(
         summary: the run's summary.
         source: its evidence folder.
         where: the store (:func:`~.store.database_url`).
-        progress: where the one line per regressed or improved drill goes.
+        progress: where the lines go: one per reason of a drill that regressed, improved or
+            changed settings, then one line with the run's id and the readings' counts.
 
     Returns:
         ``summary.json``'s ``history`` block: ``store`` (password hidden), ``run_id``,
@@ -68,9 +69,17 @@ def record_summary(
             for d in run.drills
         }
     regressed = [name for name, c in comparisons.items() if c.reading == "regressed"]
+    counts: dict[str, int] = {}
     for name, c in comparisons.items():
-        for reason in c.reasons:
-            progress(f"history: {name} {c.reading.upper()}: {reason}")
+        counts[c.reading] = counts.get(c.reading, 0) + 1
+        if c.reading in ("regressed", "improved") or c.settings_changed:
+            for reason in c.reasons:
+                progress(f"history: {name} {c.reading.upper()}: {reason}")
+    progress(
+        f"history: run #{run_id} in {shown_url(where)}; "
+        + ", ".join(f"{n} drill(s) {reading}" for reading, n in sorted(counts.items()))
+        + (f" (fewer than {MIN_RUNS} comparable runs)" if "not compared" in counts else "")
+    )
     return {
         "store": shown_url(where),
         "run_id": run_id,
