@@ -274,7 +274,9 @@ def test_quota_cut_on_a_cluster_holds_by_the_pods_that_served_and_their_load() -
     v = judge_drill(DrillFacts("quota-cut", records, figures, ground))
     row = {r["criterion"]: r for r in v.rows}["instances_held"]
     assert (row["value"], row["result"]) == (1.0, "pass"), row
-    assert row["note"].startswith("2 of the quota's 2 replicas served during the cut (records)")
+    assert row["note"].startswith(
+        "2 of the quota's 2 replicas served within the SLO during the cut (records)"
+    )
     assert "load carried: vllm-a " in row["note"] and ", vllm-b " in row["note"]
     assert v.state == "passed", v.reasons
     anonymous = load(T0, T0 + 30, (None,))

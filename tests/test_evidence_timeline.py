@@ -363,12 +363,17 @@ def test_upstream_interruption_counts_failures_still_pending_in_the_settling_win
 
 def test_upstream_interruption_stops_at_a_settled_window() -> None:
     recs = _upstream_records()
-    # a request sent at 30 s that fails at 31 s is a new incident: it is not in flight in the
-    # window after the hung ones, so it does not stretch the interruption
+    # a request sent at 30 s that fails at 31 s is a new episode: it is not in flight in the
+    # window after the hung ones, so it does not stretch the first one; it counts on its own
     recs += [_attempt(f"late{i}", 1, 25.0 + i * 0.25, 25.4 + i * 0.25, True) for i in range(40)]
     recs.append(_attempt("new", 1, 30.0, 31.0, False))
     got = upstream_timeout.interruption(recs, T0 + 8.0, settle_s=5.0)
-    assert got["last_failure_at"] == T0 + 19.64 and got["failed_requests"] == 4
+    first = upstream_timeout.interruption(recs[:-1], T0 + 8.0, settle_s=5.0)
+    assert first["last_failure_at"] == T0 + 19.64 and first["failed_requests"] == 4
+    assert got["interruption_s"] == pytest.approx(first["interruption_s"])  # + 0 s
+    assert got["episodes"] == 2 and got["failed_requests"] == 5
+    assert got["episode_spans"][0][1] == pytest.approx(19.64 - 8.0)
+    assert got["last_failure_at"] == T0 + 31.0
     # no failure at all: 0 and settled; data ending inside the window: not settled
     assert upstream_timeout.interruption(recs[:100], T0 + 8.0)["interruption_s"] == 0.0
     short = [r for r in _upstream_records() if r["end_at"] <= T0 + 21.0]

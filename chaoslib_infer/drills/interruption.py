@@ -1,5 +1,8 @@
 """The interruption figures every drill that kills or drops replicas reports (node-loss, oom-kill,
-simultaneous-restarts); their criteria: :func:`chaoslib_infer.drills.criterion.interruption`.
+simultaneous-restarts) and network-jitter (over its users' final outcomes): the time out of SLO
+over every episode from the injection on (``measure/episodes.py``); their criteria:
+:func:`chaoslib_infer.drills.criterion.interruption` (network-jitter's through
+:data:`chaoslib_infer.verdict.criteria.EPISODES_JUDGED`).
 
 Dependency-free: a room's ``figures.py`` hands it what
 :func:`chaoslib_infer.measure.figures.interruption` returned.
