@@ -337,7 +337,9 @@ def run_drill(
             None
             if detection is None
             else lambda e: apply_detection(
-                e, drill_detection(detection, e, _records(drill_dir)), drill_dir
+                e,
+                drill_detection(detection, e, _records(drill_dir), spec.kind or spec.name),
+                drill_dir,
             )
         ),
     )

@@ -124,6 +124,7 @@ def drill_detection(
     setup: DetectionSetup,
     entry: Mapping[str, Any],
     records: list[dict[str, Any]],
+    kind: str | None = None,
 ) -> dict[str, Any]:
     """Read and judge one drill's detection.
 
@@ -133,6 +134,8 @@ def drill_detection(
             ``ground_truth.fault_at`` place the baseline and the fault).
         records: the drill's attempt records (the burn rate where the server does not scrape
             the load client).
+        kind: the drill's kind; ``oom-kill`` reports the early warning (the memory alert's
+            condition before the kill, ``ground_truth.replica_died_at``).
 
     Returns:
         The ``detection`` block: the figures, ``burn_peak``, ``page_rate``, ``rows``,
@@ -183,7 +186,7 @@ def drill_detection(
         missing=missing,
     )
     page_rate = min(f for _, _, f in setup.page)
-    kill = _num(ground.get("oom_killed_at")) or _num(ground.get("killed_at"))
+    kill = _num(ground.get("replica_died_at")) if kind == "oom-kill" else None
     rows, reasons = judge_detection(
         det,
         peak,
