@@ -116,7 +116,7 @@ def _missing(url: str, rule_list: list[dict[str, Any]], at: float) -> dict[str, 
             except PrometheusAPIError:
                 continue
         if why:
-            out[str(r.get("name"))] = why
+            out[str(r.get("name"))] = list(dict.fromkeys(why))
     return out
 
 
@@ -332,7 +332,11 @@ def detection_summary(det: Mapping[str, Any]) -> str:
         )
     if det.get("paged_by") and det.get("paged_by") != det.get("detected_by"):
         parts.append(f"paged by {det['paged_by']} at {det['time_to_page_s']:+.1f} s")
-    if not det.get("paged_by"):
+    if det.get("already_paging") and not det.get("paged_by"):
+        parts.append(
+            "already paging when the fault was injected: " + ", ".join(det["already_paging"])
+        )
+    elif not det.get("paged_by"):
         silent = [
             f"{r['alert']} ({r.get('why_silent', 'did not fire')})"
             for r in det.get("rules") or []
@@ -493,8 +497,10 @@ def scorecard_row(drills: list[dict[str, Any]]) -> dict[str, Any] | None:
     failed = [r for d in dets for r in d.get("reasons") or []]
     count = {k: sum(1 for r in failed if k in r) for k in ("silent page", "false page", "baseline")}
     expected = sum(1 for d in dets if d.get("page_reached"))
+    already = sum(1 for d in dets if d.get("already_paging") and d.get("time_to_page_s") is None)
     note = (
-        f"{len(pages)} of {len(dets)} drills paged ({expected} burned at a page rate); "
+        f"{len(pages)} of {len(dets)} drills paged, {already} found the page already up "
+        f"({expected} burned at a page rate); "
         f"silent pages {count['silent page']}, false pages {count['false page']}, "
         f"baseline alarms {count['baseline']}; slowest time to page shown"
     )
