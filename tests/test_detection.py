@@ -315,3 +315,20 @@ def test_plan_detection_reads_the_plan_and_refuses_bad_keys(tmp_path: Path) -> N
     ):
         with pytest.raises(ConfigError, match=why):
             plan_detection(plan(bad), None, None)
+
+
+def test_oom_kill_early_warning_is_reported_and_judged_only_when_asked() -> None:
+    det = {
+        "alerts": [],
+        "rules": [{"alert": "GPUMemoryHigh", "severity": "page", "condition_held_s": 2.0}],
+    }
+    rows, reasons = judge_detection(det, 1.0, False, 14.4, oom_kill_at_s=12.0)
+    ew = {r["criterion"]: r for r in rows}["early_warning"]
+    assert ew["result"] == "not judged" and ew["value"] == 10.0
+    assert "held 10.0 s before the kill" in ew["note"] and reasons == []
+    late = {**det, "rules": [{**det["rules"][0], "condition_held_s": 13.0}]}
+    on = DetectionCriteria(early_warning=True)
+    rows, reasons = judge_detection(late, 1.0, False, 14.4, on, oom_kill_at_s=12.0)
+    assert reasons == [
+        "detection: no early warning: no memory alert's condition held before the kill"
+    ]
