@@ -295,7 +295,7 @@ def test_plan_detection_reads_the_plan_and_refuses_bad_keys(tmp_path: Path) -> N
     from types import SimpleNamespace
 
     from chaoslib_infer.errors import ConfigError
-    from chaoslib_infer.evidence.detection import plan_detection
+    from chaoslib_infer.evidence.detection_plan import plan_detection
 
     def plan(detection: Any) -> Any:
         path = tmp_path / "plan.yaml"
