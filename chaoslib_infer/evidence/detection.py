@@ -152,16 +152,16 @@ def drill_detection(
         rule_list = rules(setup.url)
         missing = _missing(setup.url, rule_list, fault_end)
         if setup.source == "lab":
-            peak, reached, marginal = client_burn_peak(
+            peak, peak_factor, reached, marginal = client_burn_peak(
                 setup.url, inj, end, setup.interval_s, budget, setup.page
             )
-            base_peak, base_reached, base_marginal = client_burn_peak(
+            base_peak, _, base_reached, base_marginal = client_burn_peak(
                 setup.url, start, inj, setup.interval_s, budget, setup.page
             )
             base_reached = base_reached or base_marginal  # within 10 %: not a false alarm
         else:  # the team's server does not scrape the load client: the fault window's burn
             peak = records_burn(records, inj, fault_end, budget)
-            low = min(f for _, _, f in setup.page)
+            low = peak_factor = min(f for _, _, f in setup.page)
             reached = peak is not None and peak >= low
             marginal = peak is not None and 0.9 * low <= peak < 1.1 * low
             base_peak = records_burn(records, start, inj, budget)
@@ -178,7 +178,8 @@ def drill_detection(
         interval_s=setup.interval_s,
         missing=missing,
     )
-    page_rate = min(f for _, _, f in setup.page)
+    # the rate the burn is read against: the condition that came closest to paging
+    page_rate = peak_factor or min(f for _, _, f in setup.page)
     kill = _num(ground.get("replica_died_at")) if kind == "oom-kill" else None
     rows, reasons = judge_detection(
         det,

@@ -42,7 +42,8 @@ def detection_markdown(det: Mapping[str, Any]) -> list[str]:
         f"every {det.get('interval_s'):g} s; times from the injection. Time to detect: "
         f"{_s(det.get('time_to_detect_s'))} ({det.get('detected_by') or 'nothing fired'}); "
         f"time to page: {_s(det.get('time_to_page_s'))} ({det.get('paged_by') or 'no page'}); "
-        f"burn peak {det.get('burn_peak')}x (baseline {det.get('baseline_burn_peak')}x); "
+        f"burn peak {det.get('burn_peak')}x against the {det.get('page_rate')}x condition "
+        f"(baseline {det.get('baseline_burn_peak')}x); "
         f"pages at {_conditions(det)}."
     )
     out += [
@@ -127,7 +128,10 @@ def detection_line(det: Mapping[str, Any]) -> str:
     )
     if det.get("paged_by"):
         text += f"; paged by {det['paged_by']} at {det['time_to_page_s']:+.1f} s"
-    text += f"; burn peak {det.get('burn_peak')}x (pages at {_conditions(det)})"
+    text += (
+        f"; burn peak {det.get('burn_peak')}x against the {det.get('page_rate')}x condition "
+        f"(pages at {_conditions(det)})"
+    )
     for reason in det.get("reasons") or []:
         text += f"; {reason}"
     return text
