@@ -150,6 +150,8 @@ def test_a_fault_that_pages_and_a_mitigated_one_that_must_not(server: Any) -> No
         in (rules["TeamWrongLabel"]["why_silent"])
     )
     assert det["reasons"] == []  # paged: not silent; burned at the page rate: not false
+    assert det["read_s"] < 5.0, det["read_s"]  # a game day must not get much slower
+    print(f"\ndetection read in {det['read_s']:.3f} s")
     # --prometheus URL (a server that does not scrape our client): the same alerts, the burn
     # from the drill's own records over the fault window
     recs = [json.loads(line) for line in records.read_text().splitlines()]

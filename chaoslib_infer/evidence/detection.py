@@ -147,6 +147,7 @@ def drill_detection(
     fault_end = _num(fault.get("end")) or end
     time.sleep(max(0.0, end + 2 * setup.interval_s - time.time()))  # the last evaluations
     budget = 1.0 - setup.slo
+    t_read = time.monotonic()
     try:
         samples = alert_samples(setup.url, start - 2 * setup.interval_s, end + setup.interval_s)
         rule_list = rules(setup.url)
@@ -209,6 +210,7 @@ def drill_detection(
         **det,
         "rows": rows,
         "reasons": reasons,
+        "read_s": round(time.monotonic() - t_read, 3),  # what reading it added to the drill
     }
 
 
