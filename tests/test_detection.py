@@ -332,3 +332,21 @@ def test_oom_kill_early_warning_is_reported_and_judged_only_when_asked() -> None
     assert reasons == [
         "detection: no early warning: no memory alert's condition held before the kill"
     ]
+
+
+def test_without_the_prometheus_binary_the_game_day_goes_on_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from chaoslib_infer.evidence import detection_plan
+    from chaoslib_infer.lab import prometheus_server
+
+    monkeypatch.setattr(prometheus_server, "find_prometheus", lambda: None)
+    lines: list[str] = []
+    got = detection_plan.start_detection(detection_plan.DetectionPlan(), object(), {}, lines.append)
+    assert got == (None, None)
+    assert lines == ["detection: skipped, prometheus is not installed (Debian package prometheus)"]
+    # turned off in the plan: nothing started, nothing said
+    lines.clear()
+    off = detection_plan.DetectionPlan(enabled=False)
+    assert detection_plan.start_detection(off, object(), {}, lines.append) == (None, None)
+    assert lines == []

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaoslib_infer.errors import ConfigError
 from chaoslib_infer.evidence.detection import DetectionSetup
 from chaoslib_infer.lab.slo_rules import PAGE_WINDOWS, TICKET_WINDOWS, scaled
 from chaoslib_infer.measure.prom_api import PrometheusAPIError
@@ -92,10 +93,7 @@ def start_detection(
 ) -> tuple[Any, DetectionSetup | None]:
     """Start the lab's Prometheus (or use the external one) and return ``(monitoring or None,
     setup or None)``. Without the ``prometheus`` binary the game day goes on without detection
-    and says so in one line.
-
-    Raises:
-        ConfigError: the server did not start (a refused rule file, not ready in time).
+    and says so in one line; so it does when the server does not start (not ready in time).
     """
     from chaoslib_infer.lab.monitoring import start_monitoring
     from chaoslib_infer.lab.prometheus_server import find_prometheus
@@ -115,9 +113,13 @@ def start_detection(
         return None, None
     page = scaled(PAGE_WINDOWS, dplan.window_scale)
     ticket = scaled(TICKET_WINDOWS, dplan.window_scale)
-    mon = start_monitoring(
-        lab, interval_s=dplan.interval_s, slo=slo, rules=dplan.rules, page=page, ticket=ticket
-    )
+    try:
+        mon = start_monitoring(
+            lab, interval_s=dplan.interval_s, slo=slo, rules=dplan.rules, page=page, ticket=ticket
+        )
+    except (ConfigError, OSError) as exc:  # the drills still run; their evidence says why
+        progress(f"detection: skipped, the lab's Prometheus did not start: {exc}")
+        return None, None
     progress(
         f"detection: Prometheus at {mon.server.url}, scrape and evaluation every "
         f"{dplan.interval_s:g} s, {len(mon.server.rule_files)} rule file(s), page at "
