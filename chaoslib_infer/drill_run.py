@@ -22,12 +22,8 @@ from chaoslib_infer.chaoslib_hooks import interrupt_on_sigterm, no_pause_after_i
 from chaoslib_infer.controls.guard import STOP_CONDITION_FILE
 from chaoslib_infer.controls.load import LOAD_ERROR_FILE, WARMUP_FILE, stop_load
 from chaoslib_infer.errors import ConfigError
-from chaoslib_infer.evidence.detection import (
-    DetectionSetup,
-    apply_detection,
-    detection_line,
-    drill_detection,
-)
+from chaoslib_infer.evidence.detection import DetectionSetup, apply_detection, drill_detection
+from chaoslib_infer.evidence.detection_view import detection_line
 from chaoslib_infer.evidence.journal import read_journal
 from chaoslib_infer.evidence.render import write_atomic
 from chaoslib_infer.evidence.verdicts import write_residue
@@ -337,7 +333,9 @@ def run_drill(
             None
             if detection is None
             else lambda e: apply_detection(
-                e, drill_detection(detection, e, _records(drill_dir)), drill_dir
+                e,
+                drill_detection(detection, e, _records(drill_dir), spec.kind or spec.name),
+                drill_dir,
             )
         ),
     )

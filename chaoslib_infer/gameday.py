@@ -40,7 +40,7 @@ from chaoslib_infer.evidence.bundle import (
     tool_versions,
     write_manifest,
 )
-from chaoslib_infer.evidence.detection import plan_detection, start_detection
+from chaoslib_infer.evidence.detection_plan import plan_detection, start_detection
 from chaoslib_infer.evidence.render import render_index, write_atomic
 from chaoslib_infer.gameday_evidence import K8S_OMITTED, drill_evidence, headline, verdict_table
 from chaoslib_infer.lab import ledger

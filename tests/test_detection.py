@@ -295,7 +295,7 @@ def test_plan_detection_reads_the_plan_and_refuses_bad_keys(tmp_path: Path) -> N
     from types import SimpleNamespace
 
     from chaoslib_infer.errors import ConfigError
-    from chaoslib_infer.evidence.detection import plan_detection
+    from chaoslib_infer.evidence.detection_plan import plan_detection
 
     def plan(detection: Any) -> Any:
         path = tmp_path / "plan.yaml"
@@ -315,3 +315,38 @@ def test_plan_detection_reads_the_plan_and_refuses_bad_keys(tmp_path: Path) -> N
     ):
         with pytest.raises(ConfigError, match=why):
             plan_detection(plan(bad), None, None)
+
+
+def test_oom_kill_early_warning_is_reported_and_judged_only_when_asked() -> None:
+    det = {
+        "alerts": [],
+        "rules": [{"alert": "GPUMemoryHigh", "severity": "page", "condition_held_s": 2.0}],
+    }
+    rows, reasons = judge_detection(det, 1.0, False, 14.4, oom_kill_at_s=12.0)
+    ew = {r["criterion"]: r for r in rows}["early_warning"]
+    assert ew["result"] == "not judged" and ew["value"] == 10.0
+    assert "held 10.0 s before the kill" in ew["note"] and reasons == []
+    late = {**det, "rules": [{**det["rules"][0], "condition_held_s": 13.0}]}
+    on = DetectionCriteria(early_warning=True)
+    rows, reasons = judge_detection(late, 1.0, False, 14.4, on, oom_kill_at_s=12.0)
+    assert reasons == [
+        "detection: no early warning: no memory alert's condition held before the kill"
+    ]
+
+
+def test_without_the_prometheus_binary_the_game_day_goes_on_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from chaoslib_infer.evidence import detection_plan
+    from chaoslib_infer.lab import prometheus_server
+
+    monkeypatch.setattr(prometheus_server, "find_prometheus", lambda: None)
+    lines: list[str] = []
+    got = detection_plan.start_detection(detection_plan.DetectionPlan(), object(), {}, lines.append)
+    assert got == (None, None)
+    assert lines == ["detection: skipped, prometheus is not installed (Debian package prometheus)"]
+    # turned off in the plan: nothing started, nothing said
+    lines.clear()
+    off = detection_plan.DetectionPlan(enabled=False)
+    assert detection_plan.start_detection(off, object(), {}, lines.append) == (None, None)
+    assert lines == []

@@ -150,6 +150,16 @@ def test_a_fault_that_pages_and_a_mitigated_one_that_must_not(server: Any) -> No
         in (rules["TeamWrongLabel"]["why_silent"])
     )
     assert det["reasons"] == []  # paged: not silent; burned at the page rate: not false
+    assert det["read_s"] < 5.0, det["read_s"]  # a game day must not get much slower
+    print(f"\ndetection read in {det['read_s']:.3f} s")
+    # --prometheus URL (a server that does not scrape our client): the same alerts, the burn
+    # from the drill's own records over the fault window
+    recs = [json.loads(line) for line in records.read_text().splitlines()]
+    ext = DetectionSetup(srv.url, INTERVAL, "external", DetectionCriteria(), SLO, _setup("").page)
+    det_ext = drill_detection(ext, _entry(marks), recs)
+    assert det_ext["source"] == "external" and det_ext["page_reached"]
+    assert det_ext["burn_peak"] == pytest.approx(1.0 / (1 - SLO), rel=0.05)  # all failed
+    assert det_ext["paged_by"] == det["paged_by"] and det_ext["reasons"] == []
     # 2. a mitigated fault: 4 % of requests fail (4x burn, under 14.4x): the SLO page stays
     # quiet, the naive team rule pages anyway, judged a false page
     records2 = d / "drill2.jsonl"

@@ -384,7 +384,7 @@ def test_the_labs_prometheus_scrapes_every_job_and_goes_down_with_the_lab(lab: L
     from chaoslib_infer.measure.prom_api import instant
 
     log_before = (lab.state_dir / "haproxy-requests.log").read_text(errors="replace").count("\n")
-    mon = start_monitoring(lab, interval_s=0.5)
+    mon = start_monitoring(lab, interval_s=1.0)
     try:
         url = mon.server.url
 
@@ -393,11 +393,12 @@ def test_the_labs_prometheus_scrapes_every_job_and_goes_down_with_the_lab(lab: L
             jobs: dict[str, list[str]] = {}
             for r in ups:
                 jobs.setdefault(r["metric"]["job"], []).append(r["value"][1])
-            return jobs if {"engine", "haproxy", "lab", "client"} <= set(jobs) else None
+            up = all(jobs.get(j) == ["1"] for j in ("haproxy", "lab", "client"))
+            return jobs if up and len(jobs.get("engine", [])) == 2 else None
 
-        jobs = _wait_for(scraped, 30, "every job scraped once")
-        assert jobs["haproxy"] == ["1"] and jobs["lab"] == ["1"] and jobs["client"] == ["1"]
-        assert len(jobs["engine"]) == 2  # the stand-in has no /metrics: listed, down
+        # every job answered a scrape (one that timed out on a busy machine is tried again);
+        # the stand-in engine has no /metrics: its two targets are listed, down
+        _wait_for(scraped, 30, "every job scraped and up")
         assert instant(url, "haproxy_process_uptime_seconds")  # HAProxy's own exporter
         used = {
             r["metric"]["replica"]: float(r["value"][1])

@@ -313,7 +313,7 @@ def drill_plots(
     Returns:
         ``(plots, omitted)``: ``[(png, caption)]`` in display order, ``[(caption, reason)]``.
     """
-    from chaoslib_infer.evidence.detection import detection_markers
+    from chaoslib_infer.evidence.detection_view import detection_markers
     from chaoslib_infer.evidence.figures import (
         kind_module,
         read_jsonl,

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.detection import detection_summary
+from chaoslib_infer.evidence.detection_view import detection_summary
 from chaoslib_infer.evidence.render import fmt, write_atomic
 
 __all__ = ["END", "START", "evidence_block", "fill_runbook_text", "fill_runbooks", "runbook_path"]

@@ -41,7 +41,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from chaoslib_infer.evidence.detection import scorecard_row
+from chaoslib_infer.evidence.detection_view import scorecard_row
 from chaoslib_infer.load.records import read_records
 from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED
 

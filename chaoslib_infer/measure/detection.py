@@ -314,20 +314,23 @@ def client_burn_peak(
     budget: float,
     windows: Iterable[tuple[str, str, float]],
     counter: str = "chaos_infer_client_requests_total",
-) -> tuple[float | None, bool, bool]:
+) -> tuple[float | None, float | None, bool, bool]:
     """The highest burn rate the page conditions saw from ``start`` to ``end``, measured from the
     load client's own counters (not the rule's metric): for each ``(short, long, factor)``,
     ``min(burn over short, burn over long)`` at each evaluation step.
 
     Returns:
-        ``(peak burn rate, reached, marginal)``: ``reached`` when a condition's burn reached its
-        factor; ``marginal`` when its closest approach was within 10 % of the factor either way
-        (one evaluation's timing decides: neither a silent nor a false page is judged).
-        ``(None, False, False)`` when the counters had no series. Burn = failed share / budget.
+        ``(peak, factor, reached, marginal)``: the peak burn of the condition that came closest
+        to its rate (the highest burn / factor) and that factor; ``reached`` when a condition's
+        burn reached its factor; ``marginal`` when its closest approach was within 10 % of the
+        factor either way (one evaluation's timing decides: neither a silent nor a false page is
+        judged). ``(None, None, False, False)`` when the counters had no series.
+        Burn = failed share / ``budget``.
     """
     from chaoslib_infer.measure.prom_api import range_query
 
     peak: float | None = None
+    peak_factor: float | None = None
     reached = marginal = False
     for short, long_, factor in windows:
         series = []
@@ -336,10 +339,11 @@ def client_burn_peak(
             series.append(dict(range_query(base, q, start, end, interval_s)))
         for t in set(series[0]) & set(series[1]):
             burn = min(series[0][t], series[1][t]) / budget
-            peak = burn if peak is None else max(peak, burn)
+            if peak is None or peak_factor is None or burn / factor > peak / peak_factor:
+                peak, peak_factor = burn, factor
             reached = reached or burn >= factor
             marginal = marginal or 0.9 * factor <= burn < 1.1 * factor
-    return peak, reached, marginal
+    return peak, peak_factor, reached, marginal
 
 
 def records_burn(
