@@ -41,19 +41,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from chaoslib_infer.drills.traffic_spike.shed import without_shed
 from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED, interruption, recovery_outcome
 from chaoslib_infer.measure.health import health_disagreement
 from chaoslib_infer.measure.inflight import cut_off_timeouts
 from chaoslib_infer.measure.metrics import (
     TIMEOUT_CLASSES,
     logical_outcomes,
-    logical_stats,
     retry_stats,
     select,
     window_stats,
 )
-from chaoslib_infer.measure.mitigation import burn_rate
 from chaoslib_infer.measure.retrycost import retried
 
 from . import client as vclient
@@ -66,19 +63,19 @@ from .criteria import GATEWAY_ONLY, MIN_REQUESTS, Criterion, criteria_for
 from .episodes import name_episode_row
 from .facts import STATES, DrillFacts, Verdict, format_value, num
 from .mitigation import (
-    BACK,
-    MITIGATED,
+    exits_in,
     fault_over,
     is_engine_fault,
     judge_back,
     judge_mitigated,
-    mitigation_note,
+    mitigation_records,
     mitigation_time,
     mitigation_window,
+    recovery_values,
 )
 from .policy import apply_policy
 from .provider_errors import provider_error_rows
-from .spike import SHED_BOUND, spike_values
+from .spike import spike_values
 from .state import (
     CLIENT_LAG,
     FIGURE_ERROR_PREFIX,
@@ -502,97 +499,26 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     values = _values(facts, tl, w, sel, failures) if w else {}
     if facts.drill == "traffic-spike":  # shedding as its own class (verdict/spike.py)
         values.update(spike_values(crits, w, sel))
-    mitigated = _mitigation_records(facts, crits, w, sel)
+    mitigated = mitigation_records(facts.drill, crits, w, sel)
+    slo = facts.policy.slo_availability
     if w:
-        slo = facts.policy.slo_availability
-        values.update(_recovers(tl, w, mitigated, sel, mitigation_s, source, slo))
+        values.update(
+            recovery_values(tl, w, mitigated, sel, (mitigation_s, source), slo, SETTLE_AFTER_S)
+        )
     if "mitigation" in info:
         info["mitigation"].update(mitigation_s=mitigation_s, source=source)
     rows = [judged_row(c, *values.get(c.name, (None, None))) for c in crits]
+    latency = not client_bound(rows)  # a client that fell behind: its latencies are suspect
     if "after" in w:  # an SLO rate of the after window: the binomial test (verdict/steady.py)
         judge_after_rows(rows, sel("after"), facts.window_settings)
-        judge_back(rows, sel("after"), crits, facts.window_settings)
+        judge_back(rows, sel("after"), crits, facts.window_settings, latency)
     if "mitigation" in w:  # the fault still on after its mitigation time (verdict/mitigation.py)
-        exits = _exits_in(facts.ground, *w["mitigation"])
-        slo = facts.policy.slo_availability
-        judge_mitigated(rows, mitigated, crits, slo, facts.window_settings, exits)
+        exits = exits_in(facts.ground, *w["mitigation"])
+        judge_mitigated(rows, mitigated, crits, slo, facts.window_settings, exits, latency)
     rows = name_lost_row(rows, sel("fault") if "fault" in w else None)
     rows = name_episode_row(rows, facts, tl.fault_at)  # every episode out of SLO, named
     blamed = add_blame(apply_policy(rows, facts.policy), facts, failures, {n: sel(n) for n in w})
     return tl, w, sel, info, blamed
-
-
-def _mitigation_records(
-    facts: DrillFacts,
-    crits: Sequence[Criterion],
-    w: dict[str, tuple[float, float]],
-    sel: Callable[[str], list[dict[str, Any]]],
-) -> list[dict[str, Any]]:
-    """The mitigation window's records; traffic-spike's without its fast 429/503 sheds (judged
-    by their own budget while the spike is on, :mod:`chaoslib_infer.verdict.spike`)."""
-    if "mitigation" not in w:
-        return []
-    recs = sel("mitigation")
-    if facts.drill == "traffic-spike":
-        bound = next((c.threshold for c in crits if c.name == SHED_BOUND), None)
-        recs = without_shed(recs, bound)
-    return recs
-
-
-def _exits_in(ground: Mapping[str, Any], a: float, b: float) -> int:
-    """Exits of the faulted replicas in ``[a, b)`` (an engine fault's ``replica_exits``)."""
-    return sum(
-        1
-        for e in ground.get("replica_exits") or []
-        if isinstance(e, Mapping) and isinstance(e.get("t"), int | float) and a <= e["t"] < b
-    )
-
-
-def _recovers(
-    tl: Timeline,
-    w: dict[str, tuple[float, float]],
-    mitigated: list[dict[str, Any]],
-    sel: Callable[[str], list[dict[str, Any]]],
-    mitigation_s: float,
-    source: str,
-    slo: float,
-) -> dict[str, tuple[float | None, str | None]]:
-    """The values of :data:`~chaoslib_infer.verdict.mitigation.MITIGATED` (the mitigation
-    window's burn rate, judged by :func:`~chaoslib_infer.verdict.mitigation.judge_mitigated`)
-    and :data:`~chaoslib_infer.verdict.mitigation.BACK` (the after window's availability,
-    :func:`~chaoslib_infer.verdict.mitigation.judge_back`); too few requests read unmeasured."""
-    need = MIN_REQUESTS["fault"]
-    out: dict[str, tuple[float | None, str | None]] = {}
-    if "mitigation" in w:
-        a, b = w["mitigation"]
-        stats = logical_stats(mitigated, None, None)
-        n = int(stats.get("requests") or 0)
-        span = f"{a - (tl.fault_at or a):g} s to {b - (tl.fault_at or a):.1f} s after the injection"
-        if n < need:
-            out[MITIGATED] = (
-                None,
-                f"{RECOVERY_UNMEASURED}the mitigation window ({span}; mitigation time from "
-                f"{source}) holds {n} requests (< {need}): the fault was not held long enough",
-            )
-        else:
-            out[MITIGATED] = (burn_rate(int(stats.get("failed") or 0), n, slo), None)
-    elif tl.fault_at is not None:
-        out[MITIGATED] = (None, mitigation_note(tl.fault_at, tl.fault_end, mitigation_s, source))
-    if "after" in w:
-        after = logical_stats(sel("after"), None, None)
-        n = int(after.get("requests") or 0)
-        out[BACK] = (
-            (num(after.get("availability")), None)
-            if n >= need
-            else (None, f"{RECOVERY_UNMEASURED}the after window holds {n} requests (< {need})")
-        )
-    elif tl.fault_at is not None:
-        out[BACK] = (
-            None,
-            f"{RECOVERY_UNMEASURED}no after window: the load ended within {SETTLE_AFTER_S:g} s "
-            "of the fault's end",
-        )
-    return out
 
 
 def _without_client_outcomes(

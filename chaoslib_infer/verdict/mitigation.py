@@ -26,11 +26,13 @@ mitigation time with it; a drill without one takes :data:`MITIGATION_DEFAULT_S`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from chaoslib_infer.drills.traffic_spike.shed import without_shed
 from chaoslib_infer.measure.binomial import WindowTest
+from chaoslib_infer.measure.figures import RECOVERY_UNMEASURED
 from chaoslib_infer.measure.metrics import logical_stats
 from chaoslib_infer.measure.mitigation import (
     budget_gone_in_s,
@@ -40,8 +42,9 @@ from chaoslib_infer.measure.mitigation import (
 )
 from chaoslib_infer.measure.slo import bad_word
 
-from .criteria import Criterion
-from .facts import format_value
+from .criteria import MIN_REQUESTS, Criterion
+from .facts import format_value, num
+from .spike import SHED_BOUND
 from .steady import slo_tests
 from .timeline import Timeline
 
@@ -54,13 +57,16 @@ __all__ = [
     "MITIGATION_DEFAULT_S",
     "NOT_BACK",
     "NOT_MITIGATED",
+    "exits_in",
     "fault_over",
     "is_engine_fault",
     "judge_back",
     "judge_mitigated",
     "mitigation_note",
+    "mitigation_records",
     "mitigation_time",
     "mitigation_window",
+    "recovery_values",
 ]
 
 #: The mitigation row and the after window's row.
@@ -206,6 +212,7 @@ def judge_mitigated(
     slo_availability: float,
     settings: Mapping[str, float] | None = None,
     crash_exits: int = 0,
+    latency: bool = True,
 ) -> None:
     """Judge in place the :data:`MITIGATED` row over the mitigation window's ``records``.
 
@@ -214,14 +221,15 @@ def judge_mitigated(
     it gains ``test`` and ``statement``. Failed, its label becomes the reason's head: ``"not
     mitigated: failure rate X while the fault was on (burn rate Y; the month's budget gone in Z
     at this rate; CLASSES)"``, the classes named (:func:`failure_classes`, ``crash_exits`` the
-    faulted replica's exits in the window).
+    faulted replica's exits in the window). ``latency`` False (a client that fell behind)
+    leaves the P99 test out: its latencies are suspect, the failures are not.
     """
     row = next((r for r in rows if r["criterion"] == MITIGATED), None)
     if row is None or row["result"] not in ("pass", "fail") or row["threshold"] is None:
         return
     allowed = 1.0 - float(row["threshold"]) * (1.0 - slo_availability)
     keep = [c for c in _swap(crits, allowed) if c.name in ("availability", "p99_e2e_s")]
-    tests = slo_tests(records, keep, settings)
+    tests = slo_tests(records, keep, settings, latency)
     if "availability" not in tests:
         return
     failed = _failed_tests(tests)
@@ -252,14 +260,16 @@ def judge_back(
     records: Sequence[Mapping[str, Any]],
     crits: Sequence[Criterion],
     settings: Mapping[str, float] | None = None,
+    latency: bool = True,
 ) -> None:
     """Judge in place the :data:`BACK` row by the after window's SLO tests (availability at the
     row's threshold, error and timeout rates, P99: the criteria in force) over its ``records``;
-    failed, its label reads :data:`NOT_BACK` and its statement names each failed test."""
+    failed, its label reads :data:`NOT_BACK` and its statement names each failed test;
+    ``latency`` False leaves the P99 test out (a client that fell behind)."""
     row = next((r for r in rows if r["criterion"] == BACK), None)
     if row is None or row["result"] not in ("pass", "fail") or row["threshold"] is None:
         return
-    tests = slo_tests(records, _swap(crits, float(row["threshold"])), settings)
+    tests = slo_tests(records, _swap(crits, float(row["threshold"])), settings, latency)
     if "availability" not in tests:
         return
     failed = _failed_tests(tests)
@@ -270,3 +280,79 @@ def judge_back(
         _latency_only(row, NOT_BACK, "", failed)
     elif failed:
         row["label"] = NOT_BACK
+
+
+def mitigation_records(
+    drill: str,
+    crits: Sequence[Criterion],
+    w: Mapping[str, tuple[float, float]],
+    sel: Callable[[str], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """The mitigation window's records; traffic-spike's without its fast 429/503 sheds (judged
+    by their own budget while the spike is on, :mod:`chaoslib_infer.verdict.spike`)."""
+    if "mitigation" not in w:
+        return []
+    recs = sel("mitigation")
+    if drill == "traffic-spike":
+        bound = next((c.threshold for c in crits if c.name == SHED_BOUND), None)
+        recs = without_shed(recs, bound)
+    return recs
+
+
+def exits_in(ground: Mapping[str, Any], a: float, b: float) -> int:
+    """Exits of the faulted replicas in ``[a, b)`` (an engine fault's ``replica_exits``)."""
+    return sum(
+        1
+        for e in ground.get("replica_exits") or []
+        if isinstance(e, Mapping) and isinstance(e.get("t"), int | float) and a <= e["t"] < b
+    )
+
+
+def recovery_values(
+    tl: Timeline,
+    w: Mapping[str, tuple[float, float]],
+    mitigated: list[dict[str, Any]],
+    sel: Callable[[str], list[dict[str, Any]]],
+    mitigation: tuple[float, str],
+    slo: float,
+    settle_s: float,
+) -> dict[str, tuple[float | None, str | None]]:
+    """The values of :data:`MITIGATED` (the mitigation
+    window's burn rate, judged by :func:`judge_mitigated`)
+    and :data:`BACK` (the after window's availability,
+    :func:`judge_back`); too few requests read unmeasured.
+    ``mitigation``: ``(seconds, source)`` (:func:`mitigation_time`); ``settle_s``: how long
+    after the fault's end the after window opens."""
+    mitigation_s, source = mitigation
+    need = MIN_REQUESTS["fault"]
+    out: dict[str, tuple[float | None, str | None]] = {}
+    if "mitigation" in w:
+        a, b = w["mitigation"]
+        stats = logical_stats(mitigated, None, None)
+        n = int(stats.get("requests") or 0)
+        span = f"{a - (tl.fault_at or a):g} s to {b - (tl.fault_at or a):.1f} s after the injection"
+        if n < need:
+            out[MITIGATED] = (
+                None,
+                f"{RECOVERY_UNMEASURED}the mitigation window ({span}; mitigation time from "
+                f"{source}) holds {n} requests (< {need}): the fault was not held long enough",
+            )
+        else:
+            out[MITIGATED] = (burn_rate(int(stats.get("failed") or 0), n, slo), None)
+    elif tl.fault_at is not None:
+        out[MITIGATED] = (None, mitigation_note(tl.fault_at, tl.fault_end, mitigation_s, source))
+    if "after" in w:
+        after = logical_stats(sel("after"), None, None)
+        n = int(after.get("requests") or 0)
+        out[BACK] = (
+            (num(after.get("availability")), None)
+            if n >= need
+            else (None, f"{RECOVERY_UNMEASURED}the after window holds {n} requests (< {need})")
+        )
+    elif tl.fault_at is not None:
+        out[BACK] = (
+            None,
+            f"{RECOVERY_UNMEASURED}no after window: the load ended within {settle_s:g} s "
+            "of the fault's end",
+        )
+    return out
