@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from chaoslib_infer.controls.load import AUTO_SIZED, auto_coverage, baseline_need
+from chaoslib_infer.controls.sizing import AUTO_SIZED, auto_coverage, baseline_need
 from chaoslib_infer.measure.binomial import (
     HORIZON,
     critical_count,

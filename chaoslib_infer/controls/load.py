@@ -65,6 +65,9 @@ from chaoslib_infer.errors import InferChaosError
 from chaoslib_infer.settings import LOAD_ERROR_FILE as LOAD_ERROR_FILE  # re-exported
 from chaoslib_infer.settings import WARMUP_FILE as WARMUP_FILE  # re-exported
 
+from .sizing import auto_coverage
+from .sizing import baseline_need as baseline_need  # re-exported
+
 __all__ = [
     "after_experiment_control",
     "baseline_need",
@@ -134,7 +137,7 @@ def start_load(
         rate_rps: mean open-loop arrival rate (requests/s, Poisson arrivals).
         warmup_s: seconds to let the load run before the first steady-state hypothesis;
             ``"auto"``: long enough for the baseline to catch a 2 % defect (:func:`warmup_seconds`:
-            25 s at 8 req/s and 99.9 %), then until that many requests (:func:`baseline_need`,
+            25 s at 8 req/s and 99.9 %), then until that many requests (:func:`~chaoslib_infer.controls.sizing.baseline_need`,
             194) succeeded, within the patience below.
         max_duration_s: hard bound of the load in seconds; it stops by itself after it.
         max_concurrency: cap on logical requests in flight; None (default): from the plan, the
@@ -186,7 +189,8 @@ def start_load(
         ``warmup``: the finding of :func:`warmup_finding` when nothing succeeded in the warm-up
         by the service's doing, also written to ``warmup.json`` in the run folder; else None),
         ``"warmup_s"`` and, with ``warmup_s: auto``, ``"warmup_power"``: what the baseline's
-        size covers, figure by figure (:func:`auto_coverage`; else None).
+        size covers, figure by figure (:func:`chaoslib_infer.controls.sizing.auto_coverage`;
+        else None).
 
     Raises:
         InterruptExecution: bad retry/profile/mix/timeout/warm-up arguments (one line), a
@@ -337,107 +341,6 @@ def warmup_seconds(
     if not rate_rps > 0:
         raise ValueError(f"warmup_s=auto needs a rate above 0 req/s (got {rate_rps})")
     return float(math.ceil(baseline_need(configuration) / rate_rps))
-
-
-def _judged_allowances(configuration: dict[str, Any] | None) -> dict[str, float]:
-    """``{figure: allowance}`` of the SLOs a baseline judges (availability, error rate, timeout
-    rate, P99), from the thresholds in force (``slo_<metric>``; the acceptance defaults).
-
-    Raises:
-        ValueError: a threshold out of range (one line).
-    """
-    from chaoslib_infer.measure.slo import Thresholds, allowance
-
-    defaults = Thresholds()
-    given = settings.slo_overrides(configuration)
-    out: dict[str, float] = {}
-    for figure in ("availability", "error_rate", "timeout_rate", "p99_e2e_s"):
-        value = given.get(figure, getattr(defaults, figure))
-        if value is None:
-            continue
-        if figure != "p99_e2e_s" and not 0.0 <= float(value) <= 1.0:
-            raise ValueError(f"slo_{figure}={value}: a fraction must be between 0 and 1")
-        out[figure] = allowance(figure, float(value))
-    return out
-
-
-#: The figures ``warmup_s: auto`` sizes the baseline for: the failure-rate SLOs (a 2 % defect
-#: of failed requests). The timeout rate and the P99 are judged on the same baseline at the
-#: power its size gives them (:func:`auto_coverage`): powering them too would take 66 s and
-#: 169 s of warm-up at 8 req/s per drill, the default game day past 10 minutes.
-AUTO_SIZED = ("availability", "error_rate")
-
-
-def baseline_need(configuration: dict[str, Any] | None = None) -> int:
-    """The requests a powered baseline needs: the fewest from which every failure-rate SLO in
-    force (:data:`AUTO_SIZED`: availability, error rate) catches the plan's defect with the
-    plan's power at the plan's false-alarm bound
-    (:func:`chaoslib_infer.measure.binomial.required_requests`; 194 at 99.9 % and the
-    defaults). ``warmup_s: auto`` lasts that long at the load's rate and then waits, within
-    the warm-up's patience, until that many requests have succeeded: Poisson arrivals and a
-    slow start would otherwise leave the baseline a few short. What that size gives the other
-    judged figures: :func:`auto_coverage`.
-
-    Raises:
-        ValueError: a ``window_*`` or ``slo_*`` setting out of range, or no window size
-            reaching the power target (one line).
-    """
-    from chaoslib_infer.measure.binomial import MAX_REQUESTS, plan_settings, required_requests
-
-    s = plan_settings(configuration)
-    need = 0
-    for figure, a in _judged_allowances(configuration).items():
-        if figure not in AUTO_SIZED:
-            continue
-        n = required_requests(a, s["false_alarm"], s["power"], s["defect"])
-        if n is None:
-            raise ValueError(
-                f"no baseline of up to {MAX_REQUESTS} requests catches a {s['defect']:g} defect "
-                f"{s['power']:.0%} of the time at {figure} {a:g} allowed: lower window_power "
-                "or raise window_defect"
-            )
-        need = max(need, n)
-    return need
-
-
-def auto_coverage(
-    rate_rps: float, configuration: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    """What a ``warmup_s: auto`` baseline covers, figure by figure: for each judged SLO in force
-    (availability, error rate, timeout rate, P99), its power against the plan's defect at the
-    size :func:`baseline_need` gives, the requests that figure would need for the plan's power
-    and the warm-up that takes at ``rate_rps``. At 99.9 % / 0.5 % / P99 10 s, 8 req/s and the
-    defaults: 194 requests; availability 90 %, timeout rate 54 % (525 needed: 66 s), P99 35 %
-    (1349 needed: 169 s; the P99's ``n`` is the successful requests, about as many).
-
-    Returns:
-        ``[{"figure", "allowance", "defect", "n", "power", "sized_for" (bool), "needed"
-        (requests, None past the search), "needed_s" (seconds at ``rate_rps``, or None)}]``.
-
-    Raises:
-        ValueError: ``rate_rps <= 0``, a ``window_*`` or ``slo_*`` setting out of range.
-    """
-    from chaoslib_infer.measure.binomial import (
-        defect_rate,
-        plan_settings,
-        power_at,
-        required_requests,
-    )
-
-    if not rate_rps > 0:
-        raise ValueError(f"warmup_s=auto needs a rate above 0 req/s (got {rate_rps})")
-    s = plan_settings(configuration)
-    n = baseline_need(configuration)
-    out = []
-    for figure, a in _judged_allowances(configuration).items():
-        need = required_requests(a, s["false_alarm"], s["power"], s["defect"])
-        out.append({
-            "figure": figure, "allowance": a, "defect": defect_rate(a, s["defect"]), "n": n,
-            "power": power_at(n, a, s["false_alarm"], s["defect"]),
-            "sized_for": figure in AUTO_SIZED, "needed": need,
-            "needed_s": None if need is None else float(math.ceil(need / rate_rps)),
-        })  # fmt: skip
-    return out
 
 
 #: Error classes of an attempt that never reached the target: when every attempt of the warm-up
