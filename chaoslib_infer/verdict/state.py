@@ -26,15 +26,16 @@ __all__ = [
     "CLIENT_INDEPENDENT",
     "CLIENT_LAG",
     "CLIENT_VIEW",
-    "SCHEDULE_DEPENDENT",
-    "WARMUP_LAG",
     "FIGURE_ERROR_PREFIX",
     "LOAD_ERROR_PREFIX",
     "LOAD_LOST_PREFIX",
     "NEVER",
     "OPS",
+    "SCHEDULE_DEPENDENT",
+    "WARMUP_LAG",
     "baseline_defects",
     "client_bound",
+    "client_lag_rows",
     "client_reason",
     "decide_state",
     "exit_code",
@@ -42,7 +43,6 @@ __all__ = [
     "judged_row",
     "reason",
     "request_stats",
-    "client_lag_rows",
 ]
 
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -327,7 +327,9 @@ def _without_not_sent(
     return kept
 
 
-def _warmup_reason(lag: Sequence[Mapping[str, Any]], lines: Sequence[str], client: Any) -> str:
+def _warmup_reason(
+    lag: Sequence[Mapping[str, Any]], lines: Sequence[str], client: Mapping[str, Any]
+) -> str:
     """The inconclusive reason of a hypothesis before the fault that deviated on what a client
     that fell behind in the warm-up measured: the client named first (its lag, its CPU), then
     the deviations, kept as evidence."""
