@@ -15,7 +15,6 @@ from .store import StoredDrill
 __all__ = ["runs_table", "trend_doc", "trend_lines"]
 
 _KEY_NAMES = [k.name for k in KEY_FIGURES]
-_MARK = {"passed": "P", "failed": "F", "inconclusive": "I", "error": "E", "aborted": "A"}
 
 
 def _cell(value: float | None) -> str:
@@ -98,8 +97,3 @@ def trend_lines(doc: dict[str, Any], comparison: DrillComparison | None = None) 
         out.append(f"  newest run vs the ones before it: {comparison.reading}")
         out += [f"    - {reason}" for reason in comparison.reasons]
     return out
-
-
-def status_marks(statuses: Sequence[str]) -> str:
-    """One letter per verdict (P passed, F failed, I inconclusive, E error, A aborted)."""
-    return "".join(_MARK.get(s, "?") for s in statuses)

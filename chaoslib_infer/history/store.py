@@ -10,9 +10,7 @@ upgrades itself the first time a newer chaos-infer writes to it.
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,6 @@ __all__ = [
     "StoredDrill",
     "database_url",
     "open_store",
-    "opened",
     "resolve_where",
     "shown_url",
 ]
@@ -267,21 +264,6 @@ def open_store(where: str) -> HistoryStore:
             ) from None
         raise
     return HistoryStore(engine, where)
-
-
-@contextlib.contextmanager
-def opened(where: str) -> Iterator[HistoryStore]:
-    """:func:`open_store` as a context manager."""
-    store = open_store(where)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-def latest_first(items: Sequence[StoredDrill]) -> list[StoredDrill]:
-    """``items`` newest first."""
-    return sorted(items, key=lambda s: (s.started_unix, s.run_id), reverse=True)
 
 
 #: names of the store that turn the history off (``--history off``, ``history: off``)
