@@ -417,7 +417,7 @@ def test_the_dry_run_resolves_every_placeholder_of_the_shipped_drills(tmp_path: 
     assert len(actions) >= 7, lines
     assert not [ln for ln in lines if "${" in ln], lines
     freeze = next(ln for ln in actions if "freeze-one-replica" in ln)
-    assert "'mode': 'freeze', 'hold_s': 25" in freeze, freeze  # upstream-timeout's own values
+    assert "'mode': 'freeze', 'hold_s': 15" in freeze, freeze  # upstream-timeout's own values
     assert not (tmp_path / "o").exists()
 
 

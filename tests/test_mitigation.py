@@ -245,6 +245,20 @@ def test_a_fault_over_before_its_mitigation_time_leaves_nothing_to_mitigate() ->
     assert v.state == "passed", v.reasons
 
 
+def test_a_replica_back_just_past_its_mitigation_time_is_no_short_hold() -> None:
+    """simultaneous-restarts: every replica served again 10.1 s after the kill (seen on the lab:
+    a window of one request): the service's own return, n/a with why; never "not held long
+    enough", which a drill that holds its fault (upstream-timeout, below) reads."""
+    v = _judge(
+        "simultaneous-restarts",
+        _load("simultaneous-restarts", lambda t: 10 <= t < 11, 11.0),
+        all_serving_at=T0 + 20.1,
+    )
+    row = _rows(v)["burn_rate_mitigated"]
+    assert row["result"] == "n/a" and "just past its mitigation time" in row["note"], row
+    assert v.state == "passed", v.reasons
+
+
 def test_the_mitigation_time_follows_the_drill_deadline_and_its_override() -> None:
     assert mitigation_time("upstream-timeout", criteria_for("upstream-timeout"))[0] == 5.0
     assert mitigation_time("traffic-spike", criteria_for("traffic-spike"))[0] == 30.0

@@ -503,7 +503,9 @@ def _judged(facts: DrillFacts, crits: Sequence[Criterion]) -> _Judged:
     slo = facts.policy.slo_availability
     if w:
         values.update(
-            recovery_values(tl, w, mitigated, sel, (mitigation_s, source), slo, SETTLE_AFTER_S)
+            recovery_values(
+                facts.drill, tl, w, mitigated, sel, (mitigation_s, source), slo, SETTLE_AFTER_S
+            )
         )
     if "mitigation" in info:
         info["mitigation"].update(mitigation_s=mitigation_s, source=source)

@@ -57,6 +57,7 @@ __all__ = [
     "MITIGATION_DEFAULT_S",
     "NOT_BACK",
     "NOT_MITIGATED",
+    "RETURNS",
     "exits_in",
     "fault_over",
     "is_engine_fault",
@@ -87,6 +88,9 @@ DEADLINES: dict[str, str] = {
     "upstream-timeout": "ejection_s",
     "traffic-spike": "scale_out_s",
 }
+#: Drills whose fault ends when the service itself returns (the killed replicas serving again):
+#: a mitigation window cut short by that return is the service's doing, never a short hold.
+RETURNS = frozenset({"node-loss", "oom-kill", "simultaneous-restarts"})
 #: Drills whose mitigation time is a fixed number (s): quota-cut's replicas within the quota take
 #: the load as soon as the cut is done (its drain has 5 s): 5 s.
 FIXED_S: dict[str, float] = {"quota-cut": 5.0}
@@ -309,6 +313,7 @@ def exits_in(ground: Mapping[str, Any], a: float, b: float) -> int:
 
 
 def recovery_values(
+    drill: str,
     tl: Timeline,
     w: Mapping[str, tuple[float, float]],
     mitigated: list[dict[str, Any]],
@@ -331,7 +336,16 @@ def recovery_values(
         stats = logical_stats(mitigated, None, None)
         n = int(stats.get("requests") or 0)
         span = f"{a - (tl.fault_at or a):g} s to {b - (tl.fault_at or a):.1f} s after the injection"
-        if n < need:
+        if n < need and tl.fault_end is not None and drill in RETURNS:
+            # the fault's end is the service's own return (a replica serving again): back
+            # just past its mitigation time, too little left to judge
+            out[MITIGATED] = (
+                None,
+                f"the service was back {b - (tl.fault_at or a):.1f} s after the injection, just "
+                f"past its mitigation time ({span}: {n} requests, < {need}): the after window "
+                "judges the return",
+            )
+        elif n < need:
             out[MITIGATED] = (
                 None,
                 f"{RECOVERY_UNMEASURED}the mitigation window ({span}; mitigation time from "
