@@ -132,7 +132,10 @@ def test_overload_without_scale_out_fails_naming_timeouts_and_requests_not_sent(
     rows = rows_of(v)
     assert rows["not_sent"]["value"] == not_sent and rows["not_sent"]["result"] == "fail"
     assert rows["timeouts_fault"]["value"] == timeouts
-    assert "timeouts during the spike (shed must be 429/503): 156 > 0 (timeouts_fault)" in v.reasons
+    assert (
+        "timeouts during the spike (shed must be 429/503): 156 > 0; failed: 156 timeout_ttft "
+        "(timeouts_fault)"
+    ) in v.reasons
     assert "requests not sent (the in-flight cap was full): 312 > 0 (not_sent)" in v.reasons
     # the client kept up: nothing inconclusive, and the spike counts what was due, sent or not
     assert rows["client_lag_p99_s"]["result"] == "pass"
@@ -247,7 +250,9 @@ def test_a_client_starved_far_past_its_timeouts_gives_up_on_its_own_lag_inconclu
         r.update(ok=False, error_class="http_5xx", status=503)
     v = judge_drill(DrillFacts("oom-kill", records, OOM_FIG, ground, client=client, policy=strict))
     assert v.state == "failed"
-    assert v.reasons[0] == "availability (whole drill): 0.9399 < 0.999 (availability)"  # 313/333
+    assert v.reasons[0] == (  # 313/333
+        "availability (whole drill): 0.9399 < 0.999; failed: 20 http_5xx (503) (availability)"
+    )
     assert v.reasons[-1].startswith("also inconclusive: the client fell behind its schedule")
 
 
@@ -257,7 +262,10 @@ def test_timeouts_fail_the_drill_even_with_a_lagging_client_listed_beside() -> N
     records = overload(lag=0.3)
     v = judge_drill(spike_facts(records, client={"client_cpu_share": 0.99}))
     assert v.state == "failed", v.reasons
-    assert "timeouts during the spike (shed must be 429/503): 156 > 0 (timeouts_fault)" in v.reasons
+    assert (
+        "timeouts during the spike (shed must be 429/503): 156 > 0; failed: 156 timeout_ttft "
+        "(timeouts_fault)"
+    ) in v.reasons
     assert not any("(not_sent)" in r for r in v.reasons)  # the client's, not the service's
     client = [
         r

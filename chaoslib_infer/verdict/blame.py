@@ -65,6 +65,7 @@ LOSS = frozenset({"availability", "availability_fault", "error_rate"})
 FAILURE_ROWS: dict[str, frozenset[str] | None] = {
     "availability": None,
     "availability_fault": None,
+    "availability_after": None,
     "error_rate": None,
     "timeout_rate": TIMEOUT_CLASSES,
     "timeout_rate_fault": TIMEOUT_CLASSES,
