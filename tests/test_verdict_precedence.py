@@ -335,3 +335,15 @@ def test_the_evidence_says_the_verdict_is_final_where_the_probe_differed(tmp_pat
     )
     assert v.state == "failed"
     assert probe_differences(journal, v) == []
+
+
+def test_the_criteria_probe_of_a_drill_without_interruption_sustained_never_names_it(
+    tmp_path: Path,
+) -> None:
+    """The probe leaves ``interruption_sustained`` to the verdict only in the drills that judge
+    it: upstream-timeout has none, and its probe raised "unknown criterion
+    'interruption_sustained'" (read as "hypothesis after deviated: drill-criteria-hold: None")
+    when the records stopped within the settling window of the last failure."""
+    cfg, _ = _node_loss_run(tmp_path / "run", 24.0)  # 1.7 s past the last failure
+    out = drill_criteria("upstream-timeout", None, cfg)
+    assert out["judged"] is True and "interruption_sustained" not in out["failed_criteria"], out
