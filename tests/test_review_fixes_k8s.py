@@ -121,6 +121,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.serial  # a 2.5 s bound on a 0.2 s watchdog: read 2.6 s beside three test workers
 def test_load_generator_stops_when_its_parent_is_killed(tmp_path: Path) -> None:
     records = tmp_path / "records.jsonl"
     with FakeServer() as server:
