@@ -200,21 +200,7 @@ def fault_cut(
     """
     if not taken:
         return []
-    ledger_list = list(ledger)
-    starts: dict[tuple[str, str], list[tuple[float, int | None]]] = {}
-    ends: dict[tuple[str, str, int | None], list[tuple[float, str, int | None]]] = {}
-    for e in ledger_list:
-        rid, rep, t = e.get("request_id"), e.get("replica"), _f(e.get("t"))
-        if not isinstance(rid, str) or not isinstance(rep, str) or t is None:
-            continue
-        pid = e.get("pid") if isinstance(e.get("pid"), int) else None
-        event = e.get("event", "generation")
-        if event == "generation":
-            starts.setdefault((rid, rep), []).append((t, pid))
-        elif event == "generation_end":
-            pt, ct = e.get("prompt_tokens"), e.get("completion_tokens")
-            spent = pt + ct if isinstance(pt, int) and isinstance(ct, int) else None
-            ends.setdefault((rid, rep, pid), []).append((t, str(e.get("outcome")), spent))
+    starts, ends = _lines(ledger)  # in time order, as the ledger writes them
     deaths = _deaths(lab_events)
     out: list[CutAttempt] = []
     for r in records:
