@@ -27,9 +27,10 @@ the fault's re-run, never a client duplicate):
   failed, ended after the freeze and was sent before the thaw, whose generation there the engine
   ended ``cancelled`` by :data:`THAW_GRACE_S` after the thaw (its first steps after the thaw
   found the client gone; a frozen engine writes nothing, so an end line after the freeze was
-  written at the thaw) or never ended: the freeze cut it. A generation that ended ``done``
-  after the thaw, or ``cancelled`` later than the grace, went on producing tokens nobody got:
-  not fault-cut (a duplicate, ``frozen_completed``);
+  written at the thaw): the freeze cut it. A generation that ended ``done`` after the thaw,
+  or ``cancelled`` later than the grace, went on producing tokens nobody got: not fault-cut
+  (a duplicate, ``frozen_completed``); one with no end line yet is still held by the thawed
+  engine: no cut either;
 * **an engine fault** (:func:`engine_fault_cut`, :data:`ENGINE_CUT_MODES`): the engine's ledger
   ``fault`` line names the request, and the attempt it sabotaged failed: the engine itself broke
   the answer (reset after k tokens, truncated, garbled, empty, an error in the stream), so a
@@ -382,12 +383,15 @@ def frozen_cut(
             if t0 > fz.thaw + THAW_GRACE_S:
                 continue  # generated long after the thaw: not held by the freeze
             done = [x for x in ends.get((rid, fz.replica, pid), []) if x[0] >= t0]
-            if done:
-                t_end, outcome, spent = done[0]
-                if t_end < fz.at or outcome != "cancelled" or t_end > fz.thaw + THAW_GRACE_S:
-                    continue  # finished before the freeze, or went on after the thaw
-            else:
-                spent = None
+            if not done:
+                # no end line by the time the evidence reads the ledger: the thawed engine still
+                # holds the generation (the gateway kept its connection), so it went on; nothing
+                # shows a cut (the well-run game day counted 3 such as re-runs against a ground
+                # truth of 0: their end lines came after the drill's evidence)
+                continue
+            t_end, outcome, spent = done[0]
+            if t_end < fz.at or outcome != "cancelled" or t_end > fz.thaw + THAW_GRACE_S:
+                continue  # finished before the freeze, or went on after the thaw
             n = int(r.get("attempt") or 1)
             out.append(CutAttempt(rid, n, fz.replica, fz.at, pid, t0, spent, sent, "frozen"))
             break
