@@ -314,6 +314,64 @@ def test_attach_from_fresh_object(lab: Lab) -> None:
 
 @pytest.mark.lab
 @needs_lab
+@pytest.mark.skipif(
+    importlib.util.find_spec("chaoslib_infer.lab.monitoring") is None
+    or __import__("shutil").which("prometheus") is None,
+    reason="needs Debian's prometheus package",
+)
+def test_the_labs_prometheus_scrapes_every_job_and_goes_down_with_the_lab(lab: Lab) -> None:
+    """Issue 31: a real Prometheus over the lab: HAProxy's exporter, the cgroup memory (as DCGM
+    names), the load client's counters and every replica's /metrics (the stand-in engine has
+    none: listed, down); its scrapes never reach the request log; the lab's teardown stops it."""
+    from chaoslib_infer.lab import prometheus_server
+    from chaoslib_infer.lab.monitoring import start_monitoring
+    from chaoslib_infer.measure.prom_api import instant
+
+    log_before = (lab.state_dir / "haproxy-requests.log").read_text(errors="replace").count("\n")
+    mon = start_monitoring(lab, interval_s=1.0)
+    try:
+        url = mon.server.url
+
+        last: list[dict[str, list[str]]] = [{}]
+
+        def scraped() -> dict[str, list[str]] | None:
+            ups = instant(url, "up")
+            jobs: dict[str, list[str]] = {}
+            for r in ups:
+                jobs.setdefault(r["metric"]["job"], []).append(r["value"][1])
+            last[0] = jobs
+            up = all(jobs.get(j) == ["1"] for j in ("haproxy", "lab", "client"))
+            return jobs if up and len(jobs.get("engine", [])) == 2 else None
+
+        # every job answered a scrape (one that timed out on a busy machine is tried again);
+        # the stand-in engine has no /metrics: its two targets are listed, down
+        try:
+            _wait_for(scraped, 30, "every job scraped and up")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last seen: {last[0]}") from None
+        assert instant(url, "haproxy_process_uptime_seconds")  # HAProxy's own exporter
+        used = {
+            r["metric"]["replica"]: float(r["value"][1])
+            for r in instant(url, 'DCGM_FI_DEV_FB_USED{stand_in="cgroup-memory"}')
+        }
+        assert set(used) == {"r0", "r1"}
+        for name, mib in used.items():  # the cgroup's own usage, in MiB (a few MiB of drift)
+            assert abs(mib - lab.replica_cgroup(name).usage_bytes() / 2**20) < 16
+        assert not instant(url, 'ALERTS{severity="page"}')  # an idle lab pages nobody
+        assert mon.server.rule_files and all(p.is_file() for p in mon.server.rule_files)
+    finally:
+        mon.exporter.close()
+    log_after = (lab.state_dir / "haproxy-requests.log").read_text(errors="replace").count("\n")
+    assert log_after == log_before  # `no log` on the exporter's frontend
+    prometheus_server.stop_in(lab.state_dir)  # what Lab.down does
+    assert wait_for(
+        lambda: mon.server.process and mon.server.process.poll() is not None, 10, "stop"
+    )
+    assert not (lab.state_dir / "prometheus" / "prometheus.pid").exists()
+
+
+@pytest.mark.lab
+@needs_lab
 def test_down_leaves_no_process_and_no_cgroup(lab: Lab) -> None:
     meta = json.loads((lab.state_dir / "lab.json").read_text())
     pids = {int(meta["pids"]["supervisord"]), int(meta["pids"]["haproxy"])}
@@ -366,55 +424,3 @@ def test_crash_looping_engine_fails_fast_and_leaves_nothing(tmp_path: Path) -> N
     meta = json.loads((tmp_path / "lab.json").read_text())
     assert not Path(meta["cgroup_root"]).exists()
     assert not _alive(int(meta["pids"]["supervisord"]))
-
-
-@pytest.mark.lab
-@needs_lab
-@pytest.mark.skipif(
-    importlib.util.find_spec("chaoslib_infer.lab.monitoring") is None
-    or __import__("shutil").which("prometheus") is None,
-    reason="needs Debian's prometheus package",
-)
-def test_the_labs_prometheus_scrapes_every_job_and_goes_down_with_the_lab(lab: Lab) -> None:
-    """Issue 31: a real Prometheus over the lab: HAProxy's exporter, the cgroup memory (as DCGM
-    names), the load client's counters and every replica's /metrics (the stand-in engine has
-    none: listed, down); its scrapes never reach the request log; the lab's teardown stops it."""
-    from chaoslib_infer.lab import prometheus_server
-    from chaoslib_infer.lab.monitoring import start_monitoring
-    from chaoslib_infer.measure.prom_api import instant
-
-    log_before = (lab.state_dir / "haproxy-requests.log").read_text(errors="replace").count("\n")
-    mon = start_monitoring(lab, interval_s=1.0)
-    try:
-        url = mon.server.url
-
-        def scraped() -> dict[str, list[str]] | None:
-            ups = instant(url, "up")
-            jobs: dict[str, list[str]] = {}
-            for r in ups:
-                jobs.setdefault(r["metric"]["job"], []).append(r["value"][1])
-            up = all(jobs.get(j) == ["1"] for j in ("haproxy", "lab", "client"))
-            return jobs if up and len(jobs.get("engine", [])) == 2 else None
-
-        # every job answered a scrape (one that timed out on a busy machine is tried again);
-        # the stand-in engine has no /metrics: its two targets are listed, down
-        _wait_for(scraped, 30, "every job scraped and up")
-        assert instant(url, "haproxy_process_uptime_seconds")  # HAProxy's own exporter
-        used = {
-            r["metric"]["replica"]: float(r["value"][1])
-            for r in instant(url, 'DCGM_FI_DEV_FB_USED{stand_in="cgroup-memory"}')
-        }
-        assert set(used) == {"r0", "r1"}
-        for name, mib in used.items():  # the cgroup's own usage, in MiB (a few MiB of drift)
-            assert abs(mib - lab.replica_cgroup(name).usage_bytes() / 2**20) < 16
-        assert not instant(url, 'ALERTS{severity="page"}')  # an idle lab pages nobody
-        assert mon.server.rule_files and all(p.is_file() for p in mon.server.rule_files)
-    finally:
-        mon.exporter.close()
-    log_after = (lab.state_dir / "haproxy-requests.log").read_text(errors="replace").count("\n")
-    assert log_after == log_before  # `no log` on the exporter's frontend
-    prometheus_server.stop_in(lab.state_dir)  # what Lab.down does
-    assert wait_for(
-        lambda: mon.server.process and mon.server.process.poll() is not None, 10, "stop"
-    )
-    assert not (lab.state_dir / "prometheus" / "prometheus.pid").exists()
