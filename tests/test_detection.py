@@ -175,6 +175,13 @@ def test_judge_fails_silent_false_and_baseline_pages_and_passes_a_quiet_mitigate
     # the same alerts while the burn stayed at 2x: Page is a false page
     rows, reasons = judge_detection(det, 2.0, False, 14.4)
     assert reasons[0].startswith("detection: false page: Page fired at +3.0 s")
+    # the lab's own rules read the very counters the burn comes from: the same page is the
+    # tool's disagreement (a well-run game day's jitter paged at +39.4 s on 3.9x), reported,
+    # never a reason against the service
+    rows, reasons = judge_detection(det, 2.0, False, 14.4, own_rules=True)
+    own = {r["criterion"]: r for r in rows}["false_page"]
+    assert not [r for r in reasons if r.startswith("detection: false page")], reasons
+    assert own["result"] == "not judged" and "the tool's disagreement" in own["note"], own
     # within 10 % of the page rate: one evaluation decides, so no false page is judged
     rows, reasons = judge_detection(det, 13.5, False, 14.4, marginal=True)
     assert {r["criterion"]: r["result"] for r in rows}["false_page"] == "not judged"

@@ -193,6 +193,7 @@ def drill_detection(
         judged=_judged(rule_list, setup.judged_files),
         baseline_burn=base_peak,
         baseline_reached=base_reached,
+        own_rules=setup.source == "lab" and not setup.judged_files,
     )
     return {
         "injection_at": inj,

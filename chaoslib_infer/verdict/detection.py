@@ -73,6 +73,7 @@ def judge_detection(
     judged: set[str] | None = None,
     baseline_burn: float | None = None,
     baseline_reached: bool = False,
+    own_rules: bool = False,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Judge a drill's detection figures (:func:`chaoslib_infer.measure.detection.
     detection_figures`).
@@ -90,6 +91,10 @@ def judge_detection(
         judged: the alerts whose pages count (the team's rules under ``--rules``); None: all.
         baseline_burn, baseline_reached: the page conditions' peak burn in the baseline and
             whether it reached a page rate (then a page there is due, not a false alarm).
+        own_rules: the pages are the lab's own burn-rate rules over the client's counters, the
+            counters the burn is read from: a page the burn does not explain is a disagreement
+            between two readings of one counter (scrape and evaluation timing), the tool's, not
+            the service's: reported as ``not judged``, never a reason against the service.
 
     Returns:
         ``(rows, reasons)``: one row per criterion (``criterion``, ``value``, ``result``:
@@ -142,6 +147,15 @@ def judge_detection(
         why = "burn rate unmeasured" if burn_peak is None else "turned off"
         why = margin if burn_peak is not None and c.false_page else why
         rows.append(_row("false_page", len(pages), "not judged", why))
+    elif pages and not page_reached and own_rules:
+        first = min(pages, key=lambda a: a["firing_s"])
+        note = (
+            f"{first['alert']} fired at {first['firing_s']:+.1f} s while the client's counters "
+            f"read a burn of at most {burn_txt} (below {page_rate:g}x): the lab's own rule reads "
+            "the same counters, so this is the tool's disagreement (scrape and evaluation "
+            "timing), not the service's; a team's rules (--rules, --prometheus) are judged"
+        )
+        rows.append(_row("false_page", len(pages), "not judged", note))
     elif pages and not page_reached:
         first = min(pages, key=lambda a: a["firing_s"])
         reason = (
