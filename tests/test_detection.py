@@ -178,7 +178,7 @@ def test_judge_fails_silent_false_and_baseline_pages_and_passes_a_quiet_mitigate
     # the lab's own rules read the very counters the burn comes from: the same page is the
     # tool's disagreement (a well-run game day's jitter paged at +39.4 s on 3.9x), reported,
     # never a reason against the service
-    rows, reasons = judge_detection(det, 2.0, False, 14.4, own_rules=True)
+    rows, reasons = judge_detection(det, 2.0, False, 14.4, own_alerts=frozenset({"Page"}))
     own = {r["criterion"]: r for r in rows}["false_page"]
     assert not [r for r in reasons if r.startswith("detection: false page")], reasons
     assert own["result"] == "not judged" and "the tool's disagreement" in own["note"], own

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoslib_infer.evidence.detection_view import detection_markdown
-from chaoslib_infer.lab.slo_rules import PAGE_WINDOWS
+from chaoslib_infer.lab.slo_rules import PAGE_ALERT, PAGE_WINDOWS
 from chaoslib_infer.measure.detection import (
     client_burn_peak,
     detection_figures,
@@ -193,7 +193,7 @@ def drill_detection(
         judged=_judged(rule_list, setup.judged_files),
         baseline_burn=base_peak,
         baseline_reached=base_reached,
-        own_rules=setup.source == "lab" and not setup.judged_files,
+        own_alerts=frozenset({PAGE_ALERT}) if setup.source == "lab" else frozenset(),
     )
     return {
         "injection_at": inj,

@@ -73,7 +73,7 @@ def judge_detection(
     judged: set[str] | None = None,
     baseline_burn: float | None = None,
     baseline_reached: bool = False,
-    own_rules: bool = False,
+    own_alerts: frozenset[str] = frozenset(),
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Judge a drill's detection figures (:func:`chaoslib_infer.measure.detection.
     detection_figures`).
@@ -91,10 +91,11 @@ def judge_detection(
         judged: the alerts whose pages count (the team's rules under ``--rules``); None: all.
         baseline_burn, baseline_reached: the page conditions' peak burn in the baseline and
             whether it reached a page rate (then a page there is due, not a false alarm).
-        own_rules: the pages are the lab's own burn-rate rules over the client's counters, the
-            counters the burn is read from: a page the burn does not explain is a disagreement
-            between two readings of one counter (scrape and evaluation timing), the tool's, not
-            the service's: reported as ``not judged``, never a reason against the service.
+        own_alerts: the lab's own burn-rate page alerts, over the client's counters, the
+            counters the burn is read from: a page of theirs the burn does not explain is a
+            disagreement between two readings of one counter (scrape and evaluation timing), the
+            tool's, not the service's: reported as ``not judged``, never a reason against the
+            service (a team's rule beside them stays judged).
 
     Returns:
         ``(rows, reasons)``: one row per criterion (``criterion``, ``value``, ``result``:
@@ -147,7 +148,7 @@ def judge_detection(
         why = "burn rate unmeasured" if burn_peak is None else "turned off"
         why = margin if burn_peak is not None and c.false_page else why
         rows.append(_row("false_page", len(pages), "not judged", why))
-    elif pages and not page_reached and own_rules:
+    elif pages and not page_reached and all(a.get("alert") in own_alerts for a in pages):
         first = min(pages, key=lambda a: a["firing_s"])
         note = (
             f"{first['alert']} fired at {first['firing_s']:+.1f} s while the client's counters "
