@@ -107,10 +107,13 @@ def _cut_by_the_freeze(drill_dir: Path, lab_dir: Path, grace_s: float = 0.5) -> 
     freeze = next(f for f in faults if f.get("phase", "injected") == "injected")
     at, rep = float(freeze["fault_at"]), freeze["replica"]
     events = [json.loads(line) for line in (lab_dir / "events.jsonl").read_text().splitlines()]
-    thaw = min(
+    thaw = min(  # this freeze's clear: an earlier drill may have cleared a fault on rep too
         float(e["t"])
         for e in events
-        if e.get("event") == "fault" and e.get("phase") == "cleared" and e.get("replica") == rep
+        if e.get("event") == "fault"
+        and e.get("phase") == "cleared"
+        and e.get("replica") == rep
+        and float(e["t"]) >= at
     )
     ledger = [json.loads(line) for line in (lab_dir / "ledger.jsonl").read_text().splitlines()]
     gens: dict[str, list[str]] = defaultdict(list)
