@@ -386,8 +386,7 @@ def frozen_cut(
             if not done:
                 # no end line by the time the evidence reads the ledger: the thawed engine still
                 # holds the generation (the gateway kept its connection), so it went on; nothing
-                # shows a cut (the well-run game day counted 3 such as re-runs against a ground
-                # truth of 0: their end lines came after the drill's evidence)
+                # shows a cut
                 continue
             t_end, outcome, spent = done[0]
             if t_end < fz.at or outcome != "cancelled" or t_end > fz.thaw + THAW_GRACE_S:
