@@ -43,7 +43,7 @@ Pure functions over records, fault lines, ledger lines and lab events (all times
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +132,15 @@ def _f(v: Any) -> float | None:
     return float(v) if ok else None
 
 
+def _failed(records: Iterable[Record]) -> Iterator[tuple[Record, str, float, float]]:
+    """``(record, request_id, sent_at, end_at)`` of each failed attempt that has all three."""
+    for r in records:
+        rid = r.get("request_id")
+        sent, end = _f(r.get("sent_at")), _f(r.get("end_at"))
+        if not r.get("ok") and isinstance(rid, str) and sent is not None and end is not None:
+            yield r, rid, sent, end
+
+
 def taken_replicas(faults: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """``{replica: fault_at}`` of the replicas the drill's faults took (:data:`TAKING_KINDS`;
     the injected lines of ``faults.jsonl``: ``replica`` or ``replicas``, ``fault_at`` in unix
@@ -204,11 +213,7 @@ def fault_cut(
     starts, ends = _lines(ledger)  # in time order, as the ledger writes them
     deaths = _deaths(lab_events)
     out: list[CutAttempt] = []
-    for r in records:
-        rid = r.get("request_id")
-        sent, end = _f(r.get("sent_at")), _f(r.get("end_at"))
-        if r.get("ok") or not isinstance(rid, str) or sent is None or end is None:
-            continue
+    for r, rid, sent, end in _failed(records):
         if r.get("error_class") not in CUT_CLASSES:
             continue
         rep = r.get("replica")
@@ -361,11 +366,7 @@ def frozen_cut(
         return []
     starts, ends = _lines(ledger)
     out: list[CutAttempt] = []
-    for r in records:
-        rid = r.get("request_id")
-        sent, end = _f(r.get("sent_at")), _f(r.get("end_at"))
-        if r.get("ok") or not isinstance(rid, str) or sent is None or end is None:
-            continue
+    for r, rid, sent, end in _failed(records):
         rep = r.get("replica")
         for fz in frozen_list:
             if isinstance(rep, str) and rep and rep != fz.replica:
@@ -425,11 +426,7 @@ def engine_fault_cut(
             pid = e.get("pid") if isinstance(e.get("pid"), int) else None
             sabotaged.setdefault(rid, []).append((t, rep, pid, str(mode)))
     out: list[CutAttempt] = []
-    for r in records:
-        rid = r.get("request_id")
-        sent, end = _f(r.get("sent_at")), _f(r.get("end_at"))
-        if r.get("ok") or not isinstance(rid, str) or sent is None or end is None:
-            continue
+    for r, rid, sent, end in _failed(records):
         rep = r.get("replica")
         for t, name, pid, mode in sabotaged.get(rid, []):
             if isinstance(rep, str) and rep and rep != name:
