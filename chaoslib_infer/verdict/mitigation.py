@@ -177,6 +177,18 @@ def mitigation_note(
     )
 
 
+def _judge_row(
+    row: dict[str, Any], tests: Mapping[str, tuple[Criterion, float | None, WindowTest]]
+) -> list[tuple[str, Criterion, WindowTest]]:
+    """Set ``row``'s ``result``, ``test`` (the availability test) and ``statement`` from the
+    window's SLO ``tests`` (with an ``availability`` entry); returns the failed tests."""
+    failed = _failed_tests(tests)
+    row["result"] = "fail" if failed else "pass"
+    row["test"] = tests["availability"][2].as_dict()
+    row["statement"] = _statement(failed) if failed else tests["availability"][2].statement()
+    return failed
+
+
 def _failed_tests(
     tests: Mapping[str, tuple[Criterion, float | None, WindowTest]],
 ) -> list[tuple[str, Criterion, WindowTest]]:
@@ -236,10 +248,7 @@ def judge_mitigated(
     tests = slo_tests(records, keep, settings, latency)
     if "availability" not in tests:
         return
-    failed = _failed_tests(tests)
-    row["result"] = "fail" if failed else "pass"
-    row["test"] = tests["availability"][2].as_dict()
-    row["statement"] = _statement(failed) if failed else tests["availability"][2].statement()
+    failed = _judge_row(row, tests)
     if not failed:
         return
     if tests["availability"][2].passed:  # only the P99: slow answers, no failure to rate
@@ -276,10 +285,7 @@ def judge_back(
     tests = slo_tests(records, _swap(crits, float(row["threshold"])), settings, latency)
     if "availability" not in tests:
         return
-    failed = _failed_tests(tests)
-    row["result"] = "fail" if failed else "pass"
-    row["test"] = tests["availability"][2].as_dict()
-    row["statement"] = _statement(failed) if failed else tests["availability"][2].statement()
+    failed = _judge_row(row, tests)
     if failed and tests["availability"][2].passed:  # the value shown would pass: say what failed
         _latency_only(row, NOT_BACK, "", failed)
     elif failed:
